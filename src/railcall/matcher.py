@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -184,33 +184,34 @@ class CompiledGrammar:
         key = self._coarse_key(s)
         hit = self._masks.get(key)
         if hit is None:
-            ids = self.legal_ids(s)
-            hit = (pack_ids(ids, self.width), int(ids.size))
+            bits = self._legal_bits(s)
+            hit = (np.packbits(bits, bitorder="little").view(np.int32), int(np.count_nonzero(bits)))
             self._masks[key] = hit
             self.mask_computations += 1
         self._state_mask[s] = hit
         return hit
 
     def legal_ids(self, s: int) -> np.ndarray:
-        """Every token id legal from state `s` (computed, not cached), sorted."""
+        """Every token id legal from state `s`, sorted (computed, not cached)."""
+        return np.flatnonzero(self._legal_bits(s))
+
+    def _legal_bits(self, s: int) -> np.ndarray:
+        """(words * 32,) bool: the legal tokens of state `s`."""
+        bits = np.zeros(self.words * 32, dtype=bool)
         threads = self._sets[s]
-        parts = []
+        ins = None
         if len(threads) == 1:
             (ins, loc, st), = threads
-        else:
-            ins = None
         if isinstance(ins, JStr):
-            parts.append(self._jstr_legal(ins, loc, st))
+            self._jstr_legal(ins, loc, st, bits)
         elif any(t[0].consumes and not t[0].accepting and t[0].special(t[1]) is None for t in threads):
-            parts.append(self._walk_from(s))
+            bits[self._walk_from(s)] = True
         sp = self.specials(s)
         if sp:
-            parts.append(np.array(sorted(sp), dtype=np.int64))
+            bits[list(sp)] = True
         if self._accepting[s]:
-            parts.append(self.stop_ids)
-        if not parts:
-            return np.zeros(0, dtype=np.int64)
-        return np.unique(np.concatenate(parts).astype(np.int64))
+            bits[self.stop_ids] = True
+        return bits
 
     def _delta(self, cur: np.ndarray, b: np.ndarray) -> np.ndarray:
         flat = cur.astype(np.int64) * 256 + b
@@ -254,24 +255,28 @@ class CompiledGrammar:
                 idx, pos, cur = idx[keep], pos[keep], cur[keep]
         return np.concatenate(legal) if legal else np.zeros(0, dtype=np.int64)
 
-    def _jstr_legal(self, ins: JStr, loc: int, st) -> np.ndarray:
+    def _jstr_legal(self, ins: JStr, loc: int, st, bits: np.ndarray) -> None:
         count, sub = loc >> 4, loc & 15
-        inside_ids, inside_chars, exit_ids, exit_chars, exit_pos = jstr_index(self.vocab, sub)
+        idx = jstr_index(self.vocab, sub)
         room = ins.max - count
-        parts = [inside_ids if room >= self.vocab.max_token_len else inside_ids[inside_chars <= room]]
-        ok = (exit_chars + count >= ins.min) & (exit_chars <= room)
-        if ok.any():
-            after: set = set()
-            ins.next.arrive(0, st, after)
-            if after:
-                x = self._intern(frozenset(after))
-                ids, pos = exit_ids[ok], exit_pos[ok]
-                ended = self.vocab.lengths[ids] == pos
-                parts.append(ids[ended])
-                rest = ~ended
-                if rest.any():
-                    parts.append(self._walk(ids[rest], pos[rest], np.full(int(rest.sum()), x, dtype=np.int64)))
-        return np.concatenate(parts)
+        if room >= self.vocab.max_token_len:
+            bits[idx.inside_ids] = True
+        else:
+            bits[idx.inside_ids[idx.inside_chars <= room]] = True
+        ok = (idx.exit_chars + count >= ins.min) & (idx.exit_chars <= room)
+        if not ok.any():
+            return
+        after: set = set()
+        ins.next.arrive(0, st, after)
+        if not after:
+            return
+        x = self._intern(frozenset(after))
+        ids, pos = idx.exit_ids[ok], idx.exit_pos[ok]
+        ended = self.vocab.lengths[ids] == pos
+        bits[ids[ended]] = True
+        rest = ~ended
+        if rest.any():
+            bits[self._walk(ids[rest], pos[rest], np.full(int(rest.sum()), x, dtype=np.int64))] = True
 
     # -- forced continuations and finish ------------------------------------------------------------
 
@@ -371,14 +376,21 @@ class CompiledGrammar:
         return None
 
 
-def jstr_index(vocab: Vocabulary, sub: int):
+class JStrIndex(NamedTuple):
+    inside_ids: np.ndarray  # (k,) tokens that stay inside the string
+    inside_chars: np.ndarray  # (k,) characters each adds
+    exit_ids: np.ndarray  # (e,) tokens that close the string
+    exit_chars: np.ndarray  # (e,) characters before the closing quote
+    exit_pos: np.ndarray  # (e,) byte offset just after the closing quote
+
+
+def jstr_index(vocab: Vocabulary, sub: int) -> JStrIndex:
     """Per vocabulary and string substate: how each text token behaves inside a JSON string.
 
-    Returns (inside_ids, inside_chars, exit_ids, exit_chars, exit_pos): tokens that stay inside
-    the string and the characters they add; tokens that close it, the characters before the
-    closing quote, and the byte offset just after it. Tokens that break the string (a raw
-    control character, a bad escape, invalid UTF-8) are in neither. Computed once (vectorised),
-    shared by every grammar on this vocabulary.
+    Tokens that stay inside the string and the characters they add; tokens that close it, the
+    characters before the closing quote, and the byte offset just after it. Tokens that break
+    the string (a raw control character, a bad escape, invalid UTF-8) are in neither. Computed
+    once per substate (vectorised), shared by every grammar on this vocabulary.
     """
     cache = vocab._extra.setdefault("jstr", {})
     hit = cache.get(sub)
@@ -413,7 +425,7 @@ def jstr_index(vocab: Vocabulary, sub: int):
     def cat(xs):
         return np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64)
 
-    hit = (cat(inside_ids), cat(inside_chars), cat(exit_ids), cat(exit_chars), cat(exit_pos))
+    hit = JStrIndex(cat(inside_ids), cat(inside_chars), cat(exit_ids), cat(exit_chars), cat(exit_pos))
     cache[sub] = hit
     return hit
 
@@ -436,6 +448,13 @@ class Matcher:
         self.error_message = ""
         self.last_legal_count = 0
         self.cut = False  # set by finish(): the call was completed by force, not by the model
+
+    def copy(self) -> "Matcher":
+        """An independent matcher at the same point (for speculative checks)."""
+        m = Matcher.__new__(Matcher)
+        m.__dict__.update(self.__dict__)
+        m._states = list(self._states)
+        return m
 
     @property
     def state(self) -> int:

@@ -266,7 +266,10 @@ DEAD, EXIT = -1, -2
 def _jstr_tables():
     nxt = np.full((N_SUB, 256), DEAD, dtype=np.int8)
     inc = np.zeros((N_SUB, 256), dtype=np.int8)  # 1 where the byte starts a character
-    for b in range(0x20, 0x80):
+    # Printable ASCII except the quote and the backslash. Raw control characters (0x00-0x1F and
+    # DEL, 0x7F) are excluded: JSON forbids the first, and DEL is a control character a model
+    # has no business writing raw (it can still write \u007f).
+    for b in range(0x20, 0x7F):
         if b not in (0x22, 0x5C):
             nxt[N, b], inc[N, b] = N, 1
     nxt[N, 0x22] = EXIT
