@@ -4,8 +4,41 @@ The set of valid calls is compiled, from the live tool table, into a grammar enf
 model's tokens: every token that would break the call is masked before sampling, so a malformed
 or forbidden call is unreachable rather than rejected. The grammar guarantees the syntax; the
 model supplies the semantics.
+
+    vocab = Vocabulary.from_hf(tokenizer)                        # once per tokenizer
+    compiled = compiled_grammar(tool_grammar(tools), vocab)      # once per tool table (cached)
+    matcher = Matcher(compiled)                                  # once per request
+    bitmask = allocate_bitmask(vocab.logits_width)
+    matcher.fill_bitmask(bitmask); apply_bitmask(logits, bitmask)  # each step, then sample
+    matcher.consume_token(token_id)
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from railcall.bitmask import allocate_bitmask, apply_bitmask
+from railcall.errors import GrammarError, MatcherError, ModelError, RailcallError, SchemaError, VocabularyError
+from railcall.grammar.schema import SchemaOptions, schema_grammar
+from railcall.grammar.tools import Tool, read_only_view, tool_grammar
+from railcall.matcher import CompiledGrammar, Matcher, compiled_grammar
+from railcall.vocab import Vocabulary
+
+__all__ = [
+    "CompiledGrammar",
+    "GrammarError",
+    "Matcher",
+    "MatcherError",
+    "ModelError",
+    "RailcallError",
+    "SchemaError",
+    "SchemaOptions",
+    "Tool",
+    "Vocabulary",
+    "VocabularyError",
+    "__version__",
+    "allocate_bitmask",
+    "apply_bitmask",
+    "compiled_grammar",
+    "read_only_view",
+    "schema_grammar",
+    "tool_grammar",
+]

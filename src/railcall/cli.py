@@ -38,7 +38,7 @@ def main(
 
 
 def _fail(e: Exception) -> None:
-    console.print(f"[bold red]error:[/] {e}")
+    console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
     raise typer.Exit(2)
 
 

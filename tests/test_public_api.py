@@ -1,0 +1,23 @@
+"""The public surface is small and deliberate; the core imports no framework."""
+
+import subprocess
+import sys
+
+import railcall
+
+
+def test_all_is_pinned():
+    assert railcall.__all__ == [
+        "CompiledGrammar", "GrammarError", "Matcher", "MatcherError", "ModelError", "RailcallError",
+        "SchemaError", "SchemaOptions", "Tool", "Vocabulary", "VocabularyError", "__version__",
+        "allocate_bitmask", "apply_bitmask", "compiled_grammar", "read_only_view", "schema_grammar",
+        "tool_grammar",
+    ]
+    for name in railcall.__all__:
+        assert hasattr(railcall, name)
+
+
+def test_core_import_needs_no_framework():
+    code = "import sys, railcall; print(sorted(m for m in ('torch', 'transformers', 'fastapi') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
