@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.railcall-installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup clean bench bench-quick
 
 setup: $(STAMP)
 
@@ -30,3 +30,9 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
+
+bench: $(STAMP)
+	$(VENV)/bin/railcall bench --out bench-out/bench.json
+
+bench-quick: $(STAMP)
+	$(VENV)/bin/railcall bench --quick --out bench-out/bench-quick.json

@@ -89,5 +89,31 @@ def demo(
     console.print(f"({len(new)} tokens in {dt:.2f} s, {len(new) / max(dt, 1e-9):.1f} tokens/s)")
 
 
+@app.command()
+def bench(
+    quick: bool = typer.Option(False, "--quick", help="A small run (SmolLM2 only, two workloads) in under a minute."),
+    vocab: list[str] = typer.Option(None, "--vocab", help="smollm2 and/or gemma3 (default: both; --quick: smollm2)."),
+    out: str = typer.Option("bench-out/bench.json", "--out", help="The JSON file to write (a PNG chart is written beside it)."),
+    data: str = typer.Option("../shared/data/bfcl", "--data", help="The BFCL data folder (for the bfcl20 workload)."),
+    engine: list[str] = typer.Option(None, "--engine", help="Only these engines (default: railcall and every peer)."),
+) -> None:
+    """Benchmark railcall against llguidance, xgrammar and outlines-core, side by side."""
+    from pathlib import Path
+
+    from railcall.bench.run import print_report, run
+
+    vocabs = vocab or (["smollm2"] if quick else ["smollm2", "gemma3"])
+    for v in vocabs:
+        if v not in ("smollm2", "gemma3"):
+            _fail(ValueError(f"unknown vocabulary {v!r}; use smollm2 or gemma3"))
+    if not Path(data).is_dir():
+        _fail(FileNotFoundError(f"BFCL data folder {data} not found; pass --data PATH"))
+    console.print(f"railcall bench{' --quick' if quick else ''}: vocabularies {', '.join(vocabs)}")
+    report = run(quick=quick, vocabs=vocabs, out=Path(out), data=Path(data), engines=engine or None,
+                 log=lambda m: console.print(m, style="dim"))
+    print_report(report, console)
+    console.print(f"wrote {out} and {Path(out).with_suffix('.png')} in {report['seconds']:.0f} s")
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())

@@ -70,6 +70,7 @@ class CompiledGrammar:
         self._only_accept: list[bool] = []
         self._specials: list[dict[int, int] | None] = []
         self._first: list[np.ndarray | None] = []
+        self._row_init: list[bool] = []
         self._state_mask: list[tuple | None] = []
         self._forced: dict[int, list[int]] = {}
         self._masks: dict = {}
@@ -100,6 +101,7 @@ class CompiledGrammar:
             self._only_accept.append(acc and all(t[0].accepting for t in threads))
             self._specials.append(None)
             self._first.append(None)
+            self._row_init.append(False)
             self._state_mask.append(None)
             self._ids[threads] = s
             return s
@@ -191,13 +193,26 @@ class CompiledGrammar:
             bits[self.stop_ids] = True
         return bits
 
+    def _init_row(self, s: int) -> None:
+        """Mark every byte no thread of `s` accepts as DEAD in one vectorised write, so that the
+        walk only ever computes real transitions in Python (one per live byte, not 256)."""
+        if not self._row_init[s]:
+            self._table[s, ~self.first_bytes(s)] = DEAD
+            self._row_init[s] = True
+
     def _delta(self, cur: np.ndarray, b: np.ndarray) -> np.ndarray:
         flat = cur.astype(np.int64) * 256 + b
         nxt = self._table.reshape(-1)[flat]
         miss = nxt == UNBUILT
         if miss.any():
-            for p in np.unique(flat[miss]).tolist():
-                self.step(p >> 8, p & 255)
+            pairs = set(flat[miss].tolist())
+            for st in {p >> 8 for p in pairs}:
+                self._init_row(st)
+            table = self._table.reshape(-1)
+            for p in sorted(pairs):
+                if table[p] == UNBUILT:
+                    self.step(p >> 8, p & 255)
+                    table = self._table.reshape(-1)
             nxt = self._table.reshape(-1)[flat]
         return nxt
 
@@ -360,6 +375,14 @@ class JStrIndex(NamedTuple):
     exit_ids: np.ndarray  # (e,) tokens that close the string
     exit_chars: np.ndarray  # (e,) characters before the closing quote
     exit_pos: np.ndarray  # (e,) byte offset just after the closing quote
+
+
+def prepare_vocabulary(vocab: Vocabulary) -> None:
+    """Build the per-vocabulary indexes the matcher uses (byte matrix, first-byte groups, the
+    JSON-string index) now rather than on the first mask that needs them. Once per vocabulary."""
+    vocab.byte_matrix
+    vocab.first_byte_index
+    jstr_index(vocab, 0)
 
 
 def jstr_index(vocab: Vocabulary, sub: int) -> JStrIndex:

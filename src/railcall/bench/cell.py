@@ -1,0 +1,134 @@
+"""One benchmark cell, (engine, vocabulary, workload), run in its own process.
+
+A process per cell keeps engines from sharing caches or memory, gives a clean peak-memory
+reading, and lets the runner stop an engine that compiles for too long. Prints one JSON record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _pct(xs, q):
+    return float(np.percentile(np.asarray(xs), q)) if len(xs) else None
+
+
+def load_vocab(name: str):
+    """(Vocabulary, tokenizers.Tokenizer, tokenizer.json text) for an embedded model, offline."""
+    from tokenizers import Tokenizer
+
+    from railcall.models.store import tokenizer_folder
+    from railcall.vocab import Vocabulary
+
+    folder = tokenizer_folder(name, log=lambda m: print(m, file=sys.stderr))
+    text = (folder / "tokenizer.json").read_text()
+    tok = Tokenizer.from_str(text)
+    vocab = Vocabulary.from_hf(tok, name=name)
+    return vocab, tok, text
+
+
+def run_cell(engine_name: str, vocab_name: str, workload: str, paths_per_table: int, quick: bool, data_dir: Path) -> dict:
+    from railcall.bench.engines import ENGINES
+    from railcall.bench.workloads import valid_calls, workloads
+
+    vocab, tok, tok_json = load_vocab(vocab_name)
+    wl = next(w for w in workloads(data_dir, quick) if w.name == workload)
+    paths = []  # (table index, token ids)
+    for ti, tools in enumerate(wl.tables):
+        for text in valid_calls(tools, paths_per_table, seed=1000 + ti):
+            paths.append((ti, tok.encode(text, add_special_tokens=False).ids))
+    stop = sorted(vocab.stop_ids)
+    base_mem = _peak_mem_now = _peak_mb()
+
+    eng = ENGINES[engine_name]()
+    t0 = time.perf_counter()
+    eng.setup(vocab, tok_json, stop)
+    setup_s = time.perf_counter() - t0
+    words = (vocab.logits_width + 31) // 32
+    bm = np.zeros(words, dtype=np.int32)
+
+    cold, warm, compiled = [], [], []
+    for tools in wl.tables:
+        t0 = time.perf_counter()
+        c = eng.compile(tools)
+        m = eng.matcher(c)
+        eng.fill(m, bm)
+        cold.append(time.perf_counter() - t0)
+        compiled.append(c)
+    for tools in wl.tables:
+        t0 = time.perf_counter()
+        c = eng.compile(tools)
+        m = eng.matcher(c)
+        eng.fill(m, bm)
+        warm.append(time.perf_counter() - t0)
+
+    masks, consumes, rejected = [], [], 0
+    for ti, ids in paths:
+        m = eng.matcher(compiled[ti])
+        for t in list(ids) + [stop[0]]:
+            t0 = time.perf_counter()
+            eng.fill(m, bm)
+            t1 = time.perf_counter()
+            if not (bm[t >> 5] >> (t & 31)) & 1:
+                rejected += 1
+                break
+            if t == stop[0] and t not in ids:  # the final stop: its mask is measured, nothing follows
+                masks.append(t1 - t0)
+                break
+            ok = eng.consume(m, t)
+            t2 = time.perf_counter()
+            masks.append(t1 - t0)
+            consumes.append(t2 - t1)
+            if not ok:
+                rejected += 1
+                break
+    us = 1e6
+    return {
+        "engine": engine_name,
+        "vocab": vocab_name,
+        "workload": workload,
+        "vocab_size": vocab.size,
+        "tables": len(wl.tables),
+        "paths": len(paths),
+        "masks": len(masks),
+        "setup_s": setup_s,
+        "ttfm_cold_us_p50": _pct(cold, 50) * us,
+        "ttfm_warm_us_p50": _pct(warm, 50) * us,
+        "tbm_us_p50": _pct(masks, 50) * us,
+        "tbm_us_p99": _pct(masks, 99) * us,
+        "tbm_us_max": max(masks) * us,
+        "consume_us_p50": _pct(consumes, 50) * us,
+        "peak_mem_mb": max(0.0, _peak_mb() - base_mem),
+        "rejected_paths": rejected,
+        "note": None,
+    }
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--engine", required=True)
+    p.add_argument("--vocab", required=True)
+    p.add_argument("--workload", required=True)
+    p.add_argument("--paths", type=int, default=8)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--data", default=str(Path("..") / "shared" / "data" / "bfcl"))
+    a = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    rec = run_cell(a.engine, a.vocab, a.workload, a.paths, a.quick, Path(a.data))
+    print("RESULT " + json.dumps(rec))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""`railcall bench`: every engine on the same workloads and vocabularies, side by side, in one run.
+
+Each (engine, vocabulary, workload) cell runs in its own process (railcall.bench.cell) with a time
+limit; the results are one JSON file (`results`: a record per cell), a terminal table with each
+railcall figure as a ratio to the best peer, and a PNG chart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from railcall.bench.engines import ENGINES, NOTES, engine_version
+
+FIGURES = ["ttfm_cold_us_p50", "ttfm_warm_us_p50", "tbm_us_p50", "tbm_us_p99", "tbm_us_max", "consume_us_p50", "peak_mem_mb"]
+PEERS = ["llguidance", "xgrammar", "outlines-core"]
+
+
+def run_cell(engine: str, vocab: str, workload: str, *, paths: int, quick: bool, data: Path, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "railcall.bench.cell", "--engine", engine, "--vocab", vocab, "--workload", workload,
+           "--paths", str(paths), "--data", str(data)] + (["--quick"] if quick else [])
+    empty = {"engine": engine, "vocab": vocab, "workload": workload, **{f: None for f in FIGURES}}
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    except subprocess.TimeoutExpired:
+        return {**empty, "note": f"did not finish within {timeout:.0f} s (compile time)"}
+    for line in out.stdout.splitlines()[::-1]:
+        if line.startswith("RESULT "):
+            rec = json.loads(line[7:])
+            if rec.get("rejected_paths"):
+                rec["note"] = f"rejects {rec['rejected_paths']}/{rec['paths']} valid paths"
+            return rec
+    err = (out.stderr.strip().splitlines() or ["no output"])[-1]
+    return {**empty, "note": f"failed: {err[:200]}"}
+
+
+def ratios(results: list[dict]) -> list[dict]:
+    """railcall's figure / the best peer's figure, per (vocab, workload) and figure (lower is
+    better for every figure, so a ratio below 1 means railcall is ahead)."""
+    out = []
+    cells = {(r["vocab"], r["workload"]) for r in results}
+    for vocab, wl in sorted(cells):
+        ours = next((r for r in results if r["engine"] == "railcall" and r["vocab"] == vocab and r["workload"] == wl), None)
+        if ours is None:
+            continue
+        row = {"vocab": vocab, "workload": wl}
+        for f in FIGURES:
+            peers = [(r[f], r["engine"]) for r in results
+                     if r["engine"] in PEERS and r["vocab"] == vocab and r["workload"] == wl and r.get(f) is not None
+                     and not r.get("rejected_paths")]
+            if ours.get(f) is None or not peers:
+                row[f] = None
+                continue
+            best, who = min(peers)
+            row[f] = {"ratio": (ours[f] / best) if best > 0 else None, "best_peer": who, "best": best}
+        out.append(row)
+    return out
+
+
+def machine() -> dict:
+    import numpy
+
+    return {
+        "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(), "numpy": numpy.__version__,
+        "engines": {e: engine_version(e) for e in ENGINES},
+    }
+
+
+def run(*, quick: bool, vocabs: list[str], out: Path, data: Path, engines: list[str] | None = None, log=print) -> dict:
+    engines = engines or list(ENGINES)
+    from railcall.bench.workloads import workloads
+
+    names = [w.name for w in workloads(data, quick)]
+    if quick:
+        names = ["seed3", "bfcl20"]
+    paths = 4 if quick else 24
+    timeout = 60 if quick else 600
+    results = []
+    t0 = time.time()
+    for vocab in vocabs:
+        for wl in names:
+            for eng in engines:
+                log(f"  {eng:14} {vocab:8} {wl:9} ...")
+                results.append(run_cell(eng, vocab, wl, paths=paths, quick=quick, data=data, timeout=timeout))
+    report = {"machine": machine(), "quick": quick, "seconds": time.time() - t0, "notes": NOTES,
+              "results": results, "ratios": ratios(results)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    chart(report, out.with_suffix(".png"))
+    return report
+
+
+def chart(report: dict, path: Path) -> None:
+    """Per vocabulary and workload: time per mask (p50, p99) and time to first mask, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = [r for r in report["results"] if r.get("tbm_us_p50") is not None]
+    cells = sorted({(r["vocab"], r["workload"]) for r in res})
+    engines = [e for e in ENGINES if any(r["engine"] == e for r in res)]
+    figs = [("tbm_us_p50", "time per mask p50 (µs)"), ("tbm_us_p99", "time per mask p99 (µs)"),
+            ("ttfm_cold_us_p50", "time to first mask, cold (µs)")]
+    fig, axes = plt.subplots(1, len(figs), figsize=(5 * len(figs), 4.5))
+    width = 0.8 / max(len(engines), 1)
+    for ax, (f, title) in zip(axes, figs):
+        for i, e in enumerate(engines):
+            vals = [next((r[f] for r in res if r["engine"] == e and (r["vocab"], r["workload"]) == c), 0) or 0 for c in cells]
+            ax.bar([k + i * width for k in range(len(cells))], vals, width, label=e)
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_xticks([k + width * (len(engines) - 1) / 2 for k in range(len(cells))])
+        ax.set_xticklabels([f"{v}\n{w}" for v, w in cells], fontsize=8)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("railcall vs peers (lower is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def fmt(x, f):
+    if x is None:
+        return "—"
+    if f == "peak_mem_mb":
+        return f"{x:.0f}"
+    return f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
+
+
+def print_report(report: dict, console) -> None:
+    from rich.table import Table
+
+    m = report["machine"]
+    console.print(f"machine: {m['processor']}, {m['cpu_count']} cores, Python {m['python']}, numpy {m['numpy']}")
+    console.print("engines: " + ", ".join(f"{k} {v}" for k, v in m["engines"].items()))
+    sizes = {r["vocab"]: r.get("vocab_size") for r in report["results"] if r.get("vocab_size")}
+    console.print("vocabularies: " + ", ".join(f"{k} ({v} tokens)" for k, v in sizes.items()))
+    heads = ["TTFM cold", "TTFM warm", "mask p50", "mask p99", "mask max", "consume p50", "peak MB"]
+    for vocab, wl in sorted({(r["vocab"], r["workload"]) for r in report["results"]}):
+        t = Table(title=f"{vocab} / {wl} (µs; lower is better)")
+        t.add_column("engine")
+        for h in heads:
+            t.add_column(h, justify="right")
+        t.add_column("note")
+        for r in report["results"]:
+            if (r["vocab"], r["workload"]) == (vocab, wl):
+                t.add_row(r["engine"], *[fmt(r.get(f), f) for f in FIGURES], r.get("note") or "")
+        rat = next((x for x in report["ratios"] if (x["vocab"], x["workload"]) == (vocab, wl)), None)
+        if rat:
+            t.add_row("railcall / best peer",
+                      *[("—" if rat[f] is None or rat[f]["ratio"] is None else f"{rat[f]['ratio']:.2f}×") for f in FIGURES], "")
+        console.print(t)
+    for k, v in report["notes"].items():
+        console.print(f"[dim]{k}: {v}[/]")
