@@ -34,7 +34,9 @@ import numpy as np
 from railcall.bitmask import allocate_bitmask, bitmask_words, pack_ids, unpack_bitmask
 from railcall.errors import MatcherError
 from railcall.grammar import ir
-from railcall.grammar.program import JSTR_INC, JSTR_NEXT, EXIT, JStr, compile_grammar
+from railcall.grammar.program import (
+    EXIT, JSTR_INC, JSTR_NEXT, MAX_NUMBER_CHARS, NUM_BYTES, NUM_FINAL, NUM_NEXT, JNum, JStr, Lit, Select, compile_grammar,
+)
 from railcall.vocab import Vocabulary
 
 UNBUILT = -2  # a transition not computed yet
@@ -60,6 +62,8 @@ class CompiledGrammar:
         margin = max(vocab.max_token_len, 1)
         for ins in self.program.counted:
             ins.margin = margin
+        for ins in self.program.numbers:
+            ins.margin = max(vocab.max_number_run, 1)
         self.stop_ids = np.array(sorted(vocab.stop_ids), dtype=np.int64)
         self._stop_set = frozenset(vocab.stop_ids)
         self._lock = threading.RLock()
@@ -164,8 +168,17 @@ class CompiledGrammar:
         key = self._coarse_key(s)
         hit = self._masks.get(key)
         if hit is None:
-            bits = self._legal_bits(s)
-            hit = (np.packbits(bits, bitorder="little").view(np.int32), int(np.count_nonzero(bits)))
+            threads = self._sets[s]
+            if len(threads) == 1:
+                packed = np.packbits(self._legal_bits(s), bitorder="little").view(np.int32)
+            else:
+                # Threads run independently (an NFA), so a token is legal exactly when it is legal
+                # for at least one thread: the mask is the union of single-thread masks, each
+                # cached on its own and shared by every state that contains that thread.
+                packed = self.mask(self._intern(frozenset([next(iter(threads))])))[0].copy()
+                for t in threads:
+                    packed |= self.mask(self._intern(frozenset([t])))[0]
+            hit = (packed, int(np.bitwise_count(packed.view(np.uint32)).sum()))
             self._masks[key] = hit
             self.mask_computations += 1
         self._state_mask[s] = hit
@@ -184,6 +197,12 @@ class CompiledGrammar:
             (ins, loc, st), = threads
         if isinstance(ins, JStr):
             self._jstr_legal(ins, loc, st, bits)
+        elif isinstance(ins, Lit):
+            self._lit_legal(ins, loc, st, bits)
+        elif isinstance(ins, Select):
+            self._select_legal(ins, loc, st, bits)
+        elif isinstance(ins, JNum) and self._jnum_legal(ins, loc, st, bits):
+            pass
         elif any(t[0].consumes and not t[0].accepting and t[0].special(t[1]) is None for t in threads):
             bits[self._walk_from(s)] = True
         sp = self.specials(s)
@@ -247,6 +266,71 @@ class CompiledGrammar:
                 keep = ~done
                 idx, pos, cur = idx[keep], pos[keep], cur[keep]
         return np.concatenate(legal) if legal else np.zeros(0, dtype=np.int64)
+
+    def _after(self, ins, st) -> int:
+        """The state after instruction `ins` completes, with stack `st` (DEAD if none)."""
+        out: set = set()
+        ins.arrive(0, st, out)
+        return self._intern(frozenset(out)) if out else DEAD
+
+    def _prefix_tokens(self, p: bytes, x: int, bits: np.ndarray) -> bool:
+        """Mark the tokens that are exactly `p`, and the longer tokens starting with `p` whose
+        rest is legal from state `x` (after `p`; DEAD if nothing may follow). False if no token
+        starts with `p`, so no longer prefix needs looking at."""
+        v = self.vocab
+        a, b = v.prefix_range(p)
+        if a == b:
+            return False
+        sb, sid = v.sorted_index
+        e = a
+        while e < b and len(sb[e]) == len(p):  # equal tokens sort first within the range
+            e += 1
+        bits[sid[a:e]] = True
+        if e < b and x >= 0:
+            ids = sid[e:b]
+            bits[self._walk(ids, np.full(ids.size, len(p), dtype=np.int64), np.full(ids.size, x, dtype=np.int64))] = True
+        return True
+
+    def _lit_legal(self, ins: Lit, off: int, st, bits: np.ndarray) -> None:
+        """A literal: the tokens that spell a prefix of what remains, and those that spell all of
+        it and go on legally. Binary searches over the sorted vocabulary, no scan."""
+        rest = ins.data[off:]
+        for k in range(1, len(rest)):
+            if not self._prefix_tokens(rest[:k], DEAD, bits):
+                return
+        self._prefix_tokens(rest, self._after(ins.next, st), bits)
+
+    def _select_legal(self, ins: Select, node: int, st, bits: np.ndarray) -> None:
+        """A trie of keys: walk the trie and the sorted vocabulary together, pruning a branch as
+        soon as no token starts with its bytes."""
+        todo = [(node, b"")]
+        while todo:
+            n, acc = todo.pop()
+            for byte, child in ins.children[n].items():
+                p = acc + bytes([byte])
+                cont = ins.terminal.get(child)
+                x = self._after(cont, st) if cont is not None else DEAD
+                if self._prefix_tokens(p, x, bits) and ins.children[child]:
+                    todo.append((child, p))
+
+    def _jnum_legal(self, ins: JNum, loc: int, st, bits: np.ndarray) -> bool:
+        """A number: the tokens that stay inside it, and those that end it in a final substate
+        and go on legally after it. False (use the generic walk) when what follows the number
+        could itself start with a number character, where the split is ambiguous."""
+        x = self._after(ins.next, st)
+        if x >= 0 and (self.first_bytes(x) & NUM_BYTES).any():
+            return False
+        n, sub = loc >> 4, loc & 15
+        idx = jnum_index(self.vocab, sub, ins.integer)
+        room = MAX_NUMBER_CHARS - n
+        bits[idx.inside_ids[idx.inside_len <= room]] = True
+        if x < 0:
+            return True
+        ok = idx.exit_pos <= room
+        ids, pos = idx.exit_ids[ok], idx.exit_pos[ok]
+        if ids.size:
+            bits[self._walk(ids, pos, np.full(ids.size, x, dtype=np.int64))] = True
+        return True
 
     def _jstr_legal(self, ins: JStr, loc: int, st, bits: np.ndarray) -> None:
         count, sub = loc >> 4, loc & 15
@@ -377,12 +461,66 @@ class JStrIndex(NamedTuple):
     exit_pos: np.ndarray  # (e,) byte offset just after the closing quote
 
 
+class JNumIndex(NamedTuple):
+    inside_ids: np.ndarray  # (k,) tokens made only of number bytes the number accepts
+    inside_len: np.ndarray  # (k,) their lengths
+    exit_ids: np.ndarray  # (e,) tokens whose number part ends, in a final substate, before their end
+    exit_pos: np.ndarray  # (e,) the byte offset where the number ends (>= 1)
+
+
+def jnum_index(vocab: Vocabulary, sub: int, integer: bool) -> JNumIndex:
+    """Per vocabulary, number substate and kind: how each text token continues a JSON number.
+    Computed once (vectorised), shared by every grammar on this vocabulary."""
+    cache = vocab._extra.setdefault("jnum", {})
+    hit = cache.get((sub, integer))
+    if hit is not None:
+        return hit
+    table = NUM_NEXT[int(integer)].astype(np.int64)
+    lens = vocab.lengths
+    B = vocab.byte_matrix
+    idx = np.flatnonzero(lens > 0)
+    cur = np.full(idx.size, sub, dtype=np.int64)
+    inside_ids, inside_len, exit_ids, exit_pos = [], [], [], []
+    j = 0
+    while idx.size:
+        b = B[j, idx]
+        t = table[cur, b]
+        stop = t < 0
+        if j > 0 and stop.any():
+            # the number ends before byte j: legal only from a final substate
+            ends = stop & NUM_FINAL[cur]
+            exit_ids.append(idx[ends])
+            exit_pos.append(np.full(int(ends.sum()), j, dtype=np.int64))
+        go = ~stop
+        idx, cur = idx[go], t[go]
+        j += 1
+        done = lens[idx] == j
+        if done.any():
+            inside_ids.append(idx[done])
+            inside_len.append(np.full(int(done.sum()), j, dtype=np.int64))
+            keep = ~done
+            idx, cur = idx[keep], cur[keep]
+
+    def cat(xs):
+        return np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64)
+
+    hit = JNumIndex(cat(inside_ids), cat(inside_len), cat(exit_ids), cat(exit_pos))
+    cache[(sub, integer)] = hit
+    return hit
+
+
 def prepare_vocabulary(vocab: Vocabulary) -> None:
     """Build the per-vocabulary indexes the matcher uses (byte matrix, first-byte groups, the
     JSON-string index) now rather than on the first mask that needs them. Once per vocabulary."""
     vocab.byte_matrix
     vocab.first_byte_index
-    jstr_index(vocab, 0)
+    vocab.sorted_index
+    vocab.max_number_run
+    for sub in range(13):
+        jstr_index(vocab, sub)
+    for integer in (False, True):
+        for sub in range(9):
+            jnum_index(vocab, sub, integer)
 
 
 def jstr_index(vocab: Vocabulary, sub: int) -> JStrIndex:

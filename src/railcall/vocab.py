@@ -171,6 +171,21 @@ class Vocabulary:
         return int(self.lengths.max()) if self.size else 0
 
     @cached_property
+    def max_number_run(self) -> int:
+        """The most bytes of a JSON number one token can add: its longest leading run of
+        `0-9 + - . e E` (a token's number part must come first: a number only starts a token or
+        continues from the previous one)."""
+        num = np.zeros(256, dtype=bool)
+        num[list(b"0123456789+-.eE")] = True
+        B = self.byte_matrix
+        run = np.zeros(self.size, dtype=np.int64)
+        alive = np.ones(self.size, dtype=bool)
+        for j in range(B.shape[0]):
+            alive &= num[B[j]] & (self.lengths > j)
+            run += alive
+        return int(run.max()) if self.size else 0
+
+    @cached_property
     def byte_matrix(self) -> np.ndarray:
         """(max_token_len, size) uint8, column j holding every token's j-th byte (0 past the end).
 
@@ -215,16 +230,34 @@ class Vocabulary:
         return out
 
     @cached_property
-    def _sorted_text(self) -> list[bytes]:
-        return sorted(self.lookup)
+    def sorted_index(self) -> tuple[list[bytes], np.ndarray]:
+        """(bytes, ids): every text token's bytes in sorted order and the matching ids.
 
-    def has_extension(self, prefix: bytes) -> bool:
-        """Whether some text token strictly extends `prefix` (a binary search, no trie)."""
+        Tokens sharing a prefix form one contiguous range, so "which tokens start with p" is two
+        binary searches (`prefix_range`) -- a trie in a flat array, without building one.
+        """
+        ids = [i for i in range(self.size) if self.token_bytes[i] and not self.special[i]]
+        ids.sort(key=lambda i: self.token_bytes[i])
+        return [self.token_bytes[i] for i in ids], np.array(ids, dtype=np.int64)
+
+    def prefix_range(self, prefix: bytes, lo: int = 0, hi: int | None = None) -> tuple[int, int]:
+        """The range [a, b) of `sorted_index` whose tokens start with `prefix`."""
         import bisect
 
-        s = self._sorted_text
-        i = bisect.bisect_right(s, prefix)
-        return i < len(s) and s[i].startswith(prefix)
+        s = self.sorted_index[0]
+        hi = len(s) if hi is None else hi
+        a = bisect.bisect_left(s, prefix, lo, hi)
+        end = prefix.rstrip(b"\xff")
+        if not end:
+            return a, hi
+        b = bisect.bisect_left(s, end[:-1] + bytes([end[-1] + 1]), a, hi)
+        return a, b
+
+    def has_extension(self, prefix: bytes) -> bool:
+        """Whether some text token strictly extends `prefix`."""
+        a, b = self.prefix_range(prefix)
+        s = self.sorted_index[0]
+        return any(len(s[i]) > len(prefix) for i in range(a, min(b, a + 2)))
 
     def greedy_tokenize(self, data: bytes) -> list[int] | None:
         """Longest-match tokenization of `data`; None if some byte has no token."""

@@ -380,15 +380,38 @@ def _num_step(sub: int, b: int, integer: bool) -> int:
     return DEAD
 
 
+def _num_tables():
+    """(2, 9, 256) int8: the number automaton as a table, [integer][substate][byte] -> substate."""
+    t = np.full((2, 9, 256), DEAD, dtype=np.int8)
+    for integer in (0, 1):
+        for sub in range(9):
+            for b in b"-+.eE0123456789":
+                t[integer, sub, b] = _num_step(sub, b, bool(integer))
+    return t
+
+
+NUM_NEXT = _num_tables()
+NUM_FINAL = np.zeros(10, dtype=bool)  # index 9 stands for DEAD (-1) in vectorised lookups
+NUM_FINAL[list(_FINAL)] = True
+NUM_BYTES = _byteset(b"-+.eE0123456789")
+
+
 class JNum(Instr):
     """Any JSON number (or integer); local = length << 4 | substate."""
 
-    __slots__ = ("integer", "_amask")
+    __slots__ = ("integer", "_amask", "margin")
 
     def __init__(self, integer: bool, nxt: Instr):
         self.integer = integer
         self.next = nxt
         self._amask = {}
+        self.margin = MAX_NUMBER_CHARS  # set by the matcher: the most number bytes one token adds
+
+    def coarse(self, local):
+        # Far enough from the length cap that no token can reach it, only the substate matters.
+        if (local >> 4) + self.margin < MAX_NUMBER_CHARS:
+            return -1 - (local & 15)
+        return local
 
     def arrive(self, local, stack, out):
         out.add((self, local, stack))
@@ -492,9 +515,10 @@ class JInt(Instr):
 class Program:
     """A compiled grammar: its entry instruction and the instructions that need a margin."""
 
-    def __init__(self, start: Instr, counted: list[Instr]):
+    def __init__(self, start: Instr, counted: list[Instr], numbers: list[Instr]):
         self.start = start
         self.counted = counted  # JStr and Repeat instructions (their coarse keys need a margin)
+        self.numbers = numbers  # JNum instructions (their margin is the longest run of number bytes)
 
 
 def compile_grammar(grammar: ir.Grammar, special_ids: dict[str, int], *, max_string: int) -> Program:
@@ -510,6 +534,7 @@ class _Compiler:
         self.memo: dict[tuple[int, int], Instr] = {}
         self.rules: dict[str, Forward] = {}
         self.counted: list[Instr] = []
+        self.numbers: list[JNum] = []
         self._pending: list[tuple[str, Forward]] = []
         self._keep: list = []  # keeps memo-keyed nodes alive so their ids stay unique
 
@@ -522,7 +547,7 @@ class _Compiler:
             except KeyError:
                 raise GrammarError(f"reference to an undefined rule {name!r}") from None
             fwd.target = self.compile(node, RET)
-        return Program(start, self.counted)
+        return Program(start, self.counted, self.numbers)
 
     def compile(self, node, nxt: Instr) -> Instr:
         key = (id(node), id(nxt))
@@ -579,10 +604,10 @@ class _Compiler:
             return self._compile(ir.Lit(b'"'), body)
         if isinstance(node, ir.JsonInteger):
             if node.minimum is None and node.maximum is None:
-                return JNum(True, nxt)
+                return self._num(JNum(True, nxt))
             return JInt(node.minimum, node.maximum, nxt)
         if isinstance(node, ir.JsonNumber):
-            return JNum(False, nxt)
+            return self._num(JNum(False, nxt))
         if isinstance(node, ir.JsonArray):
             lo, hi = node.min_items, node.max_items
             if hi is not None and lo > hi:
@@ -597,6 +622,10 @@ class _Compiler:
         if isinstance(node, ir.JsonObject):
             return self._object(node, nxt)
         raise GrammarError(f"unknown grammar node {type(node).__name__}")
+
+    def _num(self, ins: JNum) -> JNum:
+        self.numbers.append(ins)
+        return ins
 
     def _object(self, node: ir.JsonObject, nxt: Instr) -> Instr:
         """Properties in declared order; optional ones skippable; commas only between members.
