@@ -237,3 +237,26 @@ def test_grammar_errors():
     with pytest.raises(SchemaError) as e:
         schema_grammar({"type": "object", "properties": {"s": {"type": "string", "minLength": 5, "maxLength": 2}}})
     assert e.value.keyword == "minLength" and e.value.pointer == "/properties/s"
+
+
+def test_live_table_change_recompiles_only_what_changed(bpe_vocab):
+    """Adding a tool reuses the other tools' compiled instructions and their cached masks."""
+    v = bpe_vocab
+    bm = allocate_bitmask(v.logits_width)
+    head, value = b'{"tool":"list_dir","args":{"path":"', b'notes/a.txt"}}'
+
+    def walk(tools):
+        cg = CompiledGrammar(tool_grammar(tools), v)
+        m = Matcher(cg)
+        for b in head + value:
+            m.fill_bitmask(bm)
+            assert m.consume_bytes(bytes([b]))
+            if b == head[-1] and m.num_consumed() == len(head):
+                inside = next(iter(cg._sets[m.state]))[0]
+        return cg, inside
+
+    cg1, ins1 = walk([TOOLS[1]])
+    cg2, ins2 = walk([TOOLS[1], Tool("zz_new", "", PATH)])  # one tool added
+    assert ins1 is ins2  # the unchanged tool's arguments: the very same compiled instructions
+    # only masks before the name is committed are new (the name trie changed); none inside the call
+    assert 0 < cg2.mask_computations <= len(b'{"tool":"list_dir"')

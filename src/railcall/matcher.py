@@ -35,7 +35,8 @@ from railcall.bitmask import allocate_bitmask, bitmask_words, pack_ids, unpack_b
 from railcall.errors import MatcherError
 from railcall.grammar import ir
 from railcall.grammar.program import (
-    EXIT, JSTR_INC, JSTR_NEXT, MAX_NUMBER_CHARS, NUM_BYTES, NUM_FINAL, NUM_NEXT, JNum, JStr, Lit, Select, compile_grammar,
+    EXIT, JSTR_INC, JSTR_NEXT, MAX_NUMBER_CHARS, NUM_BYTES, NUM_FINAL, NUM_NEXT, Fragments, JNum, JStr, Lit, Select,
+    compile_grammar,
 )
 from railcall.vocab import Vocabulary
 
@@ -48,6 +49,98 @@ DEAD = -1
 _FINISH_ORDER = [ord(c) for c in '"?}]0'] + [ord(c) for c in "nrtu:,{["]
 
 
+class _Bits:
+    """Token ids gathered from several sources, packed into a bitmask once at the end: a few ids
+    go straight into their words; many go through a bool array and np.packbits."""
+
+    __slots__ = ("words", "parts", "base")
+
+    def __init__(self, words: int):
+        self.words = words
+        self.parts: list[np.ndarray] = []
+        self.base: np.ndarray | None = None
+
+    def add(self, ids) -> None:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size:
+            self.parts.append(ids)
+
+    def merge(self, packed: np.ndarray) -> None:
+        self.base = packed.copy() if self.base is None else self.base | packed
+
+    def packed(self) -> np.ndarray:
+        out = np.zeros(self.words, dtype=np.uint32) if self.base is None else self.base.view(np.uint32).copy()
+        n = sum(p.size for p in self.parts)
+        if n > 4096:
+            bits = np.zeros(self.words * 32, dtype=bool)
+            for p in self.parts:
+                bits[p] = True
+            out |= np.packbits(bits, bitorder="little").view(np.uint32)
+        elif n:
+            ids = np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
+            np.bitwise_or.at(out, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+        return out.view(np.int32)
+
+
+def jstr_inside_packed(vocab: Vocabulary, sub: int, words: int) -> np.ndarray:
+    """The packed mask of every token that stays inside a JSON string from substate `sub`
+    (with room for any token): the bulk of every in-string mask, shared per vocabulary."""
+    cache = vocab._extra.setdefault("jstr_packed", {})
+    hit = cache.get(sub)
+    if hit is None:
+        hit = pack_ids(jstr_index(vocab, sub).inside_ids, words * 32)
+        cache[sub] = hit
+    return hit
+
+
+class MaskCache:
+    """Masks by coarsened state key, shared by every grammar on one vocabulary; an LRU bounded
+    in bytes (a SmolLM2 mask is 6 KiB, a Gemma 3 mask 32 KiB)."""
+
+    def __init__(self, budget_bytes: int = 256 << 20):
+        self.budget = budget_bytes
+        self.used = 0
+        self._d: "OrderedDict[object, tuple]" = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key):
+        hit = self._d.get(key)
+        if hit is not None:
+            try:
+                self._d.move_to_end(key)
+            except KeyError:
+                pass
+        return hit
+
+    def put(self, key, value) -> None:
+        with self.lock:
+            if key not in self._d:
+                self._d[key] = value
+                self.used += value[0].nbytes
+                while self.used > self.budget and len(self._d) > 1:
+                    _, old = self._d.popitem(last=False)
+                    self.used -= old[0].nbytes
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class VocabCache:
+    """What railcall shares per vocabulary: compiled fragments (per string cap) and masks."""
+
+    def __init__(self):
+        self.fragments: dict[int, Fragments] = {}
+        self.masks = MaskCache()
+        self.lock = threading.RLock()
+
+
+def vocab_cache(vocab: Vocabulary) -> VocabCache:
+    vc = vocab._extra.get("railcall_cache")
+    if vc is None:
+        vc = vocab._extra.setdefault("railcall_cache", VocabCache())
+    return vc
+
+
 class CompiledGrammar:
     """A grammar bound to a vocabulary: DFA, transitions and mask cache. Shared; thread-safe for
     concurrent matchers (state growth is serialised by a lock)."""
@@ -58,12 +151,12 @@ class CompiledGrammar:
         self.width = vocab.logits_width
         self.words = bitmask_words(self.width)
         special_ids = {t: i for i, t in vocab.special_text.items()}
-        self.program = compile_grammar(grammar, special_ids, max_string=max_string)
-        margin = max(vocab.max_token_len, 1)
-        for ins in self.program.counted:
-            ins.margin = margin
-        for ins in self.program.numbers:
-            ins.margin = max(vocab.max_number_run, 1)
+        shared = vocab_cache(vocab)
+        frags = shared.fragments.get(max_string)
+        if frags is None:
+            frags = shared.fragments[max_string] = Fragments(max(vocab.max_token_len, 1), max(vocab.max_number_run, 1))
+        with shared.lock:
+            self.program = compile_grammar(grammar, special_ids, max_string=max_string, fragments=frags)
         self.stop_ids = np.array(sorted(vocab.stop_ids), dtype=np.int64)
         self._stop_set = frozenset(vocab.stop_ids)
         self._lock = threading.RLock()
@@ -77,7 +170,7 @@ class CompiledGrammar:
         self._row_init: list[bool] = []
         self._state_mask: list[tuple | None] = []
         self._forced: dict[int, list[int]] = {}
-        self._masks: dict = {}
+        self._masks = shared.masks  # shared by every grammar on this vocabulary
         self.mask_computations = 0
         start: set = set()
         self.program.start.arrive(0, None, start)
@@ -170,7 +263,7 @@ class CompiledGrammar:
         if hit is None:
             threads = self._sets[s]
             if len(threads) == 1:
-                packed = np.packbits(self._legal_bits(s), bitorder="little").view(np.int32)
+                packed = self._legal_bits(s).packed()
             else:
                 # Threads run independently (an NFA), so a token is legal exactly when it is legal
                 # for at least one thread: the mask is the union of single-thread masks, each
@@ -179,18 +272,18 @@ class CompiledGrammar:
                 for t in threads:
                     packed |= self.mask(self._intern(frozenset([t])))[0]
             hit = (packed, int(np.bitwise_count(packed.view(np.uint32)).sum()))
-            self._masks[key] = hit
+            self._masks.put(key, hit)
             self.mask_computations += 1
         self._state_mask[s] = hit
         return hit
 
     def legal_ids(self, s: int) -> np.ndarray:
         """Every token id legal from state `s`, sorted (computed, not cached)."""
-        return np.flatnonzero(self._legal_bits(s))
+        return np.flatnonzero(unpack_bitmask(self._legal_bits(s).packed(), self.width))
 
-    def _legal_bits(self, s: int) -> np.ndarray:
-        """(words * 32,) bool: the legal tokens of state `s`."""
-        bits = np.zeros(self.words * 32, dtype=bool)
+    def _legal_bits(self, s: int) -> "_Bits":
+        """The legal tokens of state `s`, collected for packing."""
+        bits = _Bits(self.words)
         threads = self._sets[s]
         ins = None
         if len(threads) == 1:
@@ -204,12 +297,12 @@ class CompiledGrammar:
         elif isinstance(ins, JNum) and self._jnum_legal(ins, loc, st, bits):
             pass
         elif any(t[0].consumes and not t[0].accepting and t[0].special(t[1]) is None for t in threads):
-            bits[self._walk_from(s)] = True
+            bits.add(self._walk_from(s))
         sp = self.specials(s)
         if sp:
-            bits[list(sp)] = True
+            bits.add(np.fromiter(sp, dtype=np.int64))
         if self._accepting[s]:
-            bits[self.stop_ids] = True
+            bits.add(self.stop_ids)
         return bits
 
     def _init_row(self, s: int) -> None:
@@ -285,10 +378,10 @@ class CompiledGrammar:
         e = a
         while e < b and len(sb[e]) == len(p):  # equal tokens sort first within the range
             e += 1
-        bits[sid[a:e]] = True
+        bits.add(sid[a:e])
         if e < b and x >= 0:
             ids = sid[e:b]
-            bits[self._walk(ids, np.full(ids.size, len(p), dtype=np.int64), np.full(ids.size, x, dtype=np.int64))] = True
+            bits.add(self._walk(ids, np.full(ids.size, len(p), dtype=np.int64), np.full(ids.size, x, dtype=np.int64)))
         return True
 
     def _lit_legal(self, ins: Lit, off: int, st, bits: np.ndarray) -> None:
@@ -323,13 +416,13 @@ class CompiledGrammar:
         n, sub = loc >> 4, loc & 15
         idx = jnum_index(self.vocab, sub, ins.integer)
         room = MAX_NUMBER_CHARS - n
-        bits[idx.inside_ids[idx.inside_len <= room]] = True
+        bits.add(idx.inside_ids[idx.inside_len <= room])
         if x < 0:
             return True
         ok = idx.exit_pos <= room
         ids, pos = idx.exit_ids[ok], idx.exit_pos[ok]
         if ids.size:
-            bits[self._walk(ids, pos, np.full(ids.size, x, dtype=np.int64))] = True
+            bits.add(self._walk(ids, pos, np.full(ids.size, x, dtype=np.int64)))
         return True
 
     def _jstr_legal(self, ins: JStr, loc: int, st, bits: np.ndarray) -> None:
@@ -337,9 +430,9 @@ class CompiledGrammar:
         idx = jstr_index(self.vocab, sub)
         room = ins.max - count
         if room >= self.vocab.max_token_len:
-            bits[idx.inside_ids] = True
+            bits.merge(jstr_inside_packed(self.vocab, sub, self.words))
         else:
-            bits[idx.inside_ids[idx.inside_chars <= room]] = True
+            bits.add(idx.inside_ids[idx.inside_chars <= room])
         ok = (idx.exit_chars + count >= ins.min) & (idx.exit_chars <= room)
         if not ok.any():
             return
@@ -350,10 +443,10 @@ class CompiledGrammar:
         x = self._intern(frozenset(after))
         ids, pos = idx.exit_ids[ok], idx.exit_pos[ok]
         ended = self.vocab.lengths[ids] == pos
-        bits[ids[ended]] = True
+        bits.add(ids[ended])
         rest = ~ended
         if rest.any():
-            bits[self._walk(ids[rest], pos[rest], np.full(int(rest.sum()), x, dtype=np.int64))] = True
+            bits.add(self._walk(ids[rest], pos[rest], np.full(int(rest.sum()), x, dtype=np.int64)))
 
     # -- forced continuations and finish ------------------------------------------------------------
 

@@ -81,7 +81,7 @@ def run(*, quick: bool, vocabs: list[str], out: Path, data: Path, engines: list[
     if quick:
         names = ["seed3", "bfcl20"]
     paths = 4 if quick else 24
-    timeout = 60 if quick else 600
+    timeout = 60 if quick else 240
     results = []
     t0 = time.time()
     for vocab in vocabs:

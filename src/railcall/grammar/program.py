@@ -513,33 +513,50 @@ class JInt(Instr):
 
 
 class Program:
-    """A compiled grammar: its entry instruction and the instructions that need a margin."""
+    """A compiled grammar: its entry instruction."""
 
-    def __init__(self, start: Instr, counted: list[Instr], numbers: list[Instr]):
+    def __init__(self, start: Instr):
         self.start = start
-        self.counted = counted  # JStr and Repeat instructions (their coarse keys need a margin)
-        self.numbers = numbers  # JNum instructions (their margin is the longest run of number bytes)
 
 
-def compile_grammar(grammar: ir.Grammar, special_ids: dict[str, int], *, max_string: int) -> Program:
-    """Compile IR to instructions. `special_ids` maps special-token text to ids."""
-    return _Compiler(grammar, special_ids, max_string).run()
+class Fragments:
+    """Compiled instructions shared by every grammar compiled for one vocabulary and string cap.
+
+    A tool's arguments compile to the same instruction objects in every table that contains the
+    tool (keyed by the argument IR node, which the tool-grammar builder caches per schema, and
+    by the canonical continuation), so a live table change compiles only the tools that
+    changed, and every mask keyed by those instructions stays valid and shared.
+    Entries are added only after a compilation succeeds; the cache is cleared when it grows
+    past `limit` entries.
+    """
+
+    def __init__(self, token_margin: int, number_margin: int, limit: int = 50_000):
+        self.token_margin = token_margin
+        self.number_margin = number_margin
+        self.accept = Accept()
+        self.memo: dict[tuple[int, int], tuple] = {}  # (id(node), id(next)) -> (node, next, instr)
+        self.limit = limit
+
+
+def compile_grammar(grammar: ir.Grammar, special_ids: dict[str, int], *, max_string: int,
+                    fragments: Fragments | None = None) -> Program:
+    """Compile IR to instructions. `special_ids` maps special-token text to ids; `fragments`
+    (per vocabulary) shares compiled pieces across grammars."""
+    return _Compiler(grammar, special_ids, max_string, fragments or Fragments(1, 1)).run()
 
 
 class _Compiler:
-    def __init__(self, grammar: ir.Grammar, special_ids: dict[str, int], max_string: int):
+    def __init__(self, grammar: ir.Grammar, special_ids: dict[str, int], max_string: int, fragments: Fragments):
         self.g = grammar
         self.special_ids = special_ids
         self.max_string = max_string
-        self.memo: dict[tuple[int, int], Instr] = {}
+        self.shared = fragments
+        self.memo: dict[tuple[int, int], tuple] = {}
         self.rules: dict[str, Forward] = {}
-        self.counted: list[Instr] = []
-        self.numbers: list[JNum] = []
         self._pending: list[tuple[str, Forward]] = []
-        self._keep: list = []  # keeps memo-keyed nodes alive so their ids stay unique
 
     def run(self) -> Program:
-        start = self.compile(self.g.start, Accept())
+        start = self.compile(self.g.start, self.shared.accept)
         while self._pending:
             name, fwd = self._pending.pop()
             try:
@@ -547,16 +564,20 @@ class _Compiler:
             except KeyError:
                 raise GrammarError(f"reference to an undefined rule {name!r}") from None
             fwd.target = self.compile(node, RET)
-        return Program(start, self.counted, self.numbers)
+        if len(self.shared.memo) + len(self.memo) > self.shared.limit:
+            self.shared.memo.clear()
+        self.shared.memo.update(self.memo)  # only now: every Forward in these is resolved
+        return Program(start)
 
     def compile(self, node, nxt: Instr) -> Instr:
-        key = (id(node), id(nxt))
-        hit = self.memo.get(key)
+        # Literals are keyed by value, so the punctuation after a tool's arguments is the same
+        # instruction in every grammar and the arguments compiled against it can be shared.
+        key = (node.data, id(nxt)) if isinstance(node, ir.Lit) else (id(node), id(nxt))
+        hit = self.memo.get(key) or self.shared.memo.get(key)
         if hit is not None:
-            return hit
-        self._keep.append(node)
+            return hit[2]
         out = self._compile(node, nxt)
-        self.memo[key] = out
+        self.memo[key] = (node, nxt, out)  # node and next kept alive, so their ids stay unique
         return out
 
     def _compile(self, node, nxt: Instr) -> Instr:
@@ -600,7 +621,7 @@ class _Compiler:
                     f"(the string cap is {self.max_string}; raise max_string to allow longer strings)"
                 )
             body = JStr(node.min_len, hi, nxt)
-            self.counted.append(body)
+            body.margin = self.shared.token_margin
             return self._compile(ir.Lit(b'"'), body)
         if isinstance(node, ir.JsonInteger):
             if node.minimum is None and node.maximum is None:
@@ -617,14 +638,14 @@ class _Compiler:
                 return self._compile(ir.Lit(b"["), close)
             item = self.compile(node.item, RET)
             rep = Repeat(item, Lit(b",", item), lo, hi, close)
-            self.counted.append(rep)
+            rep.margin = self.shared.token_margin
             return self._compile(ir.Lit(b"["), rep)
         if isinstance(node, ir.JsonObject):
             return self._object(node, nxt)
         raise GrammarError(f"unknown grammar node {type(node).__name__}")
 
     def _num(self, ins: JNum) -> JNum:
-        self.numbers.append(ins)
+        ins.margin = self.shared.number_margin
         return ins
 
     def _object(self, node: ir.JsonObject, nxt: Instr) -> Instr:

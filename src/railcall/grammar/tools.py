@@ -79,7 +79,10 @@ class JsonCall(CallFormat):
     name = "json"
 
     def call(self, choices):
-        return ir.Seq(ir.Lit(b'{"tool":"'), ir.Select(tuple((k + b',"args":', v) for k, v in choices)), ir.Lit(b"}"))
+        # The Select ends at the name's closing quote (where the name is committed); what follows
+        # belongs to the tool, so it compiles to instructions shared by every table with the tool.
+        return ir.Seq(ir.Lit(b'{"tool":"'), ir.Select(tuple((k, ir.Seq(ir.Lit(b',"args":'), v)) for k, v in choices)),
+                      ir.Lit(b"}"))
 
     def many(self, one, max_calls):
         return ir.JsonArray(one, 1, max_calls)
@@ -98,7 +101,7 @@ class HermesCall(CallFormat):
         return ir.Seq(
             ir.Special(self.open_tag),
             ir.Lit(b'{"name":"'),
-            ir.Select(tuple((k + b',"arguments":', v) for k, v in choices)),
+            ir.Select(tuple((k, ir.Seq(ir.Lit(b',"arguments":'), v)) for k, v in choices)),
             ir.Lit(b"}"),
             ir.Special(self.close_tag),
         )
