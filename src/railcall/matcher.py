@@ -366,10 +366,10 @@ class CompiledGrammar:
         ins.arrive(0, st, out)
         return self._intern(frozenset(out)) if out else DEAD
 
-    def _prefix_tokens(self, p: bytes, x: int, bits: np.ndarray) -> bool:
-        """Mark the tokens that are exactly `p`, and the longer tokens starting with `p` whose
-        rest is legal from state `x` (after `p`; DEAD if nothing may follow). False if no token
-        starts with `p`, so no longer prefix needs looking at."""
+    def _prefix_tokens(self, p: bytes, x: int, bits: "_Bits", exact_ok: bool = True) -> bool:
+        """Mark the tokens that are exactly `p` (if `exact_ok`), and the longer tokens starting
+        with `p` whose rest is legal from state `x` (the state after `p`; DEAD if nothing may
+        follow). False if no token starts with `p`, so no longer prefix needs looking at."""
         v = self.vocab
         a, b = v.prefix_range(p)
         if a == b:
@@ -378,7 +378,8 @@ class CompiledGrammar:
         e = a
         while e < b and len(sb[e]) == len(p):  # equal tokens sort first within the range
             e += 1
-        bits.add(sid[a:e])
+        if exact_ok:
+            bits.add(sid[a:e])
         if e < b and x >= 0:
             ids = sid[e:b]
             bits.add(self._walk(ids, np.full(ids.size, len(p), dtype=np.int64), np.full(ids.size, x, dtype=np.int64)))
@@ -387,11 +388,19 @@ class CompiledGrammar:
     def _lit_legal(self, ins: Lit, off: int, st, bits: np.ndarray) -> None:
         """A literal: the tokens that spell a prefix of what remains, and those that spell all of
         it and go on legally. Binary searches over the sorted vocabulary, no scan."""
+        v = self.vocab
         rest = ins.data[off:]
-        for k in range(1, len(rest)):
-            if not self._prefix_tokens(rest[:k], DEAD, bits):
-                return
-        self._prefix_tokens(rest, self._after(ins.next, st), bits)
+        lookup, dups = v.lookup, v.duplicates
+        ids = []
+        for k in range(1, min(len(rest) - 1, v.max_token_len) + 1):  # tokens spelling a proper prefix
+            t = lookup.get(rest[:k])
+            if t is not None:
+                ids.append(t)
+                ids.extend(dups.get(rest[:k], ()))
+        bits.add(ids)
+        if len(rest) <= v.max_token_len:  # tokens spelling all of it, and maybe more
+            x = self._after(ins.next, st)
+            self._prefix_tokens(rest, x, bits, exact_ok=x >= 0)
 
     def _select_legal(self, ins: Select, node: int, st, bits: np.ndarray) -> None:
         """A trie of keys: walk the trie and the sorted vocabulary together, pruning a branch as
@@ -403,7 +412,8 @@ class CompiledGrammar:
                 p = acc + bytes([byte])
                 cont = ins.terminal.get(child)
                 x = self._after(cont, st) if cont is not None else DEAD
-                if self._prefix_tokens(p, x, bits) and ins.children[child]:
+                more = bool(ins.children[child])
+                if self._prefix_tokens(p, x, bits, exact_ok=more or x >= 0) and more:
                     todo.append((child, p))
 
     def _jnum_legal(self, ins: JNum, loc: int, st, bits: np.ndarray) -> bool:
@@ -608,6 +618,8 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     vocab.byte_matrix
     vocab.first_byte_index
     vocab.sorted_index
+    vocab.lookup
+    vocab.duplicates
     vocab.max_number_run
     for sub in range(13):
         jstr_index(vocab, sub)

@@ -230,6 +230,16 @@ class Vocabulary:
         return out
 
     @cached_property
+    def duplicates(self) -> dict[bytes, tuple[int, ...]]:
+        """bytes -> the other ids with exactly these bytes (rare: most vocabularies have none)."""
+        out: dict[bytes, list[int]] = {}
+        lookup = self.lookup
+        for i, b in enumerate(self.token_bytes):
+            if b and not self.special[i] and lookup[b] != i:
+                out.setdefault(b, []).append(i)
+        return {k: tuple(v) for k, v in out.items()}
+
+    @cached_property
     def sorted_index(self) -> tuple[list[bytes], np.ndarray]:
         """(bytes, ids): every text token's bytes in sorted order and the matching ids.
 
