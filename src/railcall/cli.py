@@ -112,7 +112,8 @@ def bench(
     report = run(quick=quick, vocabs=vocabs, out=Path(out), data=Path(data), engines=engine or None,
                  log=lambda m: console.print(m, style="dim"))
     print_report(report, console)
-    console.print(f"wrote {out} and {Path(out).with_suffix('.png')} in {report['seconds']:.0f} s")
+    console.print(f"wrote {out}, {Path(out).with_suffix('.md')} and {Path(out).with_suffix('.png')} "
+                  f"in {report['seconds']:.0f} s")
 
 
 if __name__ == "__main__":  # pragma: no cover

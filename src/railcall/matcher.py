@@ -621,8 +621,10 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     vocab.lookup
     vocab.duplicates
     vocab.max_number_run
+    words = (vocab.logits_width + 31) // 32
     for sub in range(13):
         jstr_index(vocab, sub)
+        jstr_inside_packed(vocab, sub, words)
     for integer in (False, True):
         for sub in range(9):
             jnum_index(vocab, sub, integer)

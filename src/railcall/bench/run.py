@@ -94,6 +94,7 @@ def run(*, quick: bool, vocabs: list[str], out: Path, data: Path, engines: list[
               "results": results, "ratios": ratios(results)}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
+    out.with_suffix(".md").write_text(markdown(report))
     chart(report, out.with_suffix(".png"))
     return report
 
@@ -160,3 +161,25 @@ def print_report(report: dict, console) -> None:
         console.print(t)
     for k, v in report["notes"].items():
         console.print(f"[dim]{k}: {v}[/]")
+
+
+def markdown(report: dict) -> str:
+    """The results as Markdown tables (for the README), with ratios to the best peer."""
+    lines = []
+    m = report["machine"]
+    lines.append(f"Machine: {m['processor']}, {m['cpu_count']} cores, Python {m['python']}, numpy {m['numpy']}; "
+                 + ", ".join(f"{k} {v}" for k, v in m["engines"].items()) + ".")
+    heads = ["engine", "TTFM cold", "TTFM warm", "mask p50", "mask p99", "mask max", "consume p50", "peak MB", "note"]
+    for vocab, wl in sorted({(r["vocab"], r["workload"]) for r in report["results"]}, key=lambda c: (c[0] != "smollm2", c)):
+        size = next((r.get("vocab_size") for r in report["results"] if r["vocab"] == vocab and r.get("vocab_size")), "?")
+        lines += ["", f"**{vocab} ({size} tokens) / {wl}** — µs, lower is better", "",
+                  "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+        for r in report["results"]:
+            if (r["vocab"], r["workload"]) == (vocab, wl):
+                lines.append("| " + " | ".join([r["engine"]] + [fmt(r.get(f), f) for f in FIGURES] + [r.get("note") or ""]) + " |")
+        rat = next((x for x in report["ratios"] if (x["vocab"], x["workload"]) == (vocab, wl)), None)
+        if rat:
+            cells = [("—" if rat[f] is None or rat[f]["ratio"] is None else f"**{rat[f]['ratio']:.2f}×** ({rat[f]['best_peer']})")
+                     for f in FIGURES]
+            lines.append("| railcall / best peer | " + " | ".join(cells) + " | |")
+    return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ where the vocabulary has them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -53,7 +54,12 @@ class Tool:
                    mutates=bool(fn.get("x-mutates", mutates)))
 
     def schema_key(self) -> str:
-        return json.dumps([self.name, self.parameters], sort_keys=True)
+        """A content key for the tool's name and schema (computed once per Tool)."""
+        key = self.__dict__.get("_schema_key")
+        if key is None:
+            key = json.dumps([self.name, self.parameters], sort_keys=True)
+            self.__dict__["_schema_key"] = key  # a frozen dataclass: cache without __setattr__
+        return key
 
 
 class CallFormat:
@@ -163,7 +169,11 @@ class ToolGrammarBuilder:
             start = fmt.many(one, max_calls)
         else:
             start = one
-        return ir.Grammar(start, tuple(rules), name=f"{fmt.name}:{','.join(names)}")
+        # The content key from the tools' schema keys: hashing the IR's repr would cost
+        # milliseconds for a large table on every request.
+        key = hashlib.sha256(json.dumps([repr(self.options), fmt.name, getattr(fmt, "open_tag", ""), getattr(fmt, "close_tag", ""),
+                                         parallel, max_calls, [t.schema_key() for t in tools]]).encode()).hexdigest()[:24]
+        return ir.Grammar(start, tuple(rules), name=f"{fmt.name}:{','.join(names)}", key=key)
 
 
 def _prefix_rules(node, rules, tool_name: str):

@@ -1,0 +1,39 @@
+"""`railcall bench --quick` runs, side by side with the peers, and produces every figure.
+
+What the figures are is the benchmark's business, not a test's: nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from railcall.bench.run import FIGURES
+from railcall.cli import app
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bfcl"
+
+
+@pytest.mark.model
+def test_quick_bench_produces_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(app, ["bench", "--quick", "--out", str(out), "--data", str(DATA)])
+    assert r.exit_code == 0, r.output
+    report = json.loads(out.read_text())
+    assert {x["engine"] for x in report["results"]} == {"railcall", "llguidance", "xgrammar", "outlines-core"}
+    assert {x["workload"] for x in report["results"]} == {"seed3", "bfcl20"}
+    for rec in report["results"]:
+        for f in FIGURES + ["engine", "vocab", "workload", "note"]:
+            assert f in rec
+        if rec["note"] is None or "rejects" in rec["note"]:
+            assert all(isinstance(rec[f], (int, float)) for f in FIGURES), rec
+    ours = [x for x in report["results"] if x["engine"] == "railcall"]
+    assert all(x["rejected_paths"] == 0 for x in ours)  # railcall accepts every valid call
+    for row in report["ratios"]:
+        assert all(row[f] is not None and row[f]["ratio"] is not None for f in FIGURES if f != "peak_mem_mb")
+    assert report["machine"]["engines"]["llguidance"] != "not installed"
+    assert out.with_suffix(".png").stat().st_size > 1000
+    assert "railcall / best peer" in out.with_suffix(".md").read_text()
