@@ -37,3 +37,5 @@ def test_quick_bench_produces_every_figure(tmp_path):
     assert report["machine"]["engines"]["llguidance"] != "not installed"
     assert out.with_suffix(".png").stat().st_size > 1000
     assert "railcall / best peer" in out.with_suffix(".md").read_text()
+    (build,) = report["vocab_builds"]
+    assert build["tokens"] == 49152 and build["build_cached_s"] > 0

@@ -381,8 +381,27 @@ class CompiledGrammar:
         if exact_ok:
             bits.add(sid[a:e])
         if e < b and x >= 0:
-            ids = sid[e:b]
-            bits.add(self._walk(ids, np.full(ids.size, len(p), dtype=np.int64), np.full(ids.size, x, dtype=np.int64)))
+            threads = self._sets[x]
+            ins = next(iter(threads))[0] if len(threads) == 1 else None
+            if isinstance(ins, Lit):
+                # What follows is a literal: chain through it with look-ups instead of a walk
+                # (a tool name's closing quote followed by `,"args":{"path":"`, say).
+                (ins, off, st), = threads
+                rest = ins.data[off:]
+                lookup, dups = v.lookup, v.duplicates
+                ids = []
+                for k in range(1, min(len(rest) - 1, v.max_token_len - len(p)) + 1):
+                    t = lookup.get(p + rest[:k])
+                    if t is not None:
+                        ids.append(t)
+                        ids.extend(dups.get(p + rest[:k], ()))
+                bits.add(ids)
+                if len(p) + len(rest) <= v.max_token_len:
+                    x2 = self._after(ins.next, st)
+                    self._prefix_tokens(p + rest, x2, bits, exact_ok=x2 >= 0)
+            else:
+                ids = sid[e:b]
+                bits.add(self._walk(ids, np.full(ids.size, len(p), dtype=np.int64), np.full(ids.size, x, dtype=np.int64)))
         return True
 
     def _lit_legal(self, ins: Lit, off: int, st, bits: np.ndarray) -> None:
@@ -446,17 +465,31 @@ class CompiledGrammar:
         ok = (idx.exit_chars + count >= ins.min) & (idx.exit_chars <= room)
         if not ok.any():
             return
-        after: set = set()
-        ins.next.arrive(0, st, after)
-        if not after:
+        x = self._after(ins.next, st)
+        if x < 0:
             return
-        x = self._intern(frozenset(after))
-        ids, pos = idx.exit_ids[ok], idx.exit_pos[ok]
-        ended = self.vocab.lengths[ids] == pos
-        bits.add(ids[ended])
-        rest = ~ended
-        if rest.any():
-            bits.add(self._walk(ids[rest], pos[rest], np.full(int(rest.sum()), x, dtype=np.int64)))
+        legal = self._exits_after(sub, x, idx)  # (exit_ids.size,) bool, whatever the count
+        bits.add(idx.exit_ids[ok & legal])
+
+    def _exits_after(self, sub: int, x: int, idx: "JStrIndex") -> np.ndarray:
+        """Which string-closing tokens (from substate `sub`) go on legally in state `x` after the
+        closing quote. Independent of the string's count and of which string it was, so it is
+        cached per vocabulary by (substate, the key of `x`): every string followed by the same
+        continuation (`"}}`, `","text":"`) shares one walk."""
+        key = ("exits", sub, self._coarse_key(x))
+        hit = self._masks.get(key)
+        if hit is not None:
+            return hit[0]
+        ids, pos = idx.exit_ids, idx.exit_pos
+        legal = self.vocab.lengths[ids] == pos
+        rest = np.flatnonzero(~legal)
+        if rest.size:
+            ok = self._walk(ids[rest], pos[rest], np.full(rest.size, x, dtype=np.int64))
+            mark = np.zeros(self.vocab.size, dtype=bool)
+            mark[ok] = True
+            legal[rest] = mark[ids[rest]]
+        self._masks.put(key, (legal,))
+        return legal
 
     # -- forced continuations and finish ------------------------------------------------------------
 

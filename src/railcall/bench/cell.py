@@ -21,6 +21,15 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _rss_mb() -> float:
+    """Resident memory now (Linux /proc; the peak where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    except (OSError, ValueError):
+        return _peak_mb()
+
+
 def _pct(xs, q):
     return float(np.percentile(np.asarray(xs), q)) if len(xs) else None
 
@@ -50,7 +59,8 @@ def run_cell(engine_name: str, vocab_name: str, workload: str, paths_per_table: 
         for text in valid_calls(tools, paths_per_table, seed=1000 + ti):
             paths.append((ti, tok.encode(text, add_special_tokens=False).ids))
     stop = sorted(vocab.stop_ids)
-    base_mem = _peak_mem_now = _peak_mb()
+    # peak memory above the resident size before the engine is set up: what the engine adds
+    base_mem = _rss_mb()
 
     eng = ENGINES[engine_name]()
     t0 = time.perf_counter()

@@ -40,6 +40,20 @@ def run_cell(engine: str, vocab: str, workload: str, *, paths: int, quick: bool,
     return {**empty, "note": f"failed: {err[:200]}"}
 
 
+def run_vocab_build(vocab: str, *, timeout: float) -> dict:
+    """railcall's Vocabulary build: cold from tokenizer.json, from the disk cache, from GGUF
+    metadata, and the engine's per-vocabulary indexes (railcall.bench.vocab_bench)."""
+    cmd = [sys.executable, "-m", "railcall.bench.vocab_bench", vocab]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    except subprocess.TimeoutExpired:
+        return {"vocab": vocab, "note": f"did not finish within {timeout:.0f} s"}
+    for line in out.stdout.splitlines()[::-1]:
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"vocab": vocab, "note": "failed: " + ((out.stderr.strip().splitlines() or ["no output"])[-1])[:200]}
+
+
 def ratios(results: list[dict]) -> list[dict]:
     """railcall's figure / the best peer's figure, per (vocab, workload) and figure (lower is
     better for every figure, so a ratio below 1 means railcall is ahead)."""
@@ -90,8 +104,12 @@ def run(*, quick: bool, vocabs: list[str], out: Path, data: Path, engines: list[
             for eng in engines:
                 log(f"  {eng:14} {vocab:8} {wl:9} ...")
                 results.append(run_cell(eng, vocab, wl, paths=paths, quick=quick, data=data, timeout=timeout))
+    vocab_builds = []
+    for vocab in vocabs:
+        log(f"  vocabulary build times {vocab} ...")
+        vocab_builds.append(run_vocab_build(vocab, timeout=timeout))
     report = {"machine": machine(), "quick": quick, "seconds": time.time() - t0, "notes": NOTES,
-              "results": results, "ratios": ratios(results)}
+              "results": results, "ratios": ratios(results), "vocab_builds": vocab_builds}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     out.with_suffix(".md").write_text(markdown(report))
@@ -159,6 +177,13 @@ def print_report(report: dict, console) -> None:
             t.add_row("railcall / best peer",
                       *[("—" if rat[f] is None or rat[f]["ratio"] is None else f"{rat[f]['ratio']:.2f}×") for f in FIGURES], "")
         console.print(t)
+    for b in report.get("vocab_builds") or []:
+        if "note" in b:
+            console.print(f"vocabulary {b['vocab']}: {b['note']}")
+        else:
+            console.print(f"vocabulary {b['vocab']} ({b['tokens']} tokens): built cold in {b['build_cold_s']:.2f} s, "
+                          f"from the disk cache in {b['build_cached_s']:.2f} s, from GGUF metadata in "
+                          f"{b['build_from_gguf_s']:.2f} s; engine indexes {b['engine_indexes_s']:.2f} s")
     for k, v in report["notes"].items():
         console.print(f"[dim]{k}: {v}[/]")
 
@@ -182,4 +207,15 @@ def markdown(report: dict) -> str:
             cells = [("—" if rat[f] is None or rat[f]["ratio"] is None else f"**{rat[f]['ratio']:.2f}×** ({rat[f]['best_peer']})")
                      for f in FIGURES]
             lines.append("| railcall / best peer | " + " | ".join(cells) + " | |")
+    builds = report.get("vocab_builds") or []
+    if builds:
+        lines += ["", "**Vocabulary build** (railcall; seconds)", "",
+                  "| vocabulary | tokens | cold, from tokenizer.json | from the disk cache | from GGUF metadata | engine indexes |",
+                  "|---|---|---|---|---|---|"]
+        for b in builds:
+            if "note" in b:
+                lines.append(f"| {b['vocab']} | — | {b['note']} | | | |")
+            else:
+                lines.append(f"| {b['vocab']} | {b['tokens']} | {b['build_cold_s']:.2f} | {b['build_cached_s']:.2f} | "
+                             f"{b['build_from_gguf_s']:.2f} | {b['engine_indexes_s']:.2f} |")
     return "\n".join(lines) + "\n"

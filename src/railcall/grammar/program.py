@@ -605,7 +605,7 @@ class _Compiler:
             tid = self.special_ids.get(node.name)
             if tid is None:
                 # The token is not in this vocabulary: fall back to its text (documented limit).
-                return self._compile(ir.Lit(node.name), nxt)
+                return self.compile(ir.Lit(node.name), nxt)
             return Special(tid, nxt)
         if isinstance(node, ir.Ref):
             fwd = self.rules.get(node.name)
@@ -622,7 +622,7 @@ class _Compiler:
                 )
             body = JStr(node.min_len, hi, nxt)
             body.margin = self.shared.token_margin
-            return self._compile(ir.Lit(b'"'), body)
+            return self.compile(ir.Lit(b'"'), body)
         if isinstance(node, ir.JsonInteger):
             if node.minimum is None and node.maximum is None:
                 return self._num(JNum(True, nxt))
@@ -633,13 +633,13 @@ class _Compiler:
             lo, hi = node.min_items, node.max_items
             if hi is not None and lo > hi:
                 raise GrammarError(f"array size range is empty: minItems {lo} > maxItems {hi}")
-            close = self._compile(ir.Lit(b"]"), nxt)
+            close = self.compile(ir.Lit(b"]"), nxt)
             if hi == 0:
-                return self._compile(ir.Lit(b"["), close)
+                return self.compile(ir.Lit(b"["), close)
             item = self.compile(node.item, RET)
             rep = Repeat(item, Lit(b",", item), lo, hi, close)
             rep.margin = self.shared.token_margin
-            return self._compile(ir.Lit(b"["), rep)
+            return self.compile(ir.Lit(b"["), rep)
         if isinstance(node, ir.JsonObject):
             return self._object(node, nxt)
         raise GrammarError(f"unknown grammar node {type(node).__name__}")
@@ -655,7 +655,7 @@ class _Compiler:
         Each is compiled once, so n optional properties cost O(n) instructions, not 2^n paths.
         """
         props = node.properties
-        close = self._compile(ir.Lit(b"}"), nxt)
+        close = self.compile(ir.Lit(b"}"), nxt)
         memo: dict[tuple[int, bool], Instr] = {}
 
         def rest(i: int, first: bool) -> Instr:
@@ -667,9 +667,9 @@ class _Compiler:
             key, value, required = props[i]
             head = (b"" if first else b",") + ir.json_literal(key) + b":"
             value_entry = self.compile(value, rest(i + 1, False))
-            emit = self._compile(ir.Lit(head), value_entry)
+            emit = self.compile(ir.Lit(head), value_entry)
             out = emit if required else Split([emit, rest(i + 1, first)])
             memo[(i, first)] = out
             return out
 
-        return self._compile(ir.Lit(b"{"), rest(0, True))
+        return self.compile(ir.Lit(b"{"), rest(0, True))
