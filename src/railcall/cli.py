@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -43,12 +44,26 @@ def _fail(e: Exception) -> None:
 
 
 @app.command()
-def demo(
+def info(
     model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
     prompt: str = typer.Option("What is the capital of France?", "--prompt", help="The question for the greedy reply."),
     max_tokens: int = typer.Option(24, "--max-tokens", help="Tokens in the greedy reply."),
 ) -> None:
     """Load the model and show its facts and one greedy reply."""
+    lm, vocab = _load(model)
+    _facts(lm, vocab)
+    from railcall.decode import SamplingParams, generate
+    from railcall.models.backend import TransformersBackend
+
+    ids = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    g = generate(TransformersBackend(lm.model), vocab, ids, None, SamplingParams(max_tokens=max_tokens))
+    console.print(f"[bold]prompt:[/] {prompt}")
+    console.print(f"[bold]greedy reply:[/] {g.text}")
+    console.print(f"({len(g.tokens)} tokens in {g.seconds:.2f} s, {g.tokens_per_s:.1f} tokens/s)")
+
+
+def _load(model):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         from railcall.models.store import load_model
@@ -56,37 +71,88 @@ def demo(
 
         t0 = time.perf_counter()
         lm = load_model(model)
-        total = time.perf_counter() - t0
+        lm.total_seconds = time.perf_counter() - t0
         vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
     except RailcallError as e:
         _fail(e)
-        return
+    return lm, vocab
+
+
+def _facts(lm, vocab) -> None:
     cfg = lm.model.config
     table = Table(title=f"model {lm.name}", show_header=False)
     table.add_row("folder", str(lm.folder))
     table.add_row("load time", f"{lm.load_seconds:.2f} s from the cache (+{lm.import_seconds:.1f} s importing torch and "
-                  f"transformers; {total:.1f} s in all, including any first-run conversion)")
+                  f"transformers; {lm.total_seconds:.1f} s in all, including any first-run conversion)")
     table.add_row("vocabulary", f"{vocab.size} tokens, logits width {vocab.logits_width}, longest token {vocab.max_token_len} bytes")
     table.add_row("special tokens", f"{int(vocab.special.sum())}: " + ", ".join(sorted(vocab.special_text.values())[:8]) + " ...")
     table.add_row("stop tokens", ", ".join(f"{vocab.token_text(i)} ({i})" for i in vocab.stop_ids))
     table.add_row("context length", str(getattr(cfg, "max_position_embeddings", "?")))
     console.print(table)
 
-    import torch
 
-    msgs = [{"role": "user", "content": prompt}]
-    enc = lm.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    ids = enc["input_ids"]
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        out = lm.model.generate(ids, attention_mask=enc["attention_mask"], max_new_tokens=max_tokens, do_sample=False,
-                                eos_token_id=list(vocab.stop_ids), pad_token_id=vocab.eos_id)
-    dt = time.perf_counter() - t0
-    new = out[0][ids.shape[1]:].tolist()
-    reply = lm.tokenizer.decode(new, skip_special_tokens=True)
-    console.print(f"[bold]prompt:[/] {prompt}")
-    console.print(f"[bold]greedy reply:[/] {reply}")
-    console.print(f"({len(new)} tokens in {dt:.2f} s, {len(new) / max(dt, 1e-9):.1f} tokens/s)")
+@app.command()
+def demo(
+    model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    task: Optional[int] = typer.Option(None, "--task", help="Run only task N (1-6)."),
+    tools: Optional[str] = typer.Option(None, "--tools", help="Comma-separated tool names to keep in the table."),
+    no_grammar: bool = typer.Option(False, "--no-grammar", help="Only the prompt-only run."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (tasks and summary) instead."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed (decoding is greedy; kept for reproducibility)."),
+    max_tokens: int = typer.Option(48, "--max-tokens", help="Token ceiling per answer (a cut call is finished by the grammar)."),
+) -> None:
+    """The embedded model calls tools: each task without and with the grammar, side by side."""
+    from railcall import demo as demo_mod
+
+    if task is not None and not 1 <= task <= len(demo_mod.TASKS):
+        _fail(ValueError(f"--task must be between 1 and {len(demo_mod.TASKS)}"))
+    names = [t.strip() for t in tools.split(",")] if tools else None
+    if not as_json:
+        lm, vocab = _load(model)
+        _facts(lm, vocab)
+        console.print("[bold]Each task: first prompt-only, then under the grammar. "
+                      "[cyan]grammar-written[/cyan] vs [bold yellow]model-chosen[/bold yellow] characters.[/]")
+
+    def show(rec):
+        if as_json:
+            return
+        console.rule(rec["task"])
+        w = rec["without_grammar"]
+        mark = "[green]parses[/]" if w["parses"] else "[red]does not parse[/]"
+        console.print(f"  without grammar ({mark}): ", end="")
+        console.print(w["output"].strip()[:200] or "(empty)", markup=False, highlight=False)
+        g = rec.get("with_grammar")
+        if g:
+            from rich.text import Text
+
+            t = Text("  with grammar    (")
+            t.append("parses" if g["parses"] else "does not parse", style="green" if g["parses"] else "red")
+            t.append("): ")
+            for text, who in g["segments"]:
+                t.append(text, style="cyan" if who == "grammar" else "bold yellow")
+            t.append(f"   [{g['forward_passes']} passes, {g['passes_saved']} saved{', cut' if g['cut'] else ''}]", style="dim")
+            console.print(t)
+
+    try:
+        out = demo_mod.run(model, task=task, tools=names, grammar=not no_grammar, seed=seed, max_tokens=max_tokens, log=show)
+    except (RailcallError, ValueError) as e:
+        _fail(e)
+        return
+    if as_json:
+        print(json.dumps(out, indent=1))
+        return
+    s = out["summary"]
+    table = Table(title="summary")
+    table.add_column("")
+    table.add_column("without grammar", justify="right")
+    table.add_column("with grammar", justify="right")
+    pct = lambda x: "—" if x is None else f"{100 * x:.0f}%"  # noqa: E731
+    table.add_row("parse rate", pct(s["parse_rate_without"]), pct(s["parse_rate_with"]))
+    table.add_row("tokens per second", f"{s['tokens_per_s_without']:.1f}",
+                  "—" if s["tokens_per_s_with"] is None else f"{s['tokens_per_s_with']:.1f}")
+    table.add_row("forward passes saved by fast-forward", "", pct(s["forwards_saved_share"]) + " of generated tokens"
+                  if s["forwards_saved_share"] is not None else "—")
+    console.print(table)
 
 
 @app.command()

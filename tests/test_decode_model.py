@@ -1,0 +1,101 @@
+"""The decode loop on the embedded model (SmolLM2-135M-Instruct, greedy, a few short calls)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.model
+
+from railcall.decode import SamplingParams, generate
+from railcall.demo import DEMO_TOOLS, parse_call
+from railcall.grammar.tools import tool_grammar
+from railcall.matcher import Matcher, compiled_grammar
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from railcall.models.backend import TransformersBackend
+    from railcall.models.store import load_model
+    from railcall.prompt import chat_prompt_ids
+    from railcall.vocab import Vocabulary
+
+    lm = load_model()
+    vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size)
+    compiled = compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)
+    prompt = chat_prompt_ids(lm.tokenizer, DEMO_TOOLS, "What is 17 times 23?")
+    return lm, vocab, compiled, TransformersBackend(lm.model), prompt
+
+
+def test_golden_constrained_call(setup):
+    """Temperature 0: the exact output, recorded from this loop (a change here is a change in
+    decoding, masking or the prompt)."""
+    lm, vocab, compiled, backend, prompt = setup
+    g = generate(backend, vocab, prompt, Matcher(compiled), SamplingParams(max_tokens=48))
+    assert g.text == '{"tool":"calc","args":{"expr":"17*23"}}'
+    assert g.finish_reason == "stop" and not g.cut
+    assert parse_call(g.text, DEMO_TOOLS) == {"tool": "calc", "args": {"expr": "17*23"}}
+    # the trace: forced steps have one legal token; the model's steps many
+    assert any(s.forced for s in g.steps) and max(s.legal or 0 for s in g.steps) > 1000
+    assert g.passes_saved > 0 and g.forward_passes + g.passes_saved >= len(g.tokens)
+
+
+def test_fast_forward_matches_one_token_at_a_time(setup, tmp_path):
+    lm, vocab, compiled, backend, prompt = setup
+    p = SamplingParams(max_tokens=48, temperature=0.8, seed=3)
+    fast = generate(backend, vocab, prompt, Matcher(compiled), p, batch_forced=True)
+    slow = generate(backend, vocab, prompt, Matcher(compiled), p, batch_forced=False)
+    assert fast.tokens == slow.tokens
+    assert fast.forward_passes < slow.forward_passes
+    fast.save_trace(tmp_path / "trace.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    assert len(rows) == len(fast.tokens) and {"legal", "forced", "token", "logprob"} <= set(rows[0])
+
+
+def test_logits_processor_matches_own_loop(setup):
+    import torch
+    from transformers import LogitsProcessorList
+
+    from railcall.hf import RailcallLogitsProcessor
+
+    lm, vocab, compiled, backend, prompt = setup
+    own = generate(backend, vocab, prompt, Matcher(compiled), SamplingParams(max_tokens=40), fast_forward=False)
+    ids = torch.tensor([prompt])
+    proc = RailcallLogitsProcessor(compiled, prompt_len=len(prompt))
+    out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False,
+                            logits_processor=LogitsProcessorList([proc]), eos_token_id=list(vocab.stop_ids),
+                            pad_token_id=vocab.eos_id)
+    new = [t for t in out[0, len(prompt):].tolist() if t not in vocab.stop_ids]
+    assert new == own.tokens
+
+
+def test_forced_finish_at_a_tiny_token_ceiling(setup):
+    lm, vocab, compiled, backend, prompt = setup
+    for n in (1, 3, 9):
+        g = generate(backend, vocab, prompt, Matcher(compiled), SamplingParams(max_tokens=n))
+        assert g.cut and g.finish_reason == "length"
+        assert parse_call(g.text, DEMO_TOOLS) is not None, g.text
+
+
+def test_unconstrained_generation_stops_at_a_stop_token(setup):
+    lm, vocab, compiled, backend, prompt = setup
+    g = generate(backend, vocab, prompt, None, SamplingParams(max_tokens=30))
+    assert g.steps and all(s.legal is None for s in g.steps)
+    assert not any(t in vocab.stop_ids for t in g.tokens)
+
+
+def test_demo_json(capsys):
+    from typer.testing import CliRunner
+
+    from railcall.cli import app
+
+    r = CliRunner().invoke(app, ["demo", "--json", "--task", "3", "--max-tokens", "32"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout[r.stdout.index("{"):])
+    s = out["summary"]
+    for k in ("parse_rate_without", "parse_rate_with", "forwards_saved_share", "tokens_per_s_without", "tokens_per_s_with"):
+        assert k in s
+    assert s["parse_rate_with"] == 1.0 and len(out["tasks"]) == 1
+    segs = out["tasks"][0]["with_grammar"]["segments"]
+    assert {who for _, who in segs} == {"grammar", "model"}
