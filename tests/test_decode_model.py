@@ -99,3 +99,16 @@ def test_demo_json(capsys):
     assert s["parse_rate_with"] == 1.0 and len(out["tasks"]) == 1
     segs = out["tasks"][0]["with_grammar"]["segments"]
     assert {who for _, who in segs} == {"grammar", "model"}
+
+
+def test_demo_workspace_tools(tmp_path):
+    from railcall.demo import calc, execute, workspace
+
+    root = workspace(tmp_path / "ws")
+    assert execute({"tool": "list_dir", "args": {"path": "."}}, root) == "data/, notes.txt, todo.md"
+    assert "buy milk" in execute({"tool": "read_file", "args": {"path": "todo.md"}}, root)
+    assert "outside" in execute({"tool": "read_file", "args": {"path": "../../etc/passwd"}}, root)
+    assert "not run" in execute({"tool": "write_file", "args": {"path": "a", "text": "b"}}, root)
+    assert not (root / "a").exists()
+    assert calc("17*23") == "391" and calc("2 ** 10") == "1024"
+    assert calc("__import__('os')").startswith("error") and calc("9 ** 9999").startswith("error")

@@ -132,6 +132,9 @@ def demo(
                 t.append(text, style="cyan" if who == "grammar" else "bold yellow")
             t.append(f"   [{g['forward_passes']} passes, {g['passes_saved']} saved{', cut' if g['cut'] else ''}]", style="dim")
             console.print(t)
+            if g.get("result") is not None:
+                console.print("  -> ", end="")
+                console.print(" ".join(g["result"].split())[:160], style="dim", markup=False, highlight=False)
 
     try:
         out = demo_mod.run(model, task=task, tools=names, grammar=not no_grammar, seed=seed, max_tokens=max_tokens, log=show)

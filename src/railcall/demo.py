@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from railcall.grammar.tools import Tool
 
@@ -30,6 +31,74 @@ TASKS = [
     "Read the file todo.md.",
     "What files are in the data folder?",
 ]
+
+
+WORKSPACE_FILES = {
+    "notes.txt": "Meeting moved to Thursday.\nBring the quarterly numbers.\n",
+    "todo.md": "- buy milk\n- call the plumber\n- finish the report\n",
+    "data/numbers.csv": "month,sales\njan,120\nfeb,135\n",
+}
+
+
+def workspace(root: Path | None = None) -> Path:
+    """The demo workspace (created once under $RAILCALL_HOME/demo-workspace)."""
+    from railcall.models.store import railcall_home
+
+    root = root or railcall_home() / "demo-workspace"
+    for name, text in WORKSPACE_FILES.items():
+        p = root / name
+        if not p.exists():
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+    return root
+
+
+def calc(expr: str) -> str:
+    """Safe arithmetic: numbers, + - * / // % ** and parentheses; no names, no calls, no eval."""
+    import ast
+    import operator as op
+
+    ops = {ast.Add: op.add, ast.Sub: op.sub, ast.Mult: op.mul, ast.Div: op.truediv, ast.FloorDiv: op.floordiv,
+           ast.Mod: op.mod, ast.Pow: op.pow, ast.USub: op.neg, ast.UAdd: op.pos}
+
+    def ev(n):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool):
+            return n.value
+        if isinstance(n, ast.BinOp) and type(n.op) in ops:
+            left, right = ev(n.left), ev(n.right)
+            if isinstance(n.op, ast.Pow) and abs(right) > 100:
+                raise ValueError("exponent too large")
+            return ops[type(n.op)](left, right)
+        if isinstance(n, ast.UnaryOp) and type(n.op) in ops:
+            return ops[type(n.op)](ev(n.operand))
+        raise ValueError("only numbers and + - * / // % ** ( ) are allowed")
+
+    try:
+        return str(ev(ast.parse(expr.replace("x", "*").replace("×", "*"), mode="eval")))
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError) as e:
+        return f"error: {e}"
+
+
+def execute(call: dict, root: Path) -> str:
+    """Run a read-only call in the workspace; a mutating call is shown, not run (the demo never
+    writes; approval and execution belong to the agent runtime)."""
+    args = call["args"]
+    if call["tool"] == "calc":
+        return calc(args["expr"])
+    if call["tool"] == "write_file":
+        return "(not run: write_file mutates the workspace, and the demo only reads)"
+    target = (root / args["path"]).resolve()
+    if root.resolve() not in (target, *target.parents):
+        return f"error: {args['path']!r} is outside the workspace"
+    if call["tool"] == "list_dir":
+        if not target.is_dir():
+            return f"error: no folder {args['path']!r}"
+        return ", ".join(sorted(p.name + ("/" if p.is_dir() else "") for p in target.iterdir()))
+    if not target.is_file():
+        return f"error: no file {args['path']!r}"
+    return target.read_text()[:200]
 
 
 def parse_call(text: str, tools) -> dict | None:
@@ -80,6 +149,7 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
     backend = TransformersBackend(lm.model)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=seed)
     chosen = [TASKS[task - 1]] if task else TASKS
+    root = workspace()
     results = []
     totals = {"free_ok": 0, "ok": 0, "free_tokens": 0, "free_s": 0.0, "tokens": 0, "s": 0.0, "passes": 0, "saved": 0}
     for text in chosen:
@@ -103,6 +173,7 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
                 "output": g.text, "parses": call is not None, "tokens": len(g.tokens), "seconds": g.seconds,
                 "forward_passes": g.forward_passes, "passes_saved": g.passes_saved, "cut": g.cut,
                 "segments": segments(g, vocab),
+                "result": execute(call, root) if call else None,
             }
         results.append(rec)
         if log:
