@@ -39,3 +39,6 @@ def test_quick_bench_produces_every_figure(tmp_path):
     assert "railcall / best peer" in out.with_suffix(".md").read_text()
     (build,) = report["vocab_builds"]
     assert build["tokens"] == 49152 and build["build_cached_s"] > 0
+    e2e = report["end_to_end"]
+    assert e2e["ms_per_token_with_grammar"] > 0 and 0 < e2e["forward_passes_saved_share"] < 1
+    assert all(x["sampled_paths"] > 0 for x in report["results"] if x["engine"] == "railcall")

@@ -48,7 +48,8 @@ def load_vocab(name: str):
     return vocab, tok, text
 
 
-def run_cell(engine_name: str, vocab_name: str, workload: str, paths_per_table: int, quick: bool, data_dir: Path) -> dict:
+def run_cell(engine_name: str, vocab_name: str, workload: str, paths_per_table: int, quick: bool, data_dir: Path,
+             samples: str | None = None) -> dict:
     from railcall.bench.engines import ENGINES
     from railcall.bench.workloads import valid_calls, workloads
 
@@ -58,6 +59,11 @@ def run_cell(engine_name: str, vocab_name: str, workload: str, paths_per_table: 
     for ti, tools in enumerate(wl.tables):
         for text in valid_calls(tools, paths_per_table, seed=1000 + ti):
             paths.append((ti, tok.encode(text, add_special_tokens=False).ids))
+    # calls sampled from the embedded model under the grammar (railcall.bench.run), re-tokenized
+    # canonically with this vocabulary's tokenizer
+    sampled = json.loads(Path(samples).read_text()).get(workload, []) if samples else []
+    for ti, text in sampled:
+        paths.append((ti, tok.encode(text, add_special_tokens=False).ids))
     stop = sorted(vocab.stop_ids)
     # peak memory above the resident size before the engine is set up: what the engine adds
     base_mem = _rss_mb()
@@ -112,6 +118,7 @@ def run_cell(engine_name: str, vocab_name: str, workload: str, paths_per_table: 
         "vocab_size": vocab.size,
         "tables": len(wl.tables),
         "paths": len(paths),
+        "sampled_paths": len(sampled),
         "masks": len(masks),
         "setup_s": setup_s,
         "ttfm_cold_us_p50": _pct(cold, 50) * us,
@@ -134,9 +141,10 @@ def main(argv=None) -> None:
     p.add_argument("--paths", type=int, default=8)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--data", default=str(Path("..") / "shared" / "data" / "bfcl"))
+    p.add_argument("--samples", default=None, help="JSON file of model-sampled calls per workload")
     a = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    rec = run_cell(a.engine, a.vocab, a.workload, a.paths, a.quick, Path(a.data))
+    rec = run_cell(a.engine, a.vocab, a.workload, a.paths, a.quick, Path(a.data), a.samples)
     print("RESULT " + json.dumps(rec))
 
 

@@ -21,9 +21,11 @@ FIGURES = ["ttfm_cold_us_p50", "ttfm_warm_us_p50", "tbm_us_p50", "tbm_us_p99", "
 PEERS = ["llguidance", "xgrammar", "outlines-core"]
 
 
-def run_cell(engine: str, vocab: str, workload: str, *, paths: int, quick: bool, data: Path, timeout: float) -> dict:
+def run_cell(engine: str, vocab: str, workload: str, *, paths: int, quick: bool, data: Path, timeout: float,
+             samples: Path | None = None) -> dict:
     cmd = [sys.executable, "-m", "railcall.bench.cell", "--engine", engine, "--vocab", vocab, "--workload", workload,
-           "--paths", str(paths), "--data", str(data)] + (["--quick"] if quick else [])
+           "--paths", str(paths), "--data", str(data)] + (["--quick"] if quick else []) + \
+          (["--samples", str(samples)] if samples else [])
     empty = {"engine": engine, "vocab": vocab, "workload": workload, **{f: None for f in FIGURES}}
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
@@ -38,6 +40,56 @@ def run_cell(engine: str, vocab: str, workload: str, *, paths: int, quick: bool,
             return rec
     err = (out.stderr.strip().splitlines() or ["no output"])[-1]
     return {**empty, "note": f"failed: {err[:200]}"}
+
+
+def model_runs(data: Path, quick: bool, samples_file: Path, wls) -> dict:
+    """On the embedded model: (1) sample calls under the grammar for every table of the
+    workloads (temperature 0.8, fixed seeds) and write them to `samples_file`, so every engine
+    also walks model-written calls; (2) end to end, the demo tasks without and with the grammar:
+    time per generated token both ways and the share of tokens fed by fast-forward without a
+    forward pass of their own."""
+    from railcall.decode import SamplingParams, generate
+    from railcall.demo import DEMO_TOOLS, TASKS
+    from railcall.grammar.tools import tool_grammar
+    from railcall.matcher import Matcher, compiled_grammar
+    from railcall.models.backend import TransformersBackend
+    from railcall.models.store import load_model
+    from railcall.prompt import chat_prompt_ids
+    from railcall.vocab import Vocabulary
+
+    lm = load_model()
+    vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size)
+    backend = TransformersBackend(lm.model)
+    per_table = 1 if quick else 2
+    samples: dict[str, list] = {}
+    for wl in wls:
+        rows = []
+        for ti, (tools, request) in enumerate(zip(wl.tables, wl.requests)):
+            compiled = compiled_grammar(tool_grammar(tools), vocab)
+            prompt = chat_prompt_ids(lm.tokenizer, tools, request)
+            for k in range(per_table):
+                g = generate(backend, vocab, prompt, Matcher(compiled),
+                             SamplingParams(max_tokens=64, temperature=0.8, seed=100 * ti + k))
+                rows.append([ti, g.text])
+        samples[wl.name] = rows
+    samples_file.write_text(json.dumps(samples, ensure_ascii=False, indent=1))
+
+    compiled = compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)
+    free_t = free_n = con_t = con_n = saved = 0.0
+    for task in TASKS[: 2 if quick else len(TASKS)]:
+        prompt = chat_prompt_ids(lm.tokenizer, DEMO_TOOLS, task)
+        f = generate(backend, vocab, prompt, None, SamplingParams(max_tokens=48))
+        c = generate(backend, vocab, prompt, Matcher(compiled), SamplingParams(max_tokens=48))
+        free_t, free_n = free_t + f.seconds, free_n + len(f.tokens)
+        con_t, con_n, saved = con_t + c.seconds, con_n + len(c.tokens), saved + c.passes_saved
+    return {
+        "model": lm.name,
+        "tasks": 2 if quick else len(TASKS),
+        "ms_per_token_without_grammar": 1000 * free_t / max(free_n, 1),
+        "ms_per_token_with_grammar": 1000 * con_t / max(con_n, 1),
+        "forward_passes_saved_share": saved / max(con_n, 1),
+        "sampled_calls": {k: len(v) for k, v in samples.items()},
+    }
 
 
 def run_vocab_build(vocab: str, *, timeout: float) -> dict:
@@ -99,17 +151,22 @@ def run(*, quick: bool, vocabs: list[str], out: Path, data: Path, engines: list[
     timeout = 60 if quick else 240
     results = []
     t0 = time.time()
+    log("  sampling calls from the embedded model, and end-to-end decoding ...")
+    samples_file = out.with_name(out.stem + "-samples.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    e2e = model_runs(data, quick, samples_file, [w for w in workloads(data, quick) if w.name in names])
     for vocab in vocabs:
         for wl in names:
             for eng in engines:
                 log(f"  {eng:14} {vocab:8} {wl:9} ...")
-                results.append(run_cell(eng, vocab, wl, paths=paths, quick=quick, data=data, timeout=timeout))
+                results.append(run_cell(eng, vocab, wl, paths=paths, quick=quick, data=data, timeout=timeout,
+                                        samples=samples_file))
     vocab_builds = []
     for vocab in vocabs:
         log(f"  vocabulary build times {vocab} ...")
         vocab_builds.append(run_vocab_build(vocab, timeout=timeout))
     report = {"machine": machine(), "quick": quick, "seconds": time.time() - t0, "notes": NOTES,
-              "results": results, "ratios": ratios(results), "vocab_builds": vocab_builds}
+              "results": results, "ratios": ratios(results), "vocab_builds": vocab_builds, "end_to_end": e2e}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     out.with_suffix(".md").write_text(markdown(report))
@@ -177,6 +234,12 @@ def print_report(report: dict, console) -> None:
             t.add_row("railcall / best peer",
                       *[("—" if rat[f] is None or rat[f]["ratio"] is None else f"{rat[f]['ratio']:.2f}×") for f in FIGURES], "")
         console.print(t)
+    e = report.get("end_to_end")
+    if e:
+        console.print(f"end to end ({e['model']}, {e['tasks']} demo tasks): {e['ms_per_token_without_grammar']:.1f} ms per "
+                      f"token without the grammar, {e['ms_per_token_with_grammar']:.1f} ms with it; "
+                      f"{100 * e['forward_passes_saved_share']:.0f}% of constrained tokens fed by fast-forward; "
+                      f"model-sampled calls per workload: {e['sampled_calls']}")
     for b in report.get("vocab_builds") or []:
         if "note" in b:
             console.print(f"vocabulary {b['vocab']}: {b['note']}")
@@ -207,6 +270,13 @@ def markdown(report: dict) -> str:
             cells = [("—" if rat[f] is None or rat[f]["ratio"] is None else f"**{rat[f]['ratio']:.2f}×** ({rat[f]['best_peer']})")
                      for f in FIGURES]
             lines.append("| railcall / best peer | " + " | ".join(cells) + " | |")
+    e = report.get("end_to_end")
+    if e:
+        lines += ["", f"**End to end on the embedded model** ({e['model']}, the demo's {e['tasks']} tasks, greedy)", "",
+                  "| ms per generated token, without grammar | with grammar | tokens fed by fast-forward without a pass of their own |",
+                  "|---|---|---|",
+                  f"| {e['ms_per_token_without_grammar']:.1f} | {e['ms_per_token_with_grammar']:.1f} | "
+                  f"{100 * e['forward_passes_saved_share']:.0f}% |"]
     builds = report.get("vocab_builds") or []
     if builds:
         lines += ["", "**Vocabulary build** (railcall; seconds)", "",

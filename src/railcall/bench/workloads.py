@@ -24,15 +24,18 @@ def seed_tools() -> list[Tool]:
             Tool("write_file", "Write a file", obj("path", "text"), mutates=True)]
 
 
-def bfcl_tables(n: int, data_dir: Path) -> list[list[Tool]]:
-    """The first `n` tables of BFCL's `multiple` category (2-4 functions each)."""
-    out = []
+def bfcl_tables(n: int, data_dir: Path) -> tuple[list[list[Tool]], list[str]]:
+    """The first `n` tables of BFCL's `multiple` category (2-4 functions each), and their
+    questions (the first user message)."""
+    tables, questions = [], []
     with open(data_dir / "BFCL_v4_multiple.json") as f:
         for line in f:
-            out.append(bfcl_tools(json.loads(line)["function"]))
-            if len(out) == n:
+            entry = json.loads(line)
+            tables.append(bfcl_tools(entry["function"]))
+            questions.append(next((m["content"] for m in entry["question"][0] if m["role"] == "user"), "Call a tool."))
+            if len(tables) == n:
                 break
-    return out
+    return tables, questions
 
 
 WORDS = ["alpha", "bravo", "city", "delta", "echo", "file", "golf", "hotel", "index", "json", "kilo", "lima"]
@@ -75,13 +78,15 @@ def synthetic_tools(n: int = 128, seed: int = 128) -> list[Tool]:
 class Workload:
     name: str
     tables: list  # list[list[Tool]]
+    requests: list  # per table: the user request used to sample calls from the model
 
 
 def workloads(data_dir: Path, quick: bool) -> list[Workload]:
+    tables, questions = bfcl_tables(3 if quick else 20, data_dir)
     return [
-        Workload("seed3", [seed_tools()]),
-        Workload("bfcl20", bfcl_tables(3 if quick else 20, data_dir)),
-        Workload("tools128", [synthetic_tools(128)]),
+        Workload("seed3", [seed_tools()], ["What is 12 times 7? Use a tool."]),
+        Workload("bfcl20", tables, questions),
+        Workload("tools128", [synthetic_tools(128)], ["Find the alpha records for the city of Lima."]),
     ]
 
 
