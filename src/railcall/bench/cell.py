@@ -18,6 +18,16 @@ import numpy as np
 
 
 def _peak_mb() -> float:
+    """This process's peak resident memory. VmHWM (Linux) belongs to the address space made at
+    exec; ru_maxrss would also carry the peak of the parent it was forked from (the runner,
+    which has the model loaded)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
