@@ -34,6 +34,7 @@ import pytest
 import llguidance  # a dev dependency (pyproject [dev]), installed by `make test`
 import llguidance.hf
 
+from railcall.bench.workloads import peer_schema
 from railcall.grammar import program
 from railcall.grammar.tools import tool_grammar
 from railcall.matcher import CompiledGrammar, Matcher, allocate_bitmask, unpack_bitmask
@@ -45,32 +46,9 @@ STEPS_PER_VOCAB = 10_000
 
 
 def ll_schema(tools) -> dict:
-    def fix(s, required):
-        s = dict(s)
-        if "anyOf" in s:
-            s["anyOf"] = [fix(b, required) for b in s["anyOf"]]
-            return s
-        t = s.get("type")
-        if t == "string":
-            s["maxLength"] = min(s.get("maxLength", MAX_STRING), MAX_STRING)
-            if required and s["maxLength"] >= 1:
-                s["minLength"] = max(s.get("minLength", 0), 1)
-        elif t == "object":
-            req = s.get("required", [])
-            s["properties"] = {k: fix(p, k in req) for k, p in s.get("properties", {}).items()}
-            s["additionalProperties"] = False
-        elif t == "array":
-            s["items"] = fix(s.get("items", {}), False)
-        return s
-
-    return {
-        "anyOf": [
-            {"type": "object", "properties": {"tool": {"const": t.name}, "args": fix(t.parameters, True)},
-             "required": ["tool", "args"], "additionalProperties": False}
-            for t in tools
-        ],
-        "x-guidance": {"item_separator": ",", "key_separator": ":", "whitespace_flexible": False},
-    }
+    """The same language for llguidance: the benchmark's peer schema, compact separators."""
+    return {**peer_schema(tools, MAX_STRING),
+            "x-guidance": {"item_separator": ",", "key_separator": ":", "whitespace_flexible": False}}
 
 
 _ESCAPE = re.compile(rb'\\(u[0-9a-fA-F]{0,4}|.)', re.S)
@@ -168,26 +146,24 @@ def test_escape_filter():
     assert not escape_only_difference(b'"a', b"bc")
 
 
+def check(vocab, ll_tok, seed: int, label: str, text_added=frozenset()) -> None:
+    steps, mismatches, excluded, tables, examples = run_differential(vocab, ll_tok, seed, STEPS_PER_VOCAB, text_added)
+    print(f"{label}: {steps} steps over {tables} tables, {mismatches} mismatches, {excluded} escape tokens excluded")
+    assert steps >= STEPS_PER_VOCAB
+    assert mismatches == 0, examples
+
+
 def test_differential_tiny_bpe(bpe_tokenizer, bpe_vocab, uncapped_numbers):
     from transformers import PreTrainedTokenizerFast
 
     hf = PreTrainedTokenizerFast(tokenizer_object=bpe_tokenizer, eos_token="<|end|>")
-    ll_tok = llguidance.hf.from_tokenizer(hf, eos_token=list(bpe_vocab.stop_ids))
-    steps, mismatches, excluded, tables, examples = run_differential(bpe_vocab, ll_tok, 1, STEPS_PER_VOCAB)
-    print(f"tiny BPE: {steps} steps over {tables} tables, {mismatches} mismatches, {excluded} escape tokens excluded")
-    assert steps >= STEPS_PER_VOCAB
-    assert mismatches == 0, examples
+    check(bpe_vocab, llguidance.hf.from_tokenizer(hf, eos_token=list(bpe_vocab.stop_ids)), 1, "tiny BPE")
 
 
 @pytest.mark.model
 def test_differential_smollm2(smollm2_tokenizer, smollm2_vocab, uncapped_numbers):
-
-
     ll_tok = llguidance.hf.from_tokenizer(smollm2_tokenizer, eos_token=list(smollm2_vocab.stop_ids))
-    steps, mismatches, excluded, tables, examples = run_differential(smollm2_vocab, ll_tok, 2, STEPS_PER_VOCAB)
-    print(f"SmolLM2: {steps} steps over {tables} tables, {mismatches} mismatches, {excluded} escape tokens excluded")
-    assert steps >= STEPS_PER_VOCAB
-    assert mismatches == 0, examples
+    check(smollm2_vocab, ll_tok, 2, "SmolLM2")
 
 
 @pytest.mark.gemma
@@ -197,7 +173,4 @@ def test_differential_gemma3(gemma3_tokenizer, gemma3_vocab, uncapped_numbers):
     # produces them for that text. llguidance never offers an added token as text.
     specials = set(gemma3_tokenizer.all_special_ids)
     text_added = frozenset(i for i in gemma3_tokenizer.get_added_vocab().values() if i not in specials)
-    steps, mismatches, excluded, tables, examples = run_differential(gemma3_vocab, ll_tok, 3, STEPS_PER_VOCAB, text_added)
-    print(f"Gemma 3: {steps} steps over {tables} tables, {mismatches} mismatches, {excluded} escape tokens excluded")
-    assert steps >= STEPS_PER_VOCAB
-    assert mismatches == 0, examples
+    check(gemma3_vocab, ll_tok, 3, "Gemma 3", text_added)
