@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-
 from railcall.bench.workloads import peer_schema
 
 NOTES = {

@@ -311,7 +311,7 @@ def _any_rule(ctx: _Ctx) -> str:
         v = ir.Ref(ANY_VALUE)
         s = ir.JsonString(0, None)
         member = ir.Seq(s, ir.Lit(b":"), v)
-        obj = ir.Alt(ir.Lit(b"{}"), ir.Seq(ir.Lit(b"{"), member, _star(ir.Seq(ir.Lit(b","), member), "obj"), ir.Lit(b"}")))
+        obj = ir.Alt(ir.Lit(b"{}"), ir.Seq(ir.Lit(b"{"), member, ir.Ref(ANY_VALUE + "obj"), ir.Lit(b"}")))
         ctx.rules[ANY_VALUE] = ir.Alt(
             s, ir.JsonNumber(), ir.Select(((b"true", ir.Seq()), (b"false", ir.Seq()), (b"null", ir.Seq()))),
             ir.JsonArray(v, 0, None), obj,
@@ -319,6 +319,3 @@ def _any_rule(ctx: _Ctx) -> str:
         ctx.rules[ANY_VALUE + "obj"] = ir.Alt(ir.Seq(), ir.Seq(ir.Seq(ir.Lit(b","), member), ir.Ref(ANY_VALUE + "obj")))
     return ANY_VALUE
 
-
-def _star(node, tag: str):
-    return ir.Ref(ANY_VALUE + tag)
