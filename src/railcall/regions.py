@@ -354,8 +354,9 @@ class RegionMatcher:
         self._log: list[tuple] = []  # per consumed token: how to undo it
         self._stopped = False
         self._error = False
+        self._error_at = -1  # len(_log) when the error happened (rollback past it clears it)
         self.error_message = ""
-        self.cut = False
+        self.cut = False  # set by finish(): the turn was completed by force
         self._settle()
 
     # -- state ------------------------------------------------------------------------------
