@@ -57,35 +57,51 @@ HANDLED = frozenset({
 
 ANY_VALUE = "__any_json_value__"
 
+# Each format as a regex over the string's value (anchored). Not expressed: leap seconds at UTC
+# offsets other than zero, hostname length limits and IDN rules.
 _OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
 _H16 = r"[0-9a-fA-F]{1,4}"
-_LS32 = rf"({_H16}:{_H16}|{_OCTET}(\.{_OCTET}){{3}})"
-_DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
-_TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+_LS32 = rf"({_H16}:{_H16}|{_IPV4})"
+_IPV6 = "(" + "|".join([
+    rf"({_H16}:){{6}}{_LS32}",
+    rf"::({_H16}:){{5}}{_LS32}",
+    rf"({_H16})?::({_H16}:){{4}}{_LS32}",
+    rf"(({_H16}:)?{_H16})?::({_H16}:){{3}}{_LS32}",
+    rf"(({_H16}:){{0,2}}{_H16})?::({_H16}:){{2}}{_LS32}",
+    rf"(({_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}",
+    rf"(({_H16}:){{0,4}}{_H16})?::{_LS32}",
+    rf"(({_H16}:){{0,5}}{_H16})?::{_H16}",
+    rf"(({_H16}:){{0,6}}{_H16})?::",
+]) + ")"
+# Days per month, and 29 February only in leap years (divisible by 4, centuries by 400).
+_LEAP_YEAR = r"(\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)"
+_DATE = (r"(\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2[0-8]))"
+         rf"|{_LEAP_YEAR}-02-29)")
+# A leap second only where it can be one: 23:59:60 in UTC (other offsets are not expressed).
+_OFFSET = r"([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+_TIME = (rf"(([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?{_OFFSET}"
+         r"|23:59:60(\.\d+)?([Zz]|[+-]00:00))")
 _ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-# Each format as a regex over the string's value (anchored). Calendar rules beyond the day
-# number (30 February) and the length limits of hostnames are not expressed.
+_HOST = rf"{_LABEL}(\.{_LABEL})*"
+# RFC 3986: scheme ":" hier-part ["?" query] ["#" fragment], percent-encoding checked.
+_PCT = r"%[0-9A-Fa-f]{2}"
+_UNRES = r"[A-Za-z0-9\-._~!$&'()*+,;=]"
+_PCHAR = rf"({_UNRES}|{_PCT}|[:@])"
+_AUTHORITY = rf"(({_UNRES}|{_PCT}|:)*@)?(\[{_IPV6}\]|({_UNRES}|{_PCT})*)(:\d*)?"
+_URI = (rf"[A-Za-z][A-Za-z0-9+.\-]*:(//{_AUTHORITY}(/{_PCHAR}*)*|/({_PCHAR}+(/{_PCHAR}*)*)?|{_PCHAR}+(/{_PCHAR}*)*)?"
+        rf"(\?({_PCHAR}|[/?])*)?(#({_PCHAR}|[/?])*)?")
 FORMATS = {
     "date": rf"^{_DATE}$",
     "time": rf"^{_TIME}$",
     "date-time": rf"^{_DATE}[Tt]{_TIME}$",
-    "email": rf"^{_ATEXT}+(\.{_ATEXT}+)*@{_LABEL}(\.{_LABEL})*$",
+    "email": rf'^({_ATEXT}+(\.{_ATEXT}+)*|"([^"\\]|\\.)*")@({_HOST}|\[({_IPV4}|IPv6:{_IPV6})\])$',
     "uuid": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
-    "uri": r"^[A-Za-z][A-Za-z0-9+.\-]*:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*$",
-    "ipv4": rf"^{_OCTET}(\.{_OCTET}){{3}}$",
-    "ipv6": "^(" + "|".join([
-        rf"({_H16}:){{6}}{_LS32}",
-        rf"::({_H16}:){{5}}{_LS32}",
-        rf"({_H16})?::({_H16}:){{4}}{_LS32}",
-        rf"(({_H16}:)?{_H16})?::({_H16}:){{3}}{_LS32}",
-        rf"(({_H16}:){{0,2}}{_H16})?::({_H16}:){{2}}{_LS32}",
-        rf"(({_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}",
-        rf"(({_H16}:){{0,4}}{_H16})?::{_LS32}",
-        rf"(({_H16}:){{0,5}}{_H16})?::{_H16}",
-        rf"(({_H16}:){{0,6}}{_H16})?::",
-    ]) + ")$",
-    "hostname": rf"^{_LABEL}(\.{_LABEL})*$",
+    "uri": rf"^{_URI}$",
+    "ipv4": rf"^{_IPV4}$",
+    "ipv6": rf"^{_IPV6}$",
+    "hostname": rf"^{_HOST}$",
 }
 
 
@@ -121,12 +137,50 @@ class _Ctx:
     options: SchemaOptions
     deadline: float
     rules: dict = field(default_factory=dict)  # rule name -> IR node (None while in progress)
+    docs: dict = field(default_factory=dict)  # base URI -> the subschema that has that $id
+    anchors: dict = field(default_factory=dict)  # (base URI, $anchor) -> subschema
+    base_of: dict = field(default_factory=dict)  # id(subschema) -> its base URI
+    root_base: str = ""
+
+
+_NOT_SCHEMAS = frozenset({"enum", "const", "default", "examples"})
+
+
+def _index(ctx: _Ctx, node, base: str) -> None:
+    """Record every subschema's base URI, every `$id` and every `$anchor`, so that `$ref`s
+    resolve the way 2020-12 says: against the nearest enclosing `$id`."""
+    from urllib.parse import urldefrag, urljoin
+
+    if isinstance(node, list):
+        for x in node:
+            _index(ctx, x, base)
+        return
+    if not isinstance(node, dict):
+        return
+    sid = node.get("$id")
+    if isinstance(sid, str):
+        base = urldefrag(urljoin(base, sid))[0]
+        ctx.docs.setdefault(base, node)
+    ctx.base_of[id(node)] = base
+    anchor = node.get("$anchor")
+    if isinstance(anchor, str):
+        ctx.anchors[(base, anchor)] = node
+    for k, v in node.items():
+        if k not in _NOT_SCHEMAS and isinstance(v, (dict, list)):
+            _index(ctx, v, base)
 
 
 def schema_to_ir(schema: dict, options: SchemaOptions | None = None, *, required: bool = False) -> tuple[ir.Node, tuple]:
     """Compile `schema`; returns (node, rules) for an ir.Grammar."""
     options = options or SchemaOptions()
     ctx = _Ctx(root=schema, options=options, deadline=time.monotonic() + options.time_budget_s)
+    if isinstance(schema, dict):
+        from urllib.parse import urldefrag
+
+        sid = schema.get("$id")
+        ctx.root_base = urldefrag(sid)[0] if isinstance(sid, str) else ""
+        ctx.docs[ctx.root_base] = schema
+        _index(ctx, schema, ctx.root_base)
     try:
         node = _node(ctx, schema, "", required, 0)
     except RecursionError:
@@ -165,6 +219,7 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
     for k in schema:
         if k not in HANDLED and k not in ANNOTATIONS:
             _unsupported(ctx, k, pointer)
+    orig = schema
     schema = {k: v for k, v in schema.items() if k in HANDLED}
     if not schema:
         return ir.Ref(_any_rule(ctx))
@@ -172,9 +227,9 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
     if "$ref" in schema:
         rest = {k: v for k, v in schema.items() if k != "$ref"}
         if not rest:
-            return _ref(ctx, schema["$ref"], pointer + "/$ref", depth)
+            return _ref(ctx, schema["$ref"], pointer + "/$ref", depth, orig)
         # 2020-12: a $ref beside other keywords applies both, like allOf.
-        target = _resolve_ref(ctx, schema["$ref"], pointer + "/$ref")
+        target = _resolve_ref(ctx, schema["$ref"], pointer + "/$ref", orig)[1]
         return _node(ctx, {"allOf": [target, rest]}, pointer, required, depth + 1)
 
     if "allOf" in schema:
@@ -190,6 +245,9 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
             if not isinstance(branches, list) or not branches:
                 raise SchemaError(f"{kw} must be a non-empty array", pointer=pointer + "/" + kw, keyword=kw)
             base = {k: v for k, v in schema.items() if k != kw}
+            branches = [br for br in branches if br is not False]  # `false` matches nothing
+            if not branches:
+                raise SchemaError(f"every {kw} branch is `false`: no value fits", pointer=pointer + "/" + kw, keyword=kw)
             subs = [{"allOf": [base, br]} if base else br for br in branches]
             if kw == "oneOf" and not _pairwise_disjoint(ctx, branches, base):
                 if not ctx.options.lenient:
@@ -440,6 +498,8 @@ def _array(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
     if prefix_s is not None:
         if not isinstance(prefix_s, list):
             raise SchemaError("prefixItems must be an array of schemas", pointer=pointer + "/prefixItems", keyword="prefixItems")
+        if False in prefix_s:  # no item may stand at a `false` position: the array ends before it
+            prefix_s, items = prefix_s[: prefix_s.index(False)], False
         prefix = tuple(_node(ctx, s, f"{pointer}/prefixItems/{i}", False, depth + 1) for i, s in enumerate(prefix_s))
     item = None if items is False else _node(ctx, items, f"{pointer}/{kw_items}", False, depth + 1)
     lo = _int_kw(schema, "minItems", pointer) or 0
@@ -558,29 +618,49 @@ def _esc(name: str) -> str:
 # -- references ------------------------------------------------------------------------------------
 
 
-def _ref(ctx: _Ctx, ref, pointer: str, depth: int) -> ir.Node:
-    target = _resolve_ref(ctx, ref, pointer)
-    name = "ref:" + ref
+def _ref(ctx: _Ctx, ref, pointer: str, depth: int, holder=None) -> ir.Node:
+    uri, target = _resolve_ref(ctx, ref, pointer, holder)
+    name = "ref:" + uri
     if name not in ctx.rules:
         ctx.rules[name] = None  # in progress: a recursive reference sees the rule name
-        ctx.rules[name] = _node(ctx, target, ref[1:], False, depth + 1)
+        ctx.rules[name] = _node(ctx, target, uri.partition("#")[2] or "/", False, depth + 1)
     return ir.Ref(name)
 
 
-def _resolve_ref(ctx: _Ctx, ref, pointer: str):
-    if not isinstance(ref, str) or not ref.startswith("#"):
-        raise SchemaError(f"only local references (#/...) are supported, not {ref!r}; inline the remote schema",
-                          pointer=pointer, keyword="$ref")
-    return _resolve_pointer(ctx.root, ref[1:], pointer)
+def _resolve_ref(ctx: _Ctx, ref, pointer: str, holder=None):
+    """(absolute URI, target subschema) of `ref`, resolved against the base URI of the schema
+    that holds it. Only targets inside this document (its `$id`s, `$anchor`s and JSON pointers)
+    resolve; a remote schema must be inlined."""
+    from urllib.parse import urldefrag, urljoin
+
+    if not isinstance(ref, str):
+        raise SchemaError(f"$ref must be a string, not {ref!r}", pointer=pointer, keyword="$ref")
+    base = ctx.base_of.get(id(holder), ctx.root_base) if holder is not None else ctx.root_base
+    if ref.startswith("#") or not base:
+        uri = base + ref  # urljoin does not know URN bases; a fragment only replaces the fragment
+    elif ":" in ref.split("/", 1)[0]:
+        uri = ref  # already absolute (http:, urn:, ...)
+    else:
+        uri = urljoin(base, ref)
+    doc_uri, frag = urldefrag(uri)
+    doc = ctx.docs.get(doc_uri)
+    if doc is None:
+        raise SchemaError(f"$ref {ref!r} points outside this schema ({doc_uri}); railcall resolves only references "
+                          "inside the schema ($defs, $id, $anchor): inline the remote schema", pointer=pointer,
+                          keyword="$ref")
+    if frag == "" or frag.startswith("/"):
+        return doc_uri + "#" + frag, _resolve_pointer(doc, frag, pointer)
+    target = ctx.anchors.get((doc_uri, frag))
+    if target is None:
+        raise SchemaError(f"$ref {ref!r}: no $anchor {frag!r} in {doc_uri or 'this schema'}", pointer=pointer,
+                          keyword="$ref")
+    return doc_uri + "#" + frag, target
 
 
 def _resolve_pointer(root, ptr: str, pointer: str):
     cur = root
     if ptr in ("", "/"):
         return root
-    if not ptr.startswith("/"):
-        raise SchemaError(f"anchor references (#{ptr}) are not supported; use a JSON pointer (#/$defs/...)",
-                          pointer=pointer, keyword="$ref")
     from urllib.parse import unquote
 
     for part in unquote(ptr).lstrip("/").split("/"):
@@ -626,9 +706,10 @@ def _expand(ctx: _Ctx, s, pointer: str, depth: int) -> dict:
     for k in s:
         if k not in HANDLED and k not in ANNOTATIONS:
             _unsupported(ctx, k, pointer)
+    orig = s
     s = {k: v for k, v in s.items() if k in HANDLED}
     if "$ref" in s:
-        target = _expand(ctx, _resolve_ref(ctx, s["$ref"], pointer + "/$ref"), pointer + "/$ref", depth + 1)
+        target = _expand(ctx, _resolve_ref(ctx, s["$ref"], pointer + "/$ref", orig)[1], pointer + "/$ref", depth + 1)
         rest = {k: v for k, v in s.items() if k != "$ref"}
         s = _merge(ctx, target, rest, pointer, depth + 1) if rest else target
     if "allOf" in s:
@@ -678,12 +759,8 @@ def _merge(ctx: _Ctx, a: dict, b, pointer: str, depth: int) -> dict:
                 raise SchemaError("allOf enums have no value in common", pointer=pointer, keyword="enum")
         elif k == "const":
             raise SchemaError(f"allOf requires two different constants {va!r} and {vb!r}", pointer=pointer, keyword="const")
-        elif k in ("items", "additionalItems"):
-            out[k] = {"allOf": [va, vb]}
-        elif k == "prefixItems":
-            n = max(len(va), len(vb))
-            out[k] = [{"allOf": [va[i] if i < len(va) else a.get("items", True),
-                                 vb[i] if i < len(vb) else b.get("items", True)]} for i in range(n)]
+        elif k in ("items", "additionalItems", "prefixItems"):
+            continue  # merged below, position by position
         elif k in ("properties", "additionalProperties"):
             continue  # merged below, together
         else:
@@ -694,7 +771,27 @@ def _merge(ctx: _Ctx, a: dict, b, pointer: str, depth: int) -> dict:
             raise SchemaError("const is not among the enum values", pointer=pointer, keyword="const")
     if any(k in a or k in b for k in ("properties", "additionalProperties")):
         _merge_properties(a, b, out, pointer)
+    if any(k in a and k in b for k in ("items", "prefixItems")) or (
+            ("prefixItems" in a or "prefixItems" in b) and ("items" in a or "items" in b)):
+        _merge_items(a, b, out)
     return out
+
+
+def _merge_items(a: dict, b: dict, out: dict) -> None:
+    """Each array position must satisfy both sides' schema for that position (a side's
+    prefixItems entry there, else its items)."""
+    pa, pb = a.get("prefixItems", []), b.get("prefixItems", [])
+    ia, ib = a.get("items", True), b.get("items", True)
+
+    def both(x, y):
+        return y if x is True else x if y is True else {"allOf": [x, y]}
+
+    n = max(len(pa), len(pb))
+    prefix = [both(pa[i] if i < len(pa) else ia, pb[i] if i < len(pb) else ib) for i in range(n)]
+    out.pop("prefixItems", None)
+    if prefix:
+        out["prefixItems"] = prefix
+    out["items"] = both(ia, ib)
 
 
 def _merge_properties(a: dict, b: dict, out: dict, pointer: str) -> None:
