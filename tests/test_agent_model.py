@@ -37,6 +37,8 @@ def test_read_only_episodes_never_propose_a_mutating_call(model, tmp_path):
     trace = tmp_path.parent / f"{tmp_path.name}-trace.jsonl"
     agent = Agent.for_workspace(tmp_path, model, policy=Policy(read_only=True, approve="auto"), max_steps=2,
                                 trace=trace, learn=False)
+    stored = agent.skills.save("read the notes", [{"tool": "read_file", "args": {"path": "notes.txt"}}]).name
+    agent.skills.save("save", [{"tool": "write_file", "args": {"path": "x.txt", "text": "x"}}])  # not offered
     mutating = {"write_file", "remember"}
     files, dirs = set(agent.workspace.files()), set(agent.workspace.dirs())
     t0 = time.perf_counter()
@@ -60,6 +62,28 @@ def test_read_only_episodes_never_propose_a_mutating_call(model, tmp_path):
             assert c["args"]["path"] in files
         if c["tool"] == "list_dir":
             assert c["args"]["path"] in dirs
+        if c["tool"] == "run":
+            assert c["args"]["name"] == stored
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and ".railcall" not in p.parts} == before
     print(f"\n{EPISODES} read-only episodes, {len(rows)} steps, tools {sorted({c['tool'] for c in calls})}, "
           f"0 mutating proposals, {seconds:.1f} s")
+
+
+def test_skill_names_on_the_real_vocabulary(model, tmp_path):
+    """Token by token on SmolLM2's vocabulary: a skill stored between two steps is spellable in
+    the next step's grammar, and one removed is not."""
+    from railcall.matcher import Matcher, compiled_grammar
+
+    (tmp_path / "notes.txt").write_text("n")
+    agent = Agent.for_workspace(tmp_path, model)
+    encode = model.vocab._extra.get("encode")
+
+    def spellable(name):
+        m = Matcher(compiled_grammar(agent.view().grammar(), model.vocab))
+        text = '{"tool":"run","args":{"name":"' + name + '"}}'
+        return m.consume_tokens(encode(text)) and m.is_accepting()
+
+    name = agent.skills.save("t", [{"tool": "calc", "args": {"expr": "1+1"}}]).name
+    assert spellable(name) and not spellable(name[:-1] + ("0" if name[-1] != "0" else "1"))
+    agent.skills.remove(name)
+    assert not spellable(name)

@@ -122,7 +122,9 @@ class Agent:
         self.params = params or SamplingParams(max_tokens=64)
         self.max_steps, self.learn, self.on_step = max_steps, learn, on_step
         self.trace_path = Path(trace) if trace else None
+        self.workspace: Workspace | None = None  # set by for_workspace
         self._episodes = 0
+        self._program: list = []
 
     @classmethod
     def for_workspace(cls, root: str | Path, model: AgentModel | None, **kw) -> "Agent":
