@@ -122,8 +122,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
 
         plan = await run_in_threadpool(plan_it)
         job = engine.submit(plan, asyncio.get_running_loop())
-        asm = Assembler(served.vocab, plan.kind, served.keys, stop=plan.params.stop, logprobs=plan.logprobs,
-                        top_logprobs=plan.top_logprobs)
+        asm = Assembler(served, plan)
         cid = "chatcmpl-" + secrets.token_hex(12)
         created = int(time.time())
         if plan.stream:
@@ -234,8 +233,8 @@ async def _complete(request: Request, job, asm: Assembler, plan: Plan, cid: str,
     finally:
         watcher.cancel()
         job.cancel()
-    message = asm.message(gen)
-    message["reasoning_content"] = None
+    asm.finish(gen)
+    message = asm.message()
     choice = {"index": 0, "message": message, "finish_reason": _finish_reason(gen, asm),
               "logprobs": {"content": [asm.logprob_entry(s) for s in steps]} if plan.logprobs else None}
     out = {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
@@ -278,6 +277,7 @@ async def _stream(job, asm: Assembler, plan: Plan, cid: str, created: int, model
                 for delta in asm.feed(value):
                     yield make(delta)
             elif kind == "error":
+                asm.cancel()
                 e = _generation_failed(value)
                 yield sse.event(error_body(str(e), e.type, e.param, e.code))
                 yield sse.DONE

@@ -20,11 +20,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from railcall.bitmask import pack_ids
 from railcall.decode import generate
 from railcall.errors import RequestError
+from railcall.output import Delimiters
 from railcall.prompt import has_native_tools
 from railcall.server.plan import Plan, messages_for_template
 
@@ -49,7 +47,11 @@ class ServedModel:
         self.native = has_native_tools(self.tokenizer) and vocab.special_id("<tool_call>") is not None
         self.call_format = "hermes" if self.native else "json"
         self.keys = ("name", "arguments") if self.native else ("tool", "args")
-        self._free: np.ndarray | None = None
+        # Reasoning is parsed and given its region only where both think delimiters are single
+        # tokens: on a model without them (SmolLM2) a spelled "<think>" is just text.
+        think = Delimiters.from_vocab(vocab, tool_call=None)
+        self.reasoning = all(d is not None and d.token_id is not None for d in (think.reasoning_open, think.reasoning_close))
+        self.delimiters = Delimiters.from_vocab(vocab, reasoning=("<think>", "</think>") if self.reasoning else None)
 
     @classmethod
     def load(cls, model: str | None = None) -> "ServedModel":
@@ -75,15 +77,6 @@ class ServedModel:
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return [int(i) for i in (ids[0] if ids and isinstance(ids[0], list) else ids)]
 
-    def free_start_mask(self, grammar) -> np.ndarray:
-        """Packed bits of the tokens that may start free text under tool_choice "auto": not
-        special, not starting with `{` or `[`, plus the stop tokens (an empty answer)."""
-        if self._free is None:
-            v = self.vocab
-            ids = [i for i in range(v.size) if not v.special[i] and v.token_bytes[i][:1] not in (b"{", b"[", b"")]
-            self._free = pack_ids(np.array(ids + list(v.stop_ids), dtype=np.int64), v.logits_width)
-        return self._free
-
     def warm_up(self) -> None:
         """Compile a small grammar and fill one mask, so per-vocabulary indexes are built before
         the first request rather than inside it."""
@@ -94,7 +87,6 @@ class ServedModel:
         m = Matcher(compiled_grammar(tool_grammar([Tool("f", "", {"type": "object", "properties": {"a": {"type": "string"}}})],
                                                   self.call_format), self.vocab))
         m.fill_bitmask(allocate_bitmask(self.vocab.logits_width))
-        self.free_start_mask(None)
 
 
 @dataclass

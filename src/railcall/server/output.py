@@ -1,179 +1,122 @@
-"""Generated tokens -> OpenAI message parts: content, tool calls, logprobs, and stream deltas.
+"""Generated steps -> OpenAI message parts: reasoning_content, content, tool calls, logprobs.
 
-Built per request (`Assembler`). The engine hands it each generated step as it happens; it
-answers with the deltas to stream, and at the end builds the message. The grammar has already
-guaranteed the shape of a call, so reading one back is a scan, not a parse that can fail:
+Built per request (`Assembler`), around `railcall.output.OutputParser`, which splits the turn
+into reasoning, content and calls with the same delimiters the grammar regions use. The
+Assembler adds what is OpenAI's: call ids, the delta shapes of a `chat.completion.chunk`, the
+logprobs entries, and stop strings.
 
-    {"tool":"calc","args":{"expr":"17*23"}}          one call (JSON format, SmolLM2)
-    [{"tool":"a","args":{...}},{"tool":"b",...}]     parallel calls
-    {"name":"calc","arguments":{...}}                 Hermes format (its tags are special tokens,
-                                                      which add no text)
-
-A call's name is streamed once its closing quote is written (the grammar commits to a name only
-then); its arguments are streamed as they grow, and `function.arguments` is exactly the text of
-the arguments object the model wrote.
+- Stop strings (free text only): `decode.generate` ends at the first one and cuts it from the
+  text. While streaming, the last `len(longest stop) - 1` characters of content are held back,
+  so a stop string's first characters are never sent before it is known whether it completes.
+- A tool call is delivered in one delta once its end is seen (the parser hands calls over
+  whole), as OpenAI's `tool_calls` delta with index, id, type, name and the full arguments.
 """
 
 from __future__ import annotations
 
 import codecs
-import json
 import secrets
 
 from railcall.decode import Generation, Step
+from railcall.output import Delta, OutputParser
 
 
 def call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def scan_calls(text: str, name_key: str, args_key: str) -> list[dict]:
-    """The calls in `text` so far: [{"name": str | None, "args": str, "done": bool}, ...].
-
-    `text` is a prefix of grammar-made output, so every call has the exact shape
-    `{"<name_key>":"<name>","<args_key>":<value>}`; separators between calls (`[`, `,`, `]`,
-    whitespace) are skipped."""
-    head = '{"%s":"' % name_key
-    mid = '","%s":' % args_key
-    calls = []
-    i, n = 0, len(text)
-    while i < n:
-        while i < n and text[i] in "[,] \n\t\r":
-            i += 1
-        if i >= n:
-            break
-        if not text.startswith(head, i):
-            break  # only a prefix of `head` so far
-        i += len(head)
-        j = i
-        while j < n and text[j] != '"':
-            j += 2 if text[j] == "\\" else 1
-        if j >= n:
-            calls.append({"name": None, "args": "", "done": False})
-            break
-        name = json.loads('"' + text[i:j] + '"')
-        i = j
-        if not text.startswith(mid, i):
-            calls.append({"name": name if len(text) - i >= len(mid) else None, "args": "", "done": False})
-            break
-        i += len(mid)
-        start, depth, in_str, k = i, 0, False, i
-        while k < n:
-            ch = text[k]
-            if in_str:
-                if ch == "\\":
-                    k += 1
-                elif ch == '"':
-                    in_str = False
-            elif ch == '"':
-                in_str = True
-            elif ch in "{[":
-                depth += 1
-            elif ch in "}]":
-                depth -= 1
-                if depth == 0:
-                    k += 1
-                    break
-            k += 1
-        args = text[start:min(k, n)]
-        if depth == 0 and k < n and text[k] == "}":
-            calls.append({"name": name, "args": args, "done": True})
-            i = k + 1
-            continue
-        calls.append({"name": name, "args": args, "done": False})
-        break
-    return calls
-
-
 class Assembler:
     """Per request: steps in, OpenAI deltas and the final message out."""
 
-    def __init__(self, vocab, kind: str, keys: tuple[str, str] = ("tool", "args"), *,
-                 stop: tuple[str, ...] = (), logprobs: bool = False, top_logprobs: int = 0):
-        self.vocab = vocab
-        self.kind = kind  # "text" | "json" | "tools" | "auto"
-        self.keys = keys
-        self.holdback = max((len(s) for s in stop), default=1) - 1
-        self.logprobs = logprobs
-        self.top_logprobs = top_logprobs
+    def __init__(self, served, plan):
+        self.vocab = served.vocab
+        fmt = served.call_format if plan.tool_choice != "none" else None
+        self.parser = OutputParser(served.delimiters, call_format=fmt, tool_choice=plan.tool_choice,
+                                   stop_ids=self.vocab.stop_ids)
+        self.holdback = max((len(s) for s in plan.params.stop), default=1) - 1
+        self.top_logprobs = plan.top_logprobs
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text = ""
-        self.sent_content = 0  # characters of content already streamed
-        self.sent_calls: list[dict] = []  # per call: {"id", "named": bool, "args": int}
-        self.mode = {"text": "content", "json": "content", "tools": "calls"}.get(kind)  # auto: decided later
+        self.content = ""  # all content the parser released
+        self.sent = 0  # characters of it already streamed
+        self.ids: list[str] = []  # call ids, by index
 
     # -- streaming ---------------------------------------------------------------------------
     def feed(self, step: Step) -> list[dict]:
         """Deltas for one generated step (possibly none)."""
-        if 0 <= step.token < self.vocab.size and not self.vocab.special[step.token]:
-            self.text += self._decoder.decode(self.vocab.token_bytes[step.token])
-        return self._deltas(final=False)
+        t = step.token
+        if 0 <= t < self.vocab.size and self.vocab.special[t]:
+            text = "" if t in self.vocab.stop_ids else self.vocab.special_text.get(t, "")
+        elif 0 <= t < self.vocab.size:
+            text = self._decoder.decode(self.vocab.token_bytes[t])
+        else:
+            text = ""
+        return self._convert(self.parser.feed(t, text), self.holdback)
 
     def finish(self, gen: Generation) -> list[dict]:
-        """The deltas that remain once generation ended (the text is now final)."""
-        self.text = gen.text
-        return self._deltas(final=True)
+        """The deltas that remain once generation ended."""
+        deltas = []
+        tail = self._decoder.decode(b"", final=True)
+        if tail:
+            deltas += self.parser.feed(-1, tail)
+        deltas += self.parser.finish()
+        out = self._convert(deltas, 0, flush=False)
+        if gen.stop_string is not None:
+            # decode cut the stop string (and what its last token added after it) from the text
+            full = self.vocab.decode(gen.tokens).decode("utf-8", errors="replace")
+            cut = len(full) - len(gen.text)
+            if cut > 0:
+                self.content = self.content[: max(self.sent, len(self.content) - cut)]
+        if len(self.content) > self.sent:
+            out.append({"content": self.content[self.sent:]})
+            self.sent = len(self.content)
+        return out
 
-    def _decide(self, final: bool) -> None:
-        if self.mode is not None:
-            return
-        head = '{"%s":"' % self.keys[0]
-        t = self.text.lstrip("[")
-        if t.startswith(head) and self.text.startswith(("[", "{")):
-            self.mode = "calls"
-        elif final or not head.startswith(t):
-            self.mode = "content"
+    def cancel(self) -> None:
+        self.parser.cancel()
 
-    def _deltas(self, final: bool) -> list[dict]:
-        self._decide(final)
-        if self.mode == "content":
-            end = len(self.text) if final else max(self.sent_content, len(self.text) - self.holdback)
-            if end > self.sent_content:
-                piece = self.text[self.sent_content:end]
-                self.sent_content = end
-                return [{"content": piece}]
-            return []
-        if self.mode == "calls":
-            out = []
-            for i, c in enumerate(scan_calls(self.text, *self.keys)):
-                if c["name"] is None:
-                    break
-                if i == len(self.sent_calls):
-                    self.sent_calls.append({"id": call_id(), "args": 0})
-                    out.append({"tool_calls": [{"index": i, "id": self.sent_calls[i]["id"], "type": "function",
-                                                "function": {"name": c["name"], "arguments": ""}}]})
-                sent = self.sent_calls[i]
-                if len(c["args"]) > sent["args"]:
-                    out.append({"tool_calls": [{"index": i, "function": {"arguments": c["args"][sent["args"]:]}}]})
-                    sent["args"] = len(c["args"])
-            return out
-        return []
+    def _convert(self, deltas: list[Delta], holdback: int, flush: bool = True) -> list[dict]:
+        out = []
+        for d in deltas:
+            if d.kind == "reasoning":
+                out.append({"reasoning_content": d.text})
+            elif d.kind == "content":
+                self.content += d.text
+                if flush:
+                    end = len(self.content) - holdback
+                    if end > self.sent:
+                        out.append({"content": self.content[self.sent:end]})
+                        self.sent = end
+            else:
+                if len(self.content) > self.sent:  # content before a call goes first
+                    out.append({"content": self.content[self.sent:]})
+                    self.sent = len(self.content)
+                while len(self.ids) <= d.index:
+                    self.ids.append(call_id())
+                out.append({"tool_calls": [{"index": d.index, "id": self.ids[d.index], "type": "function",
+                                            "function": {"name": d.call.name, "arguments": d.call.arguments}}]})
+        return out
 
     # -- the whole message ---------------------------------------------------------------------
-    def message(self, gen: Generation) -> dict:
-        """The assistant message of a finished generation (non-streaming responses)."""
-        self.text = gen.text
-        self._decide(final=True)
-        msg = {"role": "assistant", "content": None, "tool_calls": None}
-        if self.mode == "calls":
-            calls = scan_calls(gen.text, *self.keys)
-            ids = [c["id"] for c in self.sent_calls]
-            msg["tool_calls"] = [{"id": ids[i] if i < len(ids) else call_id(), "type": "function",
-                                  "function": {"name": c["name"] or "", "arguments": c["args"]}}
-                                 for i, c in enumerate(calls) if c["name"] is not None]
-        else:
-            msg["content"] = gen.text
-        return msg
+    def message(self) -> dict:
+        """The assistant message, after `finish()`."""
+        r = self.parser.result()
+        while len(self.ids) < len(r.tool_calls):
+            self.ids.append(call_id())
+        calls = [{"id": self.ids[i], "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                 for i, c in enumerate(r.tool_calls)]
+        content = self.content if self.content.strip() or not calls else None
+        return {"role": "assistant", "content": content, "reasoning_content": r.reasoning_content or None,
+                "tool_calls": calls or None}
 
     def has_calls(self) -> bool:
-        return self.mode == "calls"
+        return bool(self.parser.result().tool_calls)
 
     # -- logprobs ---------------------------------------------------------------------------------
     def logprob_entry(self, step: Step) -> dict:
         def one(tok, lp):
-            data = self.vocab.token_bytes[tok] if 0 <= tok < self.vocab.size else b""
-            text = self.vocab.token_text(tok) if 0 <= tok < self.vocab.size else ""
-            return {"token": text, "logprob": lp, "bytes": list(data)}
+            inside = 0 <= tok < self.vocab.size
+            return {"token": self.vocab.token_text(tok) if inside else "", "logprob": lp,
+                    "bytes": list(self.vocab.token_bytes[tok]) if inside and not self.vocab.special[tok] else []}
 
         # A token the grammar wrote at the token ceiling (finish) has no sampled logprob; the
         # grammar allowed only it, so under the masked distribution it is certain.

@@ -7,14 +7,16 @@ without its call, arguments that are not JSON), a tool or response schema railca
 longer than the context. Runs on a worker thread of the server (grammar compilation and the chat
 template are CPU work), never on the event loop.
 
-How tool_choice maps to the answer grammar (the model's output, whole):
+How tool_choice maps to the regions of the turn (`railcall.regions.answer_matcher`; a
+reasoning region comes first on models whose think delimiters are single tokens):
 
-    none      no tool grammar; the response_format grammar if any, else free text
-    required  the tool grammar: one call, or with parallel_tool_calls a JSON array of calls
+    none      free text, or the response_format grammar ("required" region) when one is given
+    required  the tool grammar: one call, or with parallel_tool_calls several (a JSON array in
+              railcall's JSON format, several <tool_call> blocks in the Hermes format)
     {name}    the tool grammar of that one tool, one call
-    auto      the first token decides (`FirstTokenChoice`): a token that starts a call commits
-              to the tool grammar, any other token to free text (or to the response_format
-              grammar, which is then an alternative of the call grammar)
+    auto      free text in which the call trigger (`{"tool":"`, or the <tool_call> token) starts
+              a call under the tool grammar; with a response_format, the answer is either a
+              call or the response schema (one grammar, the two as alternatives)
 """
 
 from __future__ import annotations
@@ -23,16 +25,14 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from railcall.bitmask import allocate_bitmask
 from railcall.decode import SamplingParams
 from railcall.errors import GrammarError, RequestError, SchemaError
 from railcall.grammar import ir
 from railcall.grammar.schema import ANY_VALUE, SchemaOptions, schema_to_ir
-from railcall.grammar.tools import ToolGrammarBuilder, Tool
-from railcall.matcher import CompiledGrammar, Matcher, compiled_grammar
+from railcall.grammar.tools import Tool, ToolGrammarBuilder
+from railcall.matcher import CompiledGrammar, compiled_grammar
 from railcall.prompt import describe_tools
+from railcall.regions import answer_matcher
 from railcall.server.schemas import ChatCompletionRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,6 +53,8 @@ class Plan:
     prompt: list[int]
     params: SamplingParams
     kind: str  # "text" | "json" | "tools" | "auto"
+    mode: str = "none"  # the answer_matcher mode: "none" | "auto" | "required"
+    tool_choice: str = "none"  # for the output parser: "none" | "auto" | "required"
     grammar: CompiledGrammar | None = None  # the answer grammar (None: free text)
     tools: list[Tool] = field(default_factory=list)
     parallel: bool = False
@@ -63,12 +65,11 @@ class Plan:
     include_usage: bool = False
 
     def matcher(self, served: "ServedModel"):
-        """A fresh per-request matcher (built on the engine's worker thread)."""
-        if self.grammar is None:
+        """A fresh per-request matcher (built on the engine's worker thread); None for free text
+        without reasoning, which needs no mask at all."""
+        if self.grammar is None and not served.reasoning:
             return None
-        if self.kind == "auto":
-            return FirstTokenChoice(Matcher(self.grammar), served.free_start_mask(self.grammar))
-        return Matcher(self.grammar)
+        return answer_matcher(served.vocab, self.grammar, served.delimiters, mode=self.mode, reasoning=served.reasoning)
 
 
 def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
@@ -94,13 +95,21 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
     elif choice == "required":
         grammar, kind = _tool_grammar(tools, fmt, parallel=req.parallel_tool_calls), "tools"
     elif choice == "auto":
-        calls = _tool_grammar(tools, fmt, parallel=req.parallel_tool_calls)
+        # Several calls in one turn are several triggers, each starting one call.
+        calls = _tool_grammar(tools, fmt, parallel=False)
         if answer[0] is not None:
             calls = ir.Grammar(ir.Alt(calls.start, answer[0].start), calls.rules + answer[0].rules,
                                name=calls.name + "|" + answer[0].name)
         grammar, kind = calls, "auto"
     else:
         grammar, kind = answer
+    if grammar is None:
+        mode = "none"
+    elif choice == "auto" and answer[0] is None:
+        mode = "auto"
+    else:
+        mode = "required"
+    parser_choice = {"named": "required", "required": "required", "auto": "auto"}.get(choice, "none")
     prompt = served.prompt_ids(req, tools if calling else [], choice, named, kind, answer[0] is not None)
     budget = served.context_length - len(prompt)
     limit = req.token_limit
@@ -120,7 +129,7 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
             compiled = compiled_grammar(grammar, served.vocab)
         except GrammarError as e:
             raise RequestError(f"the answer grammar could not be compiled: {e}", param="response_format") from None
-    return Plan(prompt=prompt, params=params, kind=kind, grammar=compiled, tools=tools if calling else [],
+    return Plan(prompt=prompt, params=params, kind=kind, mode=mode, tool_choice=parser_choice, grammar=compiled, tools=tools if calling else [],
                 parallel=req.parallel_tool_calls and choice != "named", logprobs=req.logprobs,
                 top_logprobs=params.top_logprobs, return_token_ids=req.return_token_ids, stream=req.stream,
                 include_usage=bool(req.stream_options and req.stream_options.include_usage))
@@ -275,72 +284,3 @@ def messages_for_template(req: ChatCompletionRequest, tools: list[Tool], choice:
         specs = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
                  for t in tools]
     return out, specs
-
-
-# ---------------------------------------------------------------------------------------------
-# tool_choice "auto": the first token chooses between a call and the rest.
-# ---------------------------------------------------------------------------------------------
-
-class FirstTokenChoice:
-    """Matcher verbs for tool_choice "auto". Built per request around a call Matcher.
-
-    At the first step the legal tokens are the call grammar's first tokens plus every token that
-    cannot start a call (`free`: not a special token, not starting with `{` or `[`) and the stop
-    tokens. Consuming a call token commits to the grammar for the rest of the output; consuming a
-    free token commits to unconstrained text. Free text therefore cannot begin with `{` or `[`:
-    that is how the two are told apart after one token.
-    """
-
-    def __init__(self, inner: Matcher, free: np.ndarray):
-        self.inner = inner
-        self.free = free  # packed (words,) int32 bitmask of tokens that start free text
-        self.mode = None  # None (undecided) | "call" | "text"
-        self.error_message = ""
-        self._n = 0
-
-    def is_error(self) -> bool:
-        return self.mode == "call" and self.inner.is_error()
-
-    def is_accepting(self) -> bool:
-        return self.mode != "call" or self.inner.is_accepting()
-
-    def is_done(self) -> bool:
-        return self.mode == "call" and self.inner.is_done()
-
-    def fill_bitmask(self, bitmask: np.ndarray, index: int = 0) -> int:
-        row = bitmask if bitmask.ndim == 1 else bitmask[index]
-        if self.mode == "call":
-            return self.inner.fill_bitmask(bitmask, index)
-        if self.mode == "text":
-            row[:] = -1
-            return self.inner.g.width
-        n = self.inner.fill_bitmask(bitmask, index)
-        row |= self.free
-        return n
-
-    def consume_token(self, token_id: int) -> bool:
-        self._n += 1
-        if self.mode is None:
-            probe = allocate_bitmask(self.inner.g.width)
-            self.inner.fill_bitmask(probe)
-            word, bit = divmod(token_id, 32)
-            in_call = 0 <= token_id < self.inner.g.width and bool((int(probe[word]) >> bit) & 1)
-            if in_call and token_id not in self.inner.g._stop_set:
-                self.mode = "call"
-            else:
-                self.mode = "text"
-                return True
-        if self.mode == "call":
-            ok = self.inner.consume_token(token_id)
-            self.error_message = self.inner.error_message
-            return ok
-        return True
-
-    def forced_tokens(self) -> list[int]:
-        return self.inner.forced_tokens() if self.mode == "call" else []
-
-    def finish(self) -> list[int]:
-        return self.inner.finish() if self.mode == "call" else []
-
-    def num_consumed(self) -> int:
-        return self._n
