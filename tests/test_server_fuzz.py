@@ -1,11 +1,16 @@
 """Fuzzed request bodies never produce a 500: every answer is a 200 or a 4xx in OpenAI's error
 format. Bodies are a valid request with random mutations (fields replaced by random JSON,
 removed, or added; random messages; random tool and response schemas built from real JSON
-Schema keywords), plus raw random JSON. Valid bodies keep max_tokens at 1, so the model is
-barely used."""
+Schema keywords), plus raw random JSON.
+
+The main run holds the queue closed (max_pending 0): a body is read, validated and planned --
+prompt built, tool and response grammars compiled -- and then, if all of that passed, answered
+429 instead of generating. A smaller run lets bodies through to the model (max_tokens 1), so
+that whatever a strange but valid grammar does during decoding is covered too."""
 
 from __future__ import annotations
 
+import collections
 import json
 
 import httpx
@@ -82,14 +87,30 @@ def bodies(draw):
     return body
 
 
+STATUSES: collections.Counter = collections.Counter()
+
+
 @pytest.fixture(scope="module")
-def http():
-    srv = live()
+def srv():
+    return live()
+
+
+@pytest.fixture
+def closed_queue(srv):
+    saved = srv.engine.max_pending
+    srv.engine.max_pending = 0
+    yield
+    srv.engine.max_pending = saved
+
+
+@pytest.fixture(scope="module")
+def http(srv):
     with httpx.Client(base_url=srv.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as c:
         yield c
 
 
 def check(response):
+    STATUSES[response.status_code] += 1
     assert response.status_code != 500 and response.status_code < 500 or response.status_code == 503, response.text
     if response.status_code >= 400:
         err = response.json()["error"]
@@ -103,13 +124,24 @@ def check(response):
         assert response.json()["choices"][0]["message"]["role"] == "assistant"
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(body=bodies())
-def test_fuzzed_bodies_never_500(http, body):
+def test_fuzzed_bodies_never_500(http, closed_queue, body):
     check(http.post("/chat/completions", json=body))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(raw=st.one_of(json_values.map(json.dumps), st.binary(max_size=64).map(bytes)))
-def test_raw_bodies_never_500(http, raw):
+def test_raw_bodies_never_500(http, closed_queue, raw):
     check(http.post("/chat/completions", content=raw, headers={"Content-Type": "application/json"}))
+
+
+def test_the_fuzz_reached_both_sides_of_validation():
+    # 429: the body passed validation and planning and was about to be queued
+    assert STATUSES[400] >= 20 and STATUSES[429] >= 20 and STATUSES[500] == 0, STATUSES
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(body=bodies())
+def test_fuzzed_bodies_through_the_model_never_500(http, body):
+    check(http.post("/chat/completions", json=body))

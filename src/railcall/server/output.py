@@ -5,9 +5,10 @@ into reasoning, content and calls with the same delimiters the grammar regions u
 Assembler adds what is OpenAI's: call ids, the delta shapes of a `chat.completion.chunk`, the
 logprobs entries, and stop strings.
 
-- Stop strings (free text only): `decode.generate` ends at the first one and cuts it from the
-  text. While streaming, the last `len(longest stop) - 1` characters of content are held back,
-  so a stop string's first characters are never sent before it is known whether it completes.
+- Stop strings (free text only): `decode.generate` ends at the token that completes the first
+  one. While streaming, the last `len(longest stop) - 1` characters of content are held back,
+  so a stop string's first characters are never sent before it is known whether it completes,
+  and content ends where the first stop string starts.
 - A tool call is delivered in one delta once its end is seen (the parser hands calls over
   whole), as OpenAI's `tool_calls` delta with index, id, type, name and the full arguments.
 """
@@ -33,7 +34,8 @@ class Assembler:
         fmt = served.call_format if plan.tool_choice != "none" else None
         self.parser = OutputParser(served.delimiters, call_format=fmt, tool_choice=plan.tool_choice,
                                    stop_ids=self.vocab.stop_ids)
-        self.holdback = max((len(s) for s in plan.params.stop), default=1) - 1
+        self.stops = tuple(plan.params.stop)
+        self.holdback = max((len(s) for s in self.stops), default=1) - 1
         self.top_logprobs = plan.top_logprobs
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.content = ""  # all content the parser released
@@ -60,12 +62,7 @@ class Assembler:
             deltas += self.parser.feed(-1, tail)
         deltas += self.parser.finish()
         out = self._convert(deltas, 0, flush=False)
-        if gen.stop_string is not None:
-            # decode cut the stop string (and what its last token added after it) from the text
-            full = self.vocab.decode(gen.tokens).decode("utf-8", errors="replace")
-            cut = len(full) - len(gen.text)
-            if cut > 0:
-                self.content = self.content[: max(self.sent, len(self.content) - cut)]
+        self.content = self.content[: self._stop_at()]
         if len(self.content) > self.sent:
             out.append({"content": self.content[self.sent:]})
             self.sent = len(self.content)
@@ -73,6 +70,12 @@ class Assembler:
 
     def cancel(self) -> None:
         self.parser.cancel()
+
+    def _stop_at(self) -> int:
+        """Where content ends: at the first stop string in it (decode stops at the token that
+        completes one, whose text the parser has already released)."""
+        hits = [i for i in (self.content.find(s) for s in self.stops) if i >= 0]
+        return min(hits, default=len(self.content))
 
     def _convert(self, deltas: list[Delta], holdback: int, flush: bool = True) -> list[dict]:
         out = []
@@ -82,7 +85,7 @@ class Assembler:
             elif d.kind == "content":
                 self.content += d.text
                 if flush:
-                    end = len(self.content) - holdback
+                    end = min(len(self.content) - holdback, self._stop_at())
                     if end > self.sent:
                         out.append({"content": self.content[self.sent:end]})
                         self.sent = end
