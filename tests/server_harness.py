@@ -4,7 +4,6 @@ serving the embedded SmolLM2 behind an API key. Shared by tests/test_server_*.py
 from __future__ import annotations
 
 import atexit
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -58,25 +57,10 @@ def live() -> Live:
 
 
 def _start() -> Live:
-    import uvicorn
+    from railcall.server.app import start_in_thread
 
-    from railcall.server.app import create_app
-    from railcall.server.engine import ServedModel
-
-    served = ServedModel.load()
-    app = create_app(served, api_key=API_KEY, max_body=MAX_BODY, max_pending=32)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="railcall-test-server", daemon=True)
-    thread.start()
-    t0 = time.monotonic()
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() - t0 > 120:
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.05)
-    return Live(f"http://127.0.0.1:{port}", app, served, app.state.engine, server, thread)
+    run = start_in_thread(api_key=API_KEY, max_body=MAX_BODY, max_pending=32)
+    return Live(run.url, run.app, run.app.state.served, run.app.state.engine, run.server, run.thread)
 
 
 def wait_idle(engine, timeout: float = 30.0) -> bool:

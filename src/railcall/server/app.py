@@ -321,3 +321,40 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
     served = ServedModel.load(model)
     app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+class Running:
+    """A server started by `start_in_thread`: its base `url`, the `app`, and `stop()`."""
+
+    def __init__(self, app, server, thread, url: str):
+        self.app, self.server, self.thread, self.url = app, server, thread, url
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def start_in_thread(model: str | None = None, *, served: ServedModel | None = None, host: str = "127.0.0.1",
+                    port: int = 0, api_key: str | None = None, max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY,
+                    log_level: str = "warning") -> Running:
+    """Serve in a background thread of this process (tests, notebooks); returns once it listens.
+    `port=0` picks a free port."""
+    import socket
+
+    import uvicorn
+
+    served = served or ServedModel.load(model)
+    app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body)
+    if port == 0:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    thread = threading.Thread(target=server.run, name="railcall-server", daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() - t0 > 300:
+            raise RuntimeError(f"the server did not start on {host}:{port}")
+        time.sleep(0.05)
+    return Running(app, server, thread, f"http://{host}:{port}")
