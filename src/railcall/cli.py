@@ -186,6 +186,35 @@ def bench(
 
 
 @app.command()
+def coverage(
+    data: str = typer.Option("../shared/data/jsts", "--data", help="The JSON-Schema-Test-Suite folder (holding draft2020-12/)."),
+    out: str = typer.Option("docs/schema-coverage.md", "--out", help="The Markdown report to write."),
+    peers: bool = typer.Option(True, "--peers/--no-peers", help="Measure llguidance on the same schemas in the same run."),
+) -> None:
+    """JSON Schema coverage on the official test suite, railcall and llguidance side by side."""
+    from pathlib import Path
+
+    from railcall.bench import coverage as cov
+
+    if not (Path(data) / "draft2020-12").is_dir():
+        _fail(FileNotFoundError(f"no draft2020-12/ under {data}; pass --data PATH (the JSON-Schema-Test-Suite folder)"))
+    results = cov.run(Path(data), peers=peers)
+    tot = cov.totals(results)
+    table = Table(title="JSON-Schema-Test-Suite draft2020-12 (+ optional formats)")
+    table.add_column("engine")
+    for col in ("schemas compiled", "tests passed", "valid accepted", "invalid rejected", "crashes"):
+        table.add_column(col, justify="right")
+    for eng, t in tot.items():
+        table.add_row(eng, f"{t.compiled}/{t.schemas}", f"{t.passed}/{t.tests}", f"{t.valid_ok}/{t.valid}",
+                      f"{t.invalid_ok}/{t.invalid}", str(t.crashes))
+    console.print(table)
+    cmd = "railcall coverage" + ("" if peers else " --no-peers")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(cov.markdown(results, cmd))
+    console.print(f"wrote {out} (per-keyword table)")
+
+
+@app.command()
 def serve(
     model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
     host: str = typer.Option("127.0.0.1", "--host", help="The address to listen on."),

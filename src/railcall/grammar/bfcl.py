@@ -39,16 +39,12 @@ def bfcl_to_json_schema(schema):
             out[k] = bfcl_to_json_schema(v)
         elif k in ("anyOf", "oneOf", "allOf") and isinstance(v, list):
             out[k] = [bfcl_to_json_schema(x) for x in v]
-        elif k == "maximum" and out.get("type", schema.get("type")) in ("float", "number"):
-            continue  # a bound on a float: not enforced by BFCL's checker either
         else:
             out[k] = v
     # BFCL sometimes puts an items-level enum on the array itself (enum of strings, type array);
     # taken literally that allows no value at all, so it is moved to where it was meant.
     if out.get("type") == "array" and "enum" in out and not any(isinstance(x, list) for x in out["enum"]):
         out["items"] = {**out.get("items", {}), "enum": out.pop("enum")}
-    if out.get("type") == "object" and "properties" not in out:
-        out["properties"] = {}
     return out
 
 

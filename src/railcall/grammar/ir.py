@@ -20,9 +20,21 @@ Nodes (all immutable):
                                    UTF-8, no raw control characters; lengths in characters
     JsonInteger(minimum, maximum)  a JSON integer, bounds enforced exactly (None = unbounded)
     JsonNumber()                   any JSON number
-    JsonArray(item, min_items, max_items)
-    JsonObject(properties)         properties in declared order, each (key, node, required);
-                                   optional ones may be skipped; no other keys
+    JsonNumber(minimum, maximum, exclusive_min, exclusive_max)
+                                   a JSON number; bounds (decimal strings) enforced exactly
+    JsonPattern(kind, arg, min_len, max_len)
+                                   a JSON string whose *value* matches a character automaton:
+                                   kind "regex" (arg: an ECMA pattern, search semantics) or
+                                   "except" (arg: a tuple of strings the value may not be)
+    JsonArray(item, min_items, max_items, prefix)
+                                   `prefix` items first (prefixItems), then `item` (None: none)
+    JsonObject(properties, extra_key, extra_value, max_extra)
+                                   properties in declared order, each (key, node, required);
+                                   optional ones may be skipped; then, if `extra_value` is set,
+                                   up to `max_extra` further members whose keys match `extra_key`
+                                   (additionalProperties)
+    Ws(max)                        up to `max` JSON whitespace bytes (the flexible-whitespace
+                                   option; never unbounded)
 
 A `Grammar` is a start node plus named rules (for `Ref`), and its `key` is a stable content hash
 used to cache compiled forms.
@@ -95,22 +107,45 @@ class JsonInteger:
 
 @dataclass(frozen=True)
 class JsonNumber:
-    pass
+    minimum: str | None = None  # decimal strings, so that bounds compare exactly
+    maximum: str | None = None
+    exclusive_min: bool = False
+    exclusive_max: bool = False
+
+
+@dataclass(frozen=True)
+class JsonPattern:
+    kind: str  # "regex" | "except"
+    arg: object  # the pattern (str) or the excluded values (tuple of str)
+    min_len: int = 0
+    max_len: int | None = None
 
 
 @dataclass(frozen=True)
 class JsonArray:
-    item: "Node"
+    item: "Node | None"
     min_items: int = 0
     max_items: int | None = None
+    prefix: tuple = ()
+    ws: int = 0  # flexible whitespace: up to this many bytes around each `[`, `,`, `]`
 
 
 @dataclass(frozen=True)
 class JsonObject:
     properties: tuple  # ((key: str, node, required: bool), ...)
+    extra_key: "Node | None" = None  # a JsonString/JsonPattern node for additional keys
+    extra_value: "Node | None" = None
+    max_extra: int | None = None
+    ws: int = 0  # flexible whitespace: up to this many bytes around each `{`, `:`, `,`, `}`
 
 
-Node = Union[Lit, Seq, Alt, Select, Special, Ref, JsonString, JsonInteger, JsonNumber, JsonArray, JsonObject]
+@dataclass(frozen=True)
+class Ws:
+    max: int
+
+
+Node = Union[Lit, Seq, Alt, Select, Special, Ref, JsonString, JsonInteger, JsonNumber, JsonPattern, JsonArray,
+             JsonObject, Ws]
 
 
 def json_literal(value) -> bytes:

@@ -20,16 +20,29 @@ module only defines how one thread moves.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from railcall.errors import GrammarError
-from railcall.grammar import ir
+from railcall.grammar import ir, regex
 
 # Recursion depth limit for Ref/$ref: a model must not be able to nest forever, and every level is
 # a stack frame in each thread.
 MAX_DEPTH = 32
 # A number may not run forever either (a model can loop on digits as easily as on whitespace).
 MAX_NUMBER_CHARS = 24
+
+
+@functools.lru_cache(maxsize=256)
+def char_dfa(kind: str, arg, length_cap: int):
+    """The CharDFA of a JsonPattern node (a regex, or "any string except these"); cached, since
+    the same pattern recurs across grammars and building it is the costly part."""
+    if kind == "regex":
+        return regex.compile_pattern(arg, length_cap)
+    if kind == "except":
+        return regex.excluding(arg, length_cap)
+    raise GrammarError(f"unknown string pattern kind {kind!r}")
 
 
 class Instr:
@@ -224,23 +237,25 @@ class Repeat(Instr):
     here with the count incremented.
     """
 
-    __slots__ = ("item", "sep", "min", "max", "margin")
+    __slots__ = ("item", "sep", "min", "max", "margin", "lead_sep")
     consumes = False
 
-    def __init__(self, item: Instr, sep: Instr | None, min_items: int, max_items: int | None, nxt: Instr):
+    def __init__(self, item: Instr, sep: Instr | None, min_items: int, max_items: int | None, nxt: Instr,
+                 lead_sep: bool = False):
         self.item = item
         self.sep = sep  # a Lit whose next is `item`, or None
         self.min = min_items
         self.max = max_items
         self.next = nxt
         self.margin = 0  # set by the matcher: counts above min and this far below max share masks
+        self.lead_sep = lead_sep  # something was written before: the first item needs `sep` too
 
     def arrive(self, local, stack, out):
         if local >= self.min:
             self.next.arrive(0, stack, out)
         if self.max is None or local < self.max:
             frame = (self, local + 1, stack, stack[3] if stack else 0)
-            if local == 0 or self.sep is None:
+            if (local == 0 and not self.lead_sep) or self.sep is None:
                 self.item.arrive(0, frame, out)
             else:
                 self.sep.arrive(0, frame, out)
@@ -508,6 +523,307 @@ class JInt(Instr):
 
 
 # ---------------------------------------------------------------------------------------------
+# Patterned strings (`pattern`, `format`, additional-property keys)
+# ---------------------------------------------------------------------------------------------
+# Substates of a patterned string body: between characters, after a backslash, inside \uXXXX,
+# inside a multi-byte UTF-8 character.
+P_CHAR, P_ESC, P_HEX, P_UTF8 = 0, 1, 2, 3
+_SIMPLE_ESCAPES = {0x22: 0x22, 0x5C: 0x5C, 0x2F: 0x2F, 0x62: 0x08, 0x66: 0x0C, 0x6E: 0x0A, 0x72: 0x0D, 0x74: 0x09}
+_HEX = {b: int(chr(b), 16) for b in b"0123456789abcdefABCDEF"}
+_UTF8_MIN = {2: 0x80, 3: 0x800, 4: 0x10000}
+
+
+class JPat(Instr):
+    """A JSON string whose decoded value is matched by a regex.CharDFA (after the opening quote).
+
+    local = (dfa state, characters written, substate, a, b) where (a, b) is the escape's hex
+    digits so far and their value, or a UTF-8 character's bytes still owed and its bits so far.
+    Escapes and UTF-8 are decoded, so `\u0041` counts as `A` for the pattern. A character, and
+    even a partial one, is allowed only if some completion of it keeps the string on a path to
+    an accepted value with a length in [min, max]: no dead ends.
+    """
+
+    __slots__ = ("dfa", "min", "max", "margin", "_amask")
+
+    def __init__(self, dfa, min_len: int, max_len: int, nxt: Instr):
+        self.dfa = dfa
+        self.min = min_len
+        self.max = max_len
+        self.next = nxt
+        self.margin = 0  # set by the compiler: the vocabulary's longest token in bytes
+        self._amask: dict = {}
+
+    def arrive(self, local, stack, out):
+        out.add((self, (0, 0, P_CHAR, 0, 0) if local == 0 else local, stack))
+
+    def _char(self, k: int, n: int, cp: int):
+        if n >= self.max:
+            return None
+        t = self.dfa.step(k, cp)
+        if t >= 0 and self.dfa.fits(t, n + 1, self.min, self.max):
+            return (t, n + 1, P_CHAR, 0, 0)
+        return None
+
+    def _some(self, k: int, n: int, lo: int, hi: int) -> bool:
+        """Does some code point in [lo, hi] (surrogates excluded) continue from state k?"""
+        if n >= self.max:
+            return False
+        for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), min(hi, 0x10FFFF))):
+            if a <= b and any(self.dfa.fits(t, n + 1, self.min, self.max) for t in self.dfa.targets_in(k, a, b)):
+                return True
+        return False
+
+    def _next(self, local, b: int):
+        """The local after byte b; EXIT for the closing quote; None if illegal."""
+        k, n, sub, x, v = local
+        if sub == P_CHAR:
+            if b == 0x22:
+                return EXIT if self.dfa.accepting[k] and n >= self.min else None
+            if b == 0x5C:
+                return (k, n, P_ESC, 0, 0) if self._some(k, n, 0, 0xFFFF) else None
+            if 0x20 <= b < 0x7F:
+                return self._char(k, n, b)
+            for lead, need, mask in ((0xC2, 1, 0x1F), (0xE0, 2, 0x0F), (0xF0, 3, 0x07)):
+                top = {0xC2: 0xDF, 0xE0: 0xEF, 0xF0: 0xF4}[lead]
+                if lead <= b <= top:
+                    bits = b & mask
+                    lo, hi = self._utf8_range(bits, need, need + 1)
+                    owed = need | (need + 1) << 4  # bytes still owed, and the character's length
+                    return (k, n, P_UTF8, owed, bits) if lo <= hi and self._some(k, n, lo, hi) else None
+            return None
+        if sub == P_ESC:
+            cp = _SIMPLE_ESCAPES.get(b)
+            if cp is not None:
+                return self._char(k, n, cp)
+            if b == 0x75:
+                return (k, n, P_HEX, 0, 0) if self._some(k, n, 0, 0xFFFF) else None
+            return None
+        if sub == P_HEX:
+            h = _HEX.get(b)
+            if h is None:
+                return None
+            x, v = x + 1, v * 16 + h
+            if x == 4:
+                return None if 0xD800 <= v <= 0xDFFF else self._char(k, n, v)
+            span = 4 * (4 - x)
+            return (k, n, P_HEX, x, v) if self._some(k, n, v << span, ((v + 1) << span) - 1) else None
+        # P_UTF8: x = bytes still owed | the character's length << 4
+        if not 0x80 <= b <= 0xBF:
+            return None
+        v = (v << 6) | (b & 0x3F)
+        owed, total = (x & 15) - 1, x >> 4
+        if owed == 0:
+            if v < _UTF8_MIN[total] or 0xD800 <= v <= 0xDFFF or v > 0x10FFFF:
+                return None
+            return self._char(k, n, v)
+        lo, hi = self._utf8_range(v, owed, total)
+        return (k, n, P_UTF8, owed | total << 4, v) if lo <= hi and self._some(k, n, lo, hi) else None
+
+    @staticmethod
+    def _utf8_range(bits: int, owed: int, total: int) -> tuple[int, int]:
+        lo = bits << (6 * owed)
+        hi = lo | ((1 << (6 * owed)) - 1)
+        return max(lo, _UTF8_MIN[total]), min(hi, 0x10FFFF)
+
+    def step(self, local, stack, b, out):
+        nl = self._next(local, b)
+        if nl is None:
+            return
+        if nl == EXIT:
+            self.next.arrive(0, stack, out)
+        else:
+            out.add((self, nl, stack))
+
+    def allowed(self, local):
+        m = self._amask.get(local)
+        if m is None:
+            m = _byteset(b for b in range(256) if self._next(local, b) is not None)
+            if len(self._amask) < 8192:
+                self._amask[local] = m
+        return m
+
+    def coarse(self, local):
+        # Past the minimum and far enough from the maximum that every reachable DFA state can
+        # still finish, the exact count no longer changes which tokens are legal.
+        k, n, sub, x, v = local
+        if n >= self.min and n + self.margin + self.dfa.max_dist <= self.max:
+            return (k, -1, sub, x, v)
+        return local
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounded decimal numbers
+# ---------------------------------------------------------------------------------------------
+
+
+class JDec(Instr):
+    """A JSON number within decimal bounds (no exponent: a bounded number is written plainly).
+
+    local = the number's text so far (str). A byte is allowed only if some completion within
+    MAX_NUMBER_CHARS lies within the bounds: the reachable values of a prefix are a grid (the
+    next integer digits scale it, fraction digits refine it), intersected exactly with the
+    bounds in Decimal arithmetic.
+    """
+
+    __slots__ = ("lo", "hi", "xlo", "xhi", "_memo")
+
+    def __init__(self, lo, hi, xlo: bool, xhi: bool, nxt: Instr):
+        self.lo, self.hi, self.xlo, self.xhi = lo, hi, xlo, xhi
+        self.next = nxt
+        self._memo: dict = {}
+
+    def arrive(self, local, stack, out):
+        text = "" if local == 0 else local
+        out.add((self, text, stack))
+        if text and text[-1].isdigit() and self._in(_dec(text)):
+            self.next.arrive(0, stack, out)
+
+    def _in(self, v) -> bool:
+        if self.lo is not None and (v < self.lo or (self.xlo and v == self.lo)):
+            return False
+        if self.hi is not None and (v > self.hi or (self.xhi and v == self.hi)):
+            return False
+        return True
+
+    def _grid_hits(self, base, step, count: int, neg: bool) -> bool:
+        """Is some value +-(base + j*step), 0 <= j < count, within the bounds?"""
+        import math
+
+        lo, hi, xlo, xhi = self.lo, self.hi, self.xlo, self.xhi
+        if neg:  # magnitude bounds for a negative number: -hi <= m <= -lo
+            lo, hi, xlo, xhi = (None if hi is None else -hi), (None if lo is None else -lo), xhi, xlo
+        jmin, jmax = 0, count - 1
+        if lo is not None:
+            q = (lo - base) / step
+            c = math.ceil(q)
+            if xlo and c == q:
+                c += 1
+            jmin = max(jmin, c)
+        if hi is not None:
+            q = (hi - base) / step
+            f = math.floor(q)
+            if xhi and f == q:
+                f -= 1
+            jmax = min(jmax, f)
+        return jmin <= jmax
+
+    def _feasible(self, text: str) -> bool:
+        hit = self._memo.get(text)
+        if hit is not None:
+            return hit
+        ok = self._feasible_uncached(text)
+        if len(self._memo) < 50_000:
+            self._memo[text] = ok
+        return ok
+
+    def _feasible_uncached(self, text: str) -> bool:
+        import decimal
+
+        with decimal.localcontext() as ctx:
+            ctx.prec = 120  # bounds and grids of up to MAX_NUMBER_CHARS digits, exactly
+            return self._reachable(text)
+
+    def _reachable(self, text: str) -> bool:
+        from decimal import Decimal
+
+        room = MAX_NUMBER_CHARS - len(text)
+        if room < 0:
+            return False
+        neg = text.startswith("-")
+        body = text[1:] if neg else text
+        if not body:  # "" or "-": zero, or a first digit 1-9 and more
+            if not neg and self._feasible("-"):
+                return True
+            r = room
+            if self._grid_hits(Decimal(0), Decimal(1), 1, neg):  # "0"
+                return r >= 1
+            if r >= 3 and self._grid_hits(Decimal(0), Decimal(10) ** -(r - 2), 10 ** (r - 2), neg):
+                return True  # 0.fff
+            for k in range(r):  # k+1 integer digits, the first one 1-9
+                f = r - (k + 1) - 1
+                step = Decimal(10) ** -f if f >= 1 else Decimal(1)
+                base = Decimal(10) ** k
+                count = int((Decimal(9) * base) / step)
+                if self._grid_hits(base, step, count, neg):
+                    return True
+            return False
+        if "." in body:
+            ip, fp = body.split(".")
+            base = Decimal(ip + "." + (fp or "0"))
+            if room == 0:
+                return bool(fp) and self._grid_hits(base, Decimal(1), 1, neg)
+            step = Decimal(10) ** -(len(fp) + room)
+            return self._grid_hits(base, step, 10 ** room, neg)
+        if body == "0":
+            if self._grid_hits(Decimal(0), Decimal(1), 1, neg):
+                return True
+            return room >= 2 and self._grid_hits(Decimal(0), Decimal(10) ** -(room - 1), 10 ** (room - 1), neg)
+        d = Decimal(body)
+        for k in range(room + 1):  # k more integer digits, then maybe a fraction
+            f = room - k - 1
+            step = Decimal(10) ** -f if f >= 1 else Decimal(1)
+            base = d * Decimal(10) ** k
+            count = int(Decimal(10) ** k / step)
+            if self._grid_hits(base, step, count, neg):
+                return True
+        return False
+
+    def _next(self, text: str, b: int):
+        c = chr(b)
+        if c == "-":
+            ok = text == ""
+        elif c == ".":
+            body = text.lstrip("-")
+            ok = bool(body) and "." not in body
+        elif c.isdigit():
+            body = text.lstrip("-")
+            ok = not (body == "0")  # no leading zeros
+        else:
+            return None
+        if not ok:
+            return None
+        nt = text + c
+        return nt if self._feasible(nt) else None
+
+    def step(self, local, stack, b, out):
+        nt = self._next(local, b)
+        if nt is not None:
+            self.arrive(nt, stack, out)
+
+    def allowed(self, local):
+        return _byteset(b for b in b"-.0123456789" if self._next(local, b) is not None)
+
+
+def _dec(text: str):
+    from decimal import Decimal
+
+    return Decimal(text)
+
+
+class Ws(Instr):
+    """Up to `max` JSON whitespace bytes; local = how many so far. Optional (epsilon to next)."""
+
+    __slots__ = ("max",)
+    _BYTES = _byteset(b" \t\n\r")
+
+    def __init__(self, max_ws: int, nxt: Instr):
+        self.max = max_ws
+        self.next = nxt
+
+    def arrive(self, local, stack, out):
+        if local < self.max:
+            out.add((self, local, stack))
+        self.next.arrive(0, stack, out)
+
+    def step(self, local, stack, b, out):
+        if b in (0x20, 0x09, 0x0A, 0x0D) and local < self.max:
+            self.arrive(local + 1, stack, out)
+
+    def allowed(self, local):
+        return self._BYTES if local < self.max else _NONE
+
+
+# ---------------------------------------------------------------------------------------------
 # The compiler
 # ---------------------------------------------------------------------------------------------
 
@@ -623,53 +939,130 @@ class _Compiler:
             body = JStr(node.min_len, hi, nxt)
             body.margin = self.shared.token_margin
             return self.compile(ir.Lit(b'"'), body)
+        if isinstance(node, ir.JsonPattern):
+            hi = self.max_string if node.max_len is None else min(node.max_len, self.max_string)
+            if node.min_len > hi:
+                raise GrammarError(
+                    f"string length range is empty: minLength {node.min_len} > maxLength {hi} "
+                    f"(the string cap is {self.max_string}; raise max_string to allow longer strings)"
+                )
+            dfa = char_dfa(node.kind, node.arg, hi)
+            if not dfa.fits(0, 0, node.min_len, hi):
+                raise GrammarError(f"no string matching {node.arg!r} has a length in [{node.min_len}, {hi}]")
+            body = JPat(dfa, node.min_len, hi, nxt)
+            body.margin = self.shared.token_margin
+            return self.compile(ir.Lit(b'"'), body)
         if isinstance(node, ir.JsonInteger):
             if node.minimum is None and node.maximum is None:
                 return self._num(JNum(True, nxt))
             return JInt(node.minimum, node.maximum, nxt)
         if isinstance(node, ir.JsonNumber):
-            return self._num(JNum(False, nxt))
+            if node.minimum is None and node.maximum is None:
+                return self._num(JNum(False, nxt))
+            return self._bounded_number(node, nxt)
+        if isinstance(node, ir.Ws):
+            return Ws(node.max, nxt) if node.max > 0 else nxt
         if isinstance(node, ir.JsonArray):
-            lo, hi = node.min_items, node.max_items
-            if hi is not None and lo > hi:
-                raise GrammarError(f"array size range is empty: minItems {lo} > maxItems {hi}")
-            close = self.compile(ir.Lit(b"]"), nxt)
-            if hi == 0:
-                return self.compile(ir.Lit(b"["), close)
-            item = self.compile(node.item, RET)
-            rep = Repeat(item, Lit(b",", item), lo, hi, close)
-            rep.margin = self.shared.token_margin
-            return self.compile(ir.Lit(b"["), rep)
+            return self._array(node, nxt)
         if isinstance(node, ir.JsonObject):
             return self._object(node, nxt)
         raise GrammarError(f"unknown grammar node {type(node).__name__}")
+
+    def _bounded_number(self, node: ir.JsonNumber, nxt: Instr) -> Instr:
+        from decimal import Decimal
+
+        lo = None if node.minimum is None else Decimal(node.minimum)
+        hi = None if node.maximum is None else Decimal(node.maximum)
+        ins = JDec(lo, hi, node.exclusive_min, node.exclusive_max, nxt)
+        if not ins._feasible(""):
+            raise GrammarError(f"no number of at most {MAX_NUMBER_CHARS} characters lies within the bounds "
+                               f"(minimum {node.minimum}, maximum {node.maximum})")
+        return ins
+
+    def _punct(self, data: bytes, ws: int, nxt: Instr, before: bool = False, after: bool = True) -> Instr:
+        """A punctuation literal with optional whitespace after it (and before it if `before`);
+        plain when `ws` is 0 (compact JSON)."""
+        out = self.compile(ir.Lit(data), self.compile(ir.Ws(ws), nxt) if ws and after else nxt)
+        return self.compile(ir.Ws(ws), out) if ws and before else out
+
+    def _array(self, node: ir.JsonArray, nxt: Instr) -> Instr:
+        """`[`, the prefix items (prefixItems) in order, then `item` repeated, then `]`.
+
+        The array may close after any prefix item once min_items are written; the repeated part
+        counts on from the prefix length, so min/max items hold over the whole array."""
+        lo, hi, ws = node.min_items, node.max_items, node.ws
+        k = len(node.prefix)
+        if hi is not None and lo > hi:
+            raise GrammarError(f"array size range is empty: minItems {lo} > maxItems {hi}")
+        if node.item is None and lo > k:
+            raise GrammarError(f"minItems {lo} needs more items than the {k} prefix items allow")
+        close = self._punct(b"]", ws, nxt, before=True, after=False)
+        if hi is not None:
+            k = min(k, hi)
+        if node.item is not None and (hi is None or hi > k):
+            item = self.compile(node.item, RET)
+            sep = self._punct(b",", ws, item, before=True)
+            rmin = max(lo - k, 0)
+            rmax = None if hi is None else hi - k
+            rest = Repeat(item, sep, rmin, rmax, close, lead_sep=k > 0)
+            rest.margin = self.shared.token_margin
+        else:
+            rest = close
+        # after(i): i prefix items written; close if allowed, or go on with item i
+        tail: Instr = rest
+        for i in range(k - 1, -1, -1):
+            value = self.compile(node.prefix[i], tail)
+            entry = value if i == 0 else self._punct(b",", ws, value, before=True)
+            tail = Split([entry, close]) if i >= lo and i > 0 else entry
+        if k and lo == 0:
+            tail = Split([tail, close])
+        return self._punct(b"[", ws, tail)
 
     def _num(self, ins: JNum) -> JNum:
         ins.margin = self.shared.number_margin
         return ins
 
     def _object(self, node: ir.JsonObject, nxt: Instr) -> Instr:
-        """Properties in declared order; optional ones skippable; commas only between members.
+        """Properties in declared order; optional ones skippable; commas only between members;
+        then, if the object allows them, further members whose keys match `extra_key`.
 
         rest(i, first) is "the object from property i on, `first` if nothing was written yet".
         Each is compiled once, so n optional properties cost O(n) instructions, not 2^n paths.
         """
-        props = node.properties
-        close = self.compile(ir.Lit(b"}"), nxt)
+        props, ws = node.properties, node.ws
+        close = self._punct(b"}", ws, nxt, before=True, after=False)
         memo: dict[tuple[int, bool], Instr] = {}
+        extras: dict[bool, Instr] = {}
+
+        def tail(first: bool) -> Instr:
+            if node.extra_value is None:
+                return close
+            hit = extras.get(first)
+            if hit is None:
+                value = self.compile(node.extra_value, RET)
+                member = self.compile(node.extra_key, self._punct(b":", ws, value, before=True))
+                sep = self._punct(b",", ws, member, before=True)
+                hit = extras[first] = Repeat(member, sep, 0, node.max_extra, close, lead_sep=not first)
+                hit.margin = self.shared.token_margin
+            return hit
 
         def rest(i: int, first: bool) -> Instr:
             if i == len(props):
-                return close
+                return tail(first)
             hit = memo.get((i, first))
             if hit is not None:
                 return hit
             key, value, required = props[i]
-            head = (b"" if first else b",") + ir.json_literal(key) + b":"
             value_entry = self.compile(value, rest(i + 1, False))
-            emit = self.compile(ir.Lit(head), value_entry)
+            if ws:
+                emit = self.compile(ir.Lit(ir.json_literal(key)), self._punct(b":", ws, value_entry, before=True))
+                if not first:
+                    emit = self._punct(b",", ws, emit, before=True)
+            else:
+                head = (b"" if first else b",") + ir.json_literal(key) + b":"
+                emit = self.compile(ir.Lit(head), value_entry)
             out = emit if required else Split([emit, rest(i + 1, first)])
             memo[(i, first)] = out
             return out
 
-        return self.compile(ir.Lit(b"{"), rest(0, True))
+        return self._punct(b"{", ws, rest(0, True))

@@ -1,38 +1,108 @@
 """JSON Schema -> grammar IR.
 
-The machine writes compact JSON with keys in declared order; the model chooses values. This
-front end covers what tool arguments use: `type` (one or a list), `enum`, `const`, `properties`
-with `required` (optional properties skippable, in order; no other keys), `items`,
-`minItems`/`maxItems`, `minLength`/`maxLength`, integer `minimum`/`maximum` (and the exclusive
-forms), `anyOf`/`oneOf` (as alternatives), `$ref` to `#/$defs/...` or `#/definitions/...`
-(recursion included), and untyped values (any JSON value, depth-limited).
+The machine writes compact JSON (or, as an option, JSON with bounded whitespace) with keys in
+declared order; the model chooses values. Covered (draft 2020-12, draft-07 forms accepted):
 
-An unsupported keyword is an error naming the keyword and its JSON pointer; with `lenient=True`
-it is ignored and reported through `warnings` instead. Annotations (`description`, `title`,
-`default`, `examples`, ...) are always ignored.
+    type (one or a list)   enum, const            anyOf; oneOf where the branches are disjoint
+    allOf (merged)         $ref to #..., $defs / definitions, recursion included ($ref with
+                           siblings is merged like allOf)
+    strings: minLength, maxLength, pattern (an ECMA regex subset, see railcall.grammar.regex),
+             format (date, time, date-time, email, uuid, uri, ipv4, ipv6, hostname)
+    integers and numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (draft-04
+             booleans too); bounded numbers are written without an exponent
+    arrays: items, prefixItems (draft-07 `items: [...]` + additionalItems), minItems, maxItems
+    objects: properties, required, additionalProperties (false, true, a schema),
+             minProperties/maxProperties where the count is determined by the undeclared members
+
+Two defaults are tighter than JSON Schema, because they make better generation (the model gets
+fewer ways to go wrong) and are what tool authors mean: an object that declares `properties` is
+written with those properties only unless `additionalProperties` says otherwise (so a tool
+without parameters, `"properties": {}`, takes `{}`), and a schema without `type` is read as the
+type its keywords imply (`properties` -> object). An object without `properties` is free-form. `SchemaOptions(standard=True)` switches both to JSON
+Schema's own semantics (the coverage runner, docs/schema-coverage.md, uses it).
+
+An unsupported keyword or an unsatisfiable schema is a SchemaError naming the keyword and its
+JSON pointer; with `lenient=True` an unsupported keyword is ignored and reported through
+`warnings` instead. Annotations (`description`, `title`, `default`, ...) are always ignored, as
+is a `format` railcall does not know (format is an annotation in JSON Schema 2020-12), with a
+warning. Hostile schemas hit limits, each a clear error: nesting depth, enum size, pattern size
+and automaton size, and a compile-time budget.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import time
 import warnings
 from dataclasses import dataclass, field
 
-from railcall.errors import SchemaError
+from railcall.errors import GrammarError, SchemaError
 from railcall.grammar import ir
+from railcall.grammar.regex import RegexError, compile_pattern
 
 ANNOTATIONS = frozenset({
     "description", "title", "default", "examples", "$comment", "$schema", "$id", "deprecated",
     "readOnly", "writeOnly", "$defs", "definitions", "$anchor", "contentMediaType", "contentEncoding",
+    "contentSchema", "$vocabulary",
 })
-# Keywords that only matter for a type the schema does not allow are harmless; these are
-# enforced where they apply.
+# Keywords railcall enforces. Those that only matter for a type the schema does not allow are
+# harmless and enforced where they apply.
 HANDLED = frozenset({
-    "type", "enum", "const", "properties", "required", "additionalProperties", "items",
-    "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "anyOf", "oneOf", "$ref",
+    "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum",
+    "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf", "allOf", "$ref",
+    "minProperties", "maxProperties", "uniqueItems",
 })
 
 ANY_VALUE = "__any_json_value__"
+
+# Each format as a regex over the string's value (anchored). Not expressed: leap seconds at UTC
+# offsets other than zero, hostname length limits and IDN rules.
+_OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
+_H16 = r"[0-9a-fA-F]{1,4}"
+_LS32 = rf"({_H16}:{_H16}|{_IPV4})"
+_IPV6 = "(" + "|".join([
+    rf"({_H16}:){{6}}{_LS32}",
+    rf"::({_H16}:){{5}}{_LS32}",
+    rf"({_H16})?::({_H16}:){{4}}{_LS32}",
+    rf"(({_H16}:)?{_H16})?::({_H16}:){{3}}{_LS32}",
+    rf"(({_H16}:){{0,2}}{_H16})?::({_H16}:){{2}}{_LS32}",
+    rf"(({_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}",
+    rf"(({_H16}:){{0,4}}{_H16})?::{_LS32}",
+    rf"(({_H16}:){{0,5}}{_H16})?::{_H16}",
+    rf"(({_H16}:){{0,6}}{_H16})?::",
+]) + ")"
+# Days per month, and 29 February only in leap years (divisible by 4, centuries by 400).
+_LEAP_YEAR = r"(\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)"
+_DATE = (r"(\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2[0-8]))"
+         rf"|{_LEAP_YEAR}-02-29)")
+# A leap second only where it can be one: 23:59:60 in UTC (other offsets are not expressed).
+_OFFSET = r"([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+_TIME = (rf"(([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?{_OFFSET}"
+         r"|23:59:60(\.\d+)?([Zz]|[+-]00:00))")
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST = rf"{_LABEL}(\.{_LABEL})*"
+# RFC 3986: scheme ":" hier-part ["?" query] ["#" fragment], percent-encoding checked.
+_PCT = r"%[0-9A-Fa-f]{2}"
+_UNRES = r"[A-Za-z0-9\-._~!$&'()*+,;=]"
+_PCHAR = rf"({_UNRES}|{_PCT}|[:@])"
+_AUTHORITY = rf"(({_UNRES}|{_PCT}|:)*@)?(\[{_IPV6}\]|({_UNRES}|{_PCT})*)(:\d*)?"
+_URI = (rf"[A-Za-z][A-Za-z0-9+.\-]*:(//{_AUTHORITY}(/{_PCHAR}*)*|/({_PCHAR}+(/{_PCHAR}*)*)?|{_PCHAR}+(/{_PCHAR}*)*)?"
+        rf"(\?({_PCHAR}|[/?])*)?(#({_PCHAR}|[/?])*)?")
+FORMATS = {
+    "date": rf"^{_DATE}$",
+    "time": rf"^{_TIME}$",
+    "date-time": rf"^{_DATE}[Tt]{_TIME}$",
+    "email": rf'^({_ATEXT}+(\.{_ATEXT}+)*|"([^"\\]|\\.)*")@({_HOST}|\[({_IPV4}|IPv6:{_IPV6})\])$',
+    "uuid": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+    "uri": rf"^{_URI}$",
+    "ipv4": rf"^{_IPV4}$",
+    "ipv6": rf"^{_IPV6}$",
+    "hostname": rf"^{_HOST}$",
+}
 
 
 @dataclass
@@ -42,27 +112,79 @@ class SchemaOptions:
     required_nonempty: a required string argument must have at least one character (seed 000:
         an empty required argument is a missing one to every validator downstream).
     lenient: ignore unsupported keywords with a warning instead of failing.
-    max_enum: the most enum/const choices accepted (a hostile schema must not take the process
-        down).
+    standard: JSON Schema's own semantics instead of railcall's generation defaults (see the
+        module docstring): undeclared properties allowed unless forbidden, untyped schemas admit
+        every type, no non-empty rule for required strings.
+    whitespace: 0 writes compact JSON; n > 0 allows up to n whitespace bytes around each
+        structural character (never unbounded, so a model cannot loop on whitespace).
+    max_enum, max_depth, max_pattern, time_budget_s: limits that keep a hostile schema from
+        taking the process down, each a clear error.
     """
 
     required_nonempty: bool = True
     lenient: bool = False
+    standard: bool = False
+    whitespace: int = 0
     max_enum: int = 100_000
     max_depth: int = 64
+    max_pattern: int = 4_096
+    time_budget_s: float = 10.0
 
 
 @dataclass
 class _Ctx:
     root: dict
     options: SchemaOptions
+    deadline: float
     rules: dict = field(default_factory=dict)  # rule name -> IR node (None while in progress)
+    docs: dict = field(default_factory=dict)  # base URI -> the subschema that has that $id
+    anchors: dict = field(default_factory=dict)  # (base URI, $anchor) -> subschema
+    base_of: dict = field(default_factory=dict)  # id(subschema) -> its base URI
+    root_base: str = ""
+
+
+_NOT_SCHEMAS = frozenset({"enum", "const", "default", "examples"})
+
+
+def _index(ctx: _Ctx, node, base: str) -> None:
+    """Record every subschema's base URI, every `$id` and every `$anchor`, so that `$ref`s
+    resolve the way 2020-12 says: against the nearest enclosing `$id`."""
+    from urllib.parse import urldefrag, urljoin
+
+    if isinstance(node, list):
+        for x in node:
+            _index(ctx, x, base)
+        return
+    if not isinstance(node, dict):
+        return
+    sid = node.get("$id")
+    if isinstance(sid, str):
+        base = urldefrag(urljoin(base, sid))[0]
+        ctx.docs.setdefault(base, node)
+    ctx.base_of[id(node)] = base
+    anchor = node.get("$anchor")
+    if isinstance(anchor, str):
+        ctx.anchors[(base, anchor)] = node
+    for k, v in node.items():
+        if k not in _NOT_SCHEMAS and isinstance(v, (dict, list)):
+            _index(ctx, v, base)
 
 
 def schema_to_ir(schema: dict, options: SchemaOptions | None = None, *, required: bool = False) -> tuple[ir.Node, tuple]:
     """Compile `schema`; returns (node, rules) for an ir.Grammar."""
-    ctx = _Ctx(root=schema, options=options or SchemaOptions())
-    node = _node(ctx, schema, "", required, 0)
+    options = options or SchemaOptions()
+    ctx = _Ctx(root=schema, options=options, deadline=time.monotonic() + options.time_budget_s)
+    if isinstance(schema, dict):
+        from urllib.parse import urldefrag
+
+        sid = schema.get("$id")
+        ctx.root_base = urldefrag(sid)[0] if isinstance(sid, str) else ""
+        ctx.docs[ctx.root_base] = schema
+        _index(ctx, schema, ctx.root_base)
+    try:
+        node = _node(ctx, schema, "", required, 0)
+    except RecursionError:
+        raise SchemaError("the schema nests or merges too deeply to compile", keyword=None) from None
     rules = tuple((k, v) for k, v in ctx.rules.items())
     return node, rules
 
@@ -82,7 +204,11 @@ def _unsupported(ctx: _Ctx, keyword: str, pointer: str, why: str = "") -> None:
 
 def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Node:
     if depth > ctx.options.max_depth:
-        raise SchemaError(f"nesting deeper than {ctx.options.max_depth} levels", pointer=pointer)
+        raise SchemaError(f"nesting deeper than {ctx.options.max_depth} levels (SchemaOptions.max_depth)",
+                          pointer=pointer)
+    if time.monotonic() > ctx.deadline:
+        raise SchemaError(f"compiling took longer than the budget of {ctx.options.time_budget_s} s "
+                          "(SchemaOptions.time_budget_s)", pointer=pointer)
     if schema is True or schema == {}:
         return ir.Ref(_any_rule(ctx))
     if schema is False:
@@ -93,44 +219,50 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
     for k in schema:
         if k not in HANDLED and k not in ANNOTATIONS:
             _unsupported(ctx, k, pointer)
+    orig = schema
+    schema = {k: v for k, v in schema.items() if k in HANDLED}
+    if not schema:
+        return ir.Ref(_any_rule(ctx))
 
     if "$ref" in schema:
-        others = [k for k in schema if k in HANDLED and k != "$ref"]
-        if others:
-            _unsupported(ctx, others[0], pointer, "next to $ref")
-        return _ref(ctx, schema["$ref"], pointer + "/$ref", depth)
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        if not rest:
+            return _ref(ctx, schema["$ref"], pointer + "/$ref", depth, orig)
+        # 2020-12: a $ref beside other keywords applies both, like allOf.
+        target = _resolve_ref(ctx, schema["$ref"], pointer + "/$ref", orig)[1]
+        return _node(ctx, {"allOf": [target, rest]}, pointer, required, depth + 1)
 
-    if "const" in schema:
-        return ir.const(schema["const"])
-    if "enum" in schema:
-        values = schema["enum"]
-        if not isinstance(values, list) or not values:
-            raise SchemaError("enum must be a non-empty array", pointer=pointer + "/enum", keyword="enum")
-        if len(values) > ctx.options.max_enum:
-            raise SchemaError(f"{len(values)} enum values exceed the limit of {ctx.options.max_enum}",
-                              pointer=pointer + "/enum", keyword="enum")
-        allowed = _types(ctx, schema, pointer)
-        if allowed is not None:
-            values = [v for v in values if _json_type(v) in allowed or (_json_type(v) == "integer" and "number" in allowed)]
-            if not values:
-                raise SchemaError("no enum value has an allowed type", pointer=pointer + "/enum", keyword="enum")
-        return ir.enum(values)
+    if "allOf" in schema:
+        merged = _merge_allof(ctx, schema, pointer, depth)
+        return _node(ctx, merged, pointer, required, depth + 1)
+
+    if "const" in schema or "enum" in schema:
+        return _enum(ctx, schema, pointer)
 
     for kw in ("anyOf", "oneOf"):
         if kw in schema:
             branches = schema[kw]
             if not isinstance(branches, list) or not branches:
                 raise SchemaError(f"{kw} must be a non-empty array", pointer=pointer + "/" + kw, keyword=kw)
-            base = {k: v for k, v in schema.items() if k not in (kw, "anyOf", "oneOf") and k not in ANNOTATIONS}
-            alts = []
-            for i, br in enumerate(branches):
-                sub = {**base, **br} if isinstance(br, dict) and base else br
-                alts.append(_node(ctx, sub, f"{pointer}/{kw}/{i}", required, depth + 1))
-            return ir.Alt(*alts)
+            base = {k: v for k, v in schema.items() if k != kw}
+            branches = [br for br in branches if br is not False]  # `false` matches nothing
+            if not branches:
+                raise SchemaError(f"every {kw} branch is `false`: no value fits", pointer=pointer + "/" + kw, keyword=kw)
+            subs = [{"allOf": [base, br]} if base else br for br in branches]
+            if kw == "oneOf" and not _pairwise_disjoint(ctx, branches, base):
+                if not ctx.options.lenient:
+                    raise SchemaError("oneOf branches that may overlap cannot be enforced exactly (a value "
+                                      "matching two branches must be rejected); use anyOf, make the branches "
+                                      "disjoint (distinct types or const values), or pass lenient=True to treat "
+                                      "it as anyOf", pointer=pointer + "/oneOf", keyword="oneOf")
+                warnings.warn(f"railcall: treating oneOf at {pointer or '/'} as anyOf (branches may overlap)",
+                              stacklevel=2)
+            alts = [_node(ctx, sub, f"{pointer}/{kw}/{i}", required, depth + 1) for i, sub in enumerate(subs)]
+            return alts[0] if len(alts) == 1 else ir.Alt(*alts)
 
     types = _types(ctx, schema, pointer)
     if types is None:
-        types = _infer_types(schema)
+        types = list(_ALL_TYPES) if ctx.options.standard else _infer_types(schema)
     alts = [_typed(ctx, schema, t, pointer, required, depth) for t in types]
     return alts[0] if len(alts) == 1 else ir.Alt(*alts)
 
@@ -155,11 +287,11 @@ def _types(ctx: _Ctx, schema: dict, pointer: str) -> list[str] | None:
 
 
 def _infer_types(schema: dict) -> list[str]:
-    if any(k in schema for k in ("properties", "required", "additionalProperties")):
+    if any(k in schema for k in ("properties", "required", "additionalProperties", "minProperties", "maxProperties")):
         return ["object"]
-    if any(k in schema for k in ("items", "minItems", "maxItems")):
+    if any(k in schema for k in ("items", "prefixItems", "minItems", "maxItems")):
         return ["array"]
-    if any(k in schema for k in ("minLength", "maxLength")):
+    if any(k in schema for k in ("minLength", "maxLength", "pattern", "format")):
         return ["string"]
     if any(k in schema for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")):
         return ["number"]
@@ -191,66 +323,192 @@ def _int_kw(schema: dict, kw: str, pointer: str) -> int | None:
     return int(v)
 
 
+# -- enum and const ---------------------------------------------------------------------------------
+
+
+def _enum(ctx: _Ctx, schema: dict, pointer: str) -> ir.Node:
+    if "const" in schema:
+        values = [schema["const"]]
+        if "enum" in schema:
+            if not isinstance(schema["enum"], list) or not any(_json_equal(values[0], e) for e in schema["enum"]):
+                raise SchemaError("const is not among the enum values: no value fits", pointer=pointer, keyword="const")
+    else:
+        values = schema["enum"]
+        if not isinstance(values, list) or not values:
+            raise SchemaError("enum must be a non-empty array", pointer=pointer + "/enum", keyword="enum")
+    if len(values) > ctx.options.max_enum:
+        raise SchemaError(f"{len(values)} enum values exceed the limit of {ctx.options.max_enum} (SchemaOptions.max_enum)",
+                          pointer=pointer + "/enum", keyword="enum")
+    allowed = _types(ctx, schema, pointer)
+    if allowed is not None:
+        values = [v for v in values if _json_type(v) in allowed or (_json_type(v) == "integer" and "number" in allowed)]
+        if not values:
+            raise SchemaError("no enum value has an allowed type", pointer=pointer + "/enum", keyword="enum")
+    # A number equal to an integer has two plain spellings (1 and 1.0); JSON Schema counts them
+    # as one value, so under standard semantics both are offered (by default only the one the
+    # schema wrote: one spelling per value is what generation wants).
+    spelled = []
+    for v in values:
+        spelled.append(v)
+        if not ctx.options.standard:
+            continue
+        if isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
+            spelled.append(int(v))
+        elif isinstance(v, int) and not isinstance(v, bool):
+            spelled.append(float(v))
+    return ir.enum(spelled)
+
+
+def _json_equal(a, b) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+# -- typed values ---------------------------------------------------------------------------------
+
+
 def _typed(ctx: _Ctx, schema: dict, t: str, pointer: str, required: bool, depth: int) -> ir.Node:
     if t == "null":
         return ir.Lit(b"null")
     if t == "boolean":
         return ir.Select(((b"true", ir.Seq()), (b"false", ir.Seq())))
     if t == "string":
-        lo = _int_kw(schema, "minLength", pointer) or 0
-        hi = _int_kw(schema, "maxLength", pointer)
-        if hi is not None and lo > hi:
-            raise SchemaError(f"minLength {lo} > maxLength {hi}: no string fits", pointer=pointer, keyword="minLength")
-        if required and ctx.options.required_nonempty:
-            lo = max(lo, 1) if hi is None or hi >= 1 else lo
-        return ir.JsonString(lo, hi)
+        return _string(ctx, schema, pointer, required)
     if t == "integer":
         return ir.JsonInteger(*_int_bounds(schema, pointer))
     if t == "number":
-        bounds = [k for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if k in schema]
-        if bounds:
-            _unsupported(ctx, bounds[0], pointer, "bounds on non-integer numbers are not enforced")
-        return ir.JsonNumber()
+        return _number(schema, pointer)
     if t == "array":
-        items = schema.get("items", True)
-        if isinstance(items, list):
-            _unsupported(ctx, "items", pointer, "tuple-form items (use prefixItems)")
-            items = True
-        item = _node(ctx, items, pointer + "/items", False, depth + 1)
-        lo = _int_kw(schema, "minItems", pointer) or 0
-        hi = _int_kw(schema, "maxItems", pointer)
-        if hi is not None and lo > hi:
-            raise SchemaError(f"minItems {lo} > maxItems {hi}: no array fits", pointer=pointer, keyword="minItems")
-        return ir.JsonArray(item, lo, hi)
+        return _array(ctx, schema, pointer, depth)
     if t == "object":
         return _object(ctx, schema, pointer, depth)
     raise SchemaError(f"unknown type {t!r}", pointer=pointer, keyword="type")
 
 
-def _int_bounds(schema: dict, pointer: str) -> tuple[int | None, int | None]:
-    import math
+def _string(ctx: _Ctx, schema: dict, pointer: str, required: bool) -> ir.Node:
+    lo = _int_kw(schema, "minLength", pointer) or 0
+    hi = _int_kw(schema, "maxLength", pointer)
+    if hi is not None and lo > hi:
+        raise SchemaError(f"minLength {lo} > maxLength {hi}: no string fits", pointer=pointer, keyword="minLength")
+    if required and ctx.options.required_nonempty and not ctx.options.standard:
+        lo = max(lo, 1) if hi is None or hi >= 1 else lo
+    pattern = schema.get("pattern")
+    fmt = schema.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, str):
+            raise SchemaError(f"format must be a string, not {fmt!r}", pointer=pointer + "/format", keyword="format")
+        if fmt not in FORMATS:
+            warnings.warn(f"railcall: format {fmt!r} at {pointer or '/'} is not enforced (known formats: "
+                          f"{', '.join(sorted(FORMATS))})", stacklevel=3)
+            fmt = None
+    if pattern is not None and fmt is not None:
+        _unsupported(ctx, "format", pointer, "pattern and format together (railcall enforces one automaton per "
+                                             "string); the pattern is kept")
+        fmt = None
+    if pattern is None and fmt is None:
+        return ir.JsonString(lo, hi)
+    kw = "pattern" if pattern is not None else "format"
+    regex = pattern if pattern is not None else FORMATS[fmt]
+    if not isinstance(regex, str):
+        raise SchemaError(f"pattern must be a string, not {regex!r}", pointer=pointer + "/pattern", keyword="pattern")
+    if len(regex) > ctx.options.max_pattern:
+        raise SchemaError(f"a pattern of {len(regex)} characters exceeds the limit of {ctx.options.max_pattern} "
+                          "(SchemaOptions.max_pattern)", pointer=pointer + "/" + kw, keyword=kw)
+    try:
+        compile_pattern(regex, 256)  # parse and size-check now, to report the pointer
+    except RegexError as e:
+        if ctx.options.lenient:
+            warnings.warn(f"railcall: ignoring {kw} at {pointer or '/'} ({e})", stacklevel=3)
+            return ir.JsonString(lo, hi)
+        raise SchemaError(str(e), pointer=pointer + "/" + kw, keyword=kw) from None
+    return ir.JsonPattern("regex", regex, lo, hi)
 
-    lo = hi = None
-    for kw, is_lo, exclusive in (("minimum", True, False), ("maximum", False, False),
-                                 ("exclusiveMinimum", True, True), ("exclusiveMaximum", False, True)):
-        v = schema.get(kw)
-        if v is None or isinstance(v, bool):
-            continue
-        if not isinstance(v, (int, float)):
-            raise SchemaError(f"{kw} must be a number, not {v!r}", pointer=pointer + "/" + kw, keyword=kw)
-        if is_lo:
-            b = math.floor(v) + 1 if exclusive and float(v).is_integer() else math.ceil(v)
-            if exclusive and not float(v).is_integer():
-                b = math.ceil(v)
-            lo = b if lo is None else max(lo, b)
-        else:
-            b = math.ceil(v) - 1 if exclusive and float(v).is_integer() else math.floor(v)
-            if exclusive and not float(v).is_integer():
-                b = math.floor(v)
-            hi = b if hi is None else min(hi, b)
-    if lo is not None and hi is not None and lo > hi:
-        raise SchemaError(f"no integer lies between the bounds ({lo} > {hi})", pointer=pointer, keyword="minimum")
-    return lo, hi
+
+def _bound(schema: dict, pointer: str, kw: str):
+    v = schema.get(kw)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+        raise SchemaError(f"{kw} must be a finite number, not {v!r}", pointer=pointer + "/" + kw, keyword=kw)
+    return v
+
+
+def _bounds(schema: dict, pointer: str):
+    """(lo, lo exclusive, hi, hi exclusive) from minimum/maximum and the exclusive forms (a
+    number, as in 2020-12 and draft-07, or a draft-04 boolean beside minimum/maximum)."""
+    lo, hi = _bound(schema, pointer, "minimum"), _bound(schema, pointer, "maximum")
+    xlo = xhi = False
+    emin, emax = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if emin is True:
+        xlo = lo is not None
+    elif emin is not None and emin is not False:
+        e = _bound(schema, pointer, "exclusiveMinimum")
+        if lo is None or e >= lo:
+            lo, xlo = e, True
+    if emax is True:
+        xhi = hi is not None
+    elif emax is not None and emax is not False:
+        e = _bound(schema, pointer, "exclusiveMaximum")
+        if hi is None or e <= hi:
+            hi, xhi = e, True
+    return lo, xlo, hi, xhi
+
+
+def _int_bounds(schema: dict, pointer: str) -> tuple[int | None, int | None]:
+    lo, xlo, hi, xhi = _bounds(schema, pointer)
+    ilo = ihi = None
+    if lo is not None:
+        ilo = math.floor(lo) + 1 if xlo and float(lo).is_integer() else math.ceil(lo)
+    if hi is not None:
+        ihi = math.ceil(hi) - 1 if xhi and float(hi).is_integer() else math.floor(hi)
+    if ilo is not None and ihi is not None and ilo > ihi:
+        raise SchemaError(f"no integer lies between the bounds ({ilo} > {ihi})", pointer=pointer, keyword="minimum")
+    return ilo, ihi
+
+
+def _number(schema: dict, pointer: str) -> ir.Node:
+    lo, xlo, hi, xhi = _bounds(schema, pointer)
+    if lo is None and hi is None:
+        return ir.JsonNumber()
+    if lo is not None and hi is not None and (lo > hi or (lo == hi and (xlo or xhi))):
+        raise SchemaError(f"no number lies between the bounds {lo} and {hi}", pointer=pointer, keyword="minimum")
+    return ir.JsonNumber(None if lo is None else _decimal_text(lo), None if hi is None else _decimal_text(hi), xlo, xhi)
+
+
+def _decimal_text(v) -> str:
+    return str(v) if isinstance(v, int) else repr(float(v))
+
+
+def _array(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
+    if schema.get("uniqueItems") is True:
+        _unsupported(ctx, "uniqueItems", pointer, "uniqueness across items is not a regular property")
+    prefix_s = schema.get("prefixItems")
+    items = schema.get("items", True)
+    kw_items = "items"
+    if isinstance(items, list):  # draft-07 tuple form
+        prefix_s, items, kw_items = items, schema.get("additionalItems", True), "additionalItems"
+    prefix = ()
+    if prefix_s is not None:
+        if not isinstance(prefix_s, list):
+            raise SchemaError("prefixItems must be an array of schemas", pointer=pointer + "/prefixItems", keyword="prefixItems")
+        if False in prefix_s:  # no item may stand at a `false` position: the array ends before it
+            prefix_s, items = prefix_s[: prefix_s.index(False)], False
+        prefix = tuple(_node(ctx, s, f"{pointer}/prefixItems/{i}", False, depth + 1) for i, s in enumerate(prefix_s))
+    item = None if items is False else _node(ctx, items, f"{pointer}/{kw_items}", False, depth + 1)
+    lo = _int_kw(schema, "minItems", pointer) or 0
+    hi = _int_kw(schema, "maxItems", pointer)
+    if hi is not None and lo > hi:
+        raise SchemaError(f"minItems {lo} > maxItems {hi}: no array fits", pointer=pointer, keyword="minItems")
+    if item is None and lo > len(prefix):
+        raise SchemaError(f"minItems {lo} but only {len(prefix)} items are allowed", pointer=pointer, keyword="minItems")
+    return ir.JsonArray(item, lo, hi, prefix, ctx.options.whitespace)
 
 
 def _object(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
@@ -258,43 +516,154 @@ def _object(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
     if not isinstance(props, dict):
         raise SchemaError("properties must be an object", pointer=pointer + "/properties", keyword="properties")
     req = schema.get("required", [])
-    if not isinstance(req, list):
+    if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
         raise SchemaError("required must be an array of names", pointer=pointer + "/required", keyword="required")
+    ap = schema.get("additionalProperties")
+    if ap is None:
+        free = ctx.options.standard or "properties" not in schema
+        ap = True if free else False
     missing = [r for r in req if r not in props]
     if missing:
-        # A required name without a schema must still be written; any value is allowed there.
-        props = {**props, **{r: True for r in missing}}
-    ap = schema.get("additionalProperties", None)
-    if ap not in (None, False) and not props:
-        _unsupported(ctx, "additionalProperties", pointer, "free-form keys (only declared properties are written)")
+        if ap is False:
+            raise SchemaError(f"required {missing} are neither declared nor allowed as additional properties",
+                              pointer=pointer + "/required", keyword="required")
+        # A required name without its own schema must still be written, with the schema of
+        # additional properties.
+        props = {**props, **{r: ap for r in missing}}
     out = []
     for name, sub in props.items():
+        if sub is False:
+            if name in req:
+                raise SchemaError(f"property {name!r} is required but its schema is false", pointer=pointer,
+                                  keyword="required")
+            continue
         is_req = name in req
         node = _node(ctx, sub, f"{pointer}/properties/{_esc(name)}", is_req, depth + 1)
         out.append((name, node, is_req))
-    return ir.JsonObject(tuple(out))
+    n_req = sum(1 for _, _, r in out if r)
+    min_p = _int_kw(schema, "minProperties", pointer)
+    max_p = _int_kw(schema, "maxProperties", pointer)
+    extra_value = None if ap is False else _node(ctx, ap, pointer + "/additionalProperties", False, depth + 1)
+    max_extra = None
+    if min_p or max_p is not None:
+        # Exact only when the declared members are all required (their count is fixed), so the
+        # bounds fall on the undeclared members alone.
+        if len(out) != n_req:
+            _unsupported(ctx, "minProperties" if min_p else "maxProperties", pointer,
+                         "property counts with optional declared properties")
+        else:
+            if max_p is not None and max_p < n_req:
+                raise SchemaError(f"maxProperties {max_p} < the {n_req} required properties", pointer=pointer,
+                                  keyword="maxProperties")
+            room = None if max_p is None else max_p - n_req
+            need = max(0, (min_p or 0) - n_req)
+            if extra_value is None:
+                if need:
+                    raise SchemaError(f"minProperties {min_p} needs undeclared properties, which are not allowed",
+                                      pointer=pointer, keyword="minProperties")
+            else:
+                max_extra = room
+                if need:
+                    key = ir.JsonPattern("except", tuple(props)) if props else ir.JsonString(0, None)
+                    return _min_extra_object(ctx, out, key, extra_value, need, room)
+    extra_key = None
+    if extra_value is not None:
+        extra_key = ir.JsonPattern("except", tuple(props)) if props else ir.JsonString(0, None)
+    return ir.JsonObject(tuple(out), extra_key, extra_value, max_extra, ctx.options.whitespace)
+
+
+def _min_extra_object(ctx: _Ctx, out: list, key, value, need: int, room) -> ir.Node:
+    """An object that must have at least `need` undeclared members (minProperties with every
+    declared member required): the declared members, `need` mandatory extra members, then up
+    to `room - need` more (any number if room is None)."""
+    if ctx.options.whitespace:
+        _unsupported(ctx, "minProperties", "", "together with flexible whitespace")
+    if room is not None and room < need:
+        raise SchemaError(f"minProperties needs {need} undeclared members but maxProperties allows {room}",
+                          keyword="maxProperties")
+    member = ir.Seq(key, ir.Lit(b":"), value)
+    parts: list = [ir.Lit(b"{")]
+    for i, (name, node, _req) in enumerate(out):
+        parts += [ir.Lit((b"," if i else b"") + ir.json_literal(name) + b":"), node]
+    for j in range(need):
+        if out or j:
+            parts.append(ir.Lit(b","))
+        parts.append(member)
+    more = None if room is None else room - need
+    if more is None:
+        parts.append(ir.Ref(_extra_tail_rule(ctx, key, value)))
+    else:
+        if more > 64:
+            _unsupported(ctx, "maxProperties", "", f"{more} optional undeclared members after minProperties")
+            more = 0
+        opt: ir.Node = ir.Seq()
+        for _ in range(more):
+            opt = ir.Alt(ir.Seq(), ir.Seq(ir.Lit(b","), member, opt))
+        parts.append(opt)
+    parts.append(ir.Lit(b"}"))
+    return ir.Seq(*parts)
+
+
+def _extra_tail_rule(ctx: _Ctx, key, value) -> str:
+    name = f"__extra_tail_{len(ctx.rules)}"
+    member = ir.Seq(key, ir.Lit(b":"), value)
+    ctx.rules[name] = ir.Alt(ir.Seq(), ir.Seq(ir.Lit(b","), member, ir.Ref(name)))
+    return name
 
 
 def _esc(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
 
 
-def _ref(ctx: _Ctx, ref, pointer: str, depth: int) -> ir.Node:
-    if not isinstance(ref, str) or not ref.startswith("#"):
-        raise SchemaError(f"only local references (#/...) are supported, not {ref!r}", pointer=pointer, keyword="$ref")
-    name = "ref:" + ref
+# -- references ------------------------------------------------------------------------------------
+
+
+def _ref(ctx: _Ctx, ref, pointer: str, depth: int, holder=None) -> ir.Node:
+    uri, target = _resolve_ref(ctx, ref, pointer, holder)
+    name = "ref:" + uri
     if name not in ctx.rules:
-        target = _resolve_pointer(ctx.root, ref[1:], pointer)
         ctx.rules[name] = None  # in progress: a recursive reference sees the rule name
-        ctx.rules[name] = _node(ctx, target, ref[1:], False, depth + 1)
+        ctx.rules[name] = _node(ctx, target, uri.partition("#")[2] or "/", False, depth + 1)
     return ir.Ref(name)
+
+
+def _resolve_ref(ctx: _Ctx, ref, pointer: str, holder=None):
+    """(absolute URI, target subschema) of `ref`, resolved against the base URI of the schema
+    that holds it. Only targets inside this document (its `$id`s, `$anchor`s and JSON pointers)
+    resolve; a remote schema must be inlined."""
+    from urllib.parse import urldefrag, urljoin
+
+    if not isinstance(ref, str):
+        raise SchemaError(f"$ref must be a string, not {ref!r}", pointer=pointer, keyword="$ref")
+    base = ctx.base_of.get(id(holder), ctx.root_base) if holder is not None else ctx.root_base
+    if ref.startswith("#") or not base:
+        uri = base + ref  # urljoin does not know URN bases; a fragment only replaces the fragment
+    elif ":" in ref.split("/", 1)[0]:
+        uri = ref  # already absolute (http:, urn:, ...)
+    else:
+        uri = urljoin(base, ref)
+    doc_uri, frag = urldefrag(uri)
+    doc = ctx.docs.get(doc_uri)
+    if doc is None:
+        raise SchemaError(f"$ref {ref!r} points outside this schema ({doc_uri}); railcall resolves only references "
+                          "inside the schema ($defs, $id, $anchor): inline the remote schema", pointer=pointer,
+                          keyword="$ref")
+    if frag == "" or frag.startswith("/"):
+        return doc_uri + "#" + frag, _resolve_pointer(doc, frag, pointer)
+    target = ctx.anchors.get((doc_uri, frag))
+    if target is None:
+        raise SchemaError(f"$ref {ref!r}: no $anchor {frag!r} in {doc_uri or 'this schema'}", pointer=pointer,
+                          keyword="$ref")
+    return doc_uri + "#" + frag, target
 
 
 def _resolve_pointer(root, ptr: str, pointer: str):
     cur = root
     if ptr in ("", "/"):
         return root
-    for part in ptr.lstrip("/").split("/"):
+    from urllib.parse import unquote
+
+    for part in unquote(ptr).lstrip("/").split("/"):
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(cur, dict) and part in cur:
             cur = cur[part]
@@ -305,17 +674,230 @@ def _resolve_pointer(root, ptr: str, pointer: str):
     return cur
 
 
+# -- allOf: merging subschemas ---------------------------------------------------------------------
+
+_MAX_KEYS = ("maxLength", "maxItems", "maxProperties")
+_MIN_KEYS = ("minLength", "minItems", "minProperties")
+
+
+def _merge_allof(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> dict:
+    """One schema equivalent to `schema`'s allOf (and its own keywords), or a SchemaError naming
+    what cannot be combined."""
+    branches = schema["allOf"]
+    if not isinstance(branches, list) or not branches:
+        raise SchemaError("allOf must be a non-empty array", pointer=pointer + "/allOf", keyword="allOf")
+    acc: dict = {k: v for k, v in schema.items() if k != "allOf"}
+    for i, br in enumerate(branches):
+        acc = _merge(ctx, acc, br, f"{pointer}/allOf/{i}", depth)
+    return acc
+
+
+def _expand(ctx: _Ctx, s, pointer: str, depth: int) -> dict:
+    """A branch as a plain dict of handled keywords: $refs followed (a recursive one errors via
+    the depth limit), nested allOf merged, booleans turned into dicts."""
+    if depth > ctx.options.max_depth:
+        raise SchemaError(f"allOf/$ref nesting deeper than {ctx.options.max_depth} levels", pointer=pointer, keyword="allOf")
+    if s is True:
+        return {}
+    if s is False:
+        return {"enum": []}
+    if not isinstance(s, dict):
+        raise SchemaError(f"a schema must be an object or a boolean, not {type(s).__name__}", pointer=pointer)
+    for k in s:
+        if k not in HANDLED and k not in ANNOTATIONS:
+            _unsupported(ctx, k, pointer)
+    orig = s
+    s = {k: v for k, v in s.items() if k in HANDLED}
+    if "$ref" in s:
+        target = _expand(ctx, _resolve_ref(ctx, s["$ref"], pointer + "/$ref", orig)[1], pointer + "/$ref", depth + 1)
+        rest = {k: v for k, v in s.items() if k != "$ref"}
+        s = _merge(ctx, target, rest, pointer, depth + 1) if rest else target
+    if "allOf" in s:
+        s = _merge_allof(ctx, s, pointer, depth + 1)
+    return s
+
+
+def _merge(ctx: _Ctx, a: dict, b, pointer: str, depth: int) -> dict:
+    a = _expand(ctx, a, pointer, depth + 1)
+    b = _expand(ctx, b, pointer, depth + 1)
+    if a.get("enum") == [] or b.get("enum") == []:
+        raise SchemaError("allOf contains `false`: no value fits", pointer=pointer, keyword="allOf")
+    for kw in ("anyOf", "oneOf"):  # distribute: allOf(A, anyOf(B1, B2)) = anyOf(A+B1, A+B2)
+        for x, y in ((a, b), (b, a)):
+            if kw in x:
+                rest = {k: v for k, v in x.items() if k != kw}
+                return {kw: [{"allOf": [{**rest}, y, br]} for br in x[kw]]}
+    out = dict(a)
+    for k, vb in b.items():
+        if k not in out:
+            out[k] = vb
+            continue
+        va = out[k]
+        if _json_equal(va, vb):
+            continue
+        if k == "type":
+            ta = {va} if isinstance(va, str) else set(va)
+            tb = {vb} if isinstance(vb, str) else set(vb)
+            both = (ta & tb) | ({"integer"} if ("integer" in ta and "number" in tb) or ("number" in ta and "integer" in tb) else set())
+            if not both:
+                raise SchemaError(f"allOf requires types {sorted(ta)} and {sorted(tb)} at once: no value fits",
+                                  pointer=pointer, keyword="type")
+            out[k] = sorted(both)
+        elif k in _MAX_KEYS:
+            out[k] = min(va, vb)
+        elif k in _MIN_KEYS:
+            out[k] = max(va, vb)
+        elif k in ("minimum", "exclusiveMinimum"):
+            out[k] = max(va, vb)
+        elif k in ("maximum", "exclusiveMaximum"):
+            out[k] = min(va, vb)
+        elif k == "required":
+            out[k] = list(dict.fromkeys(list(va) + list(vb)))
+        elif k == "enum":
+            out[k] = [x for x in va if any(_json_equal(x, y) for y in vb)]
+            if not out[k]:
+                raise SchemaError("allOf enums have no value in common", pointer=pointer, keyword="enum")
+        elif k == "const":
+            raise SchemaError(f"allOf requires two different constants {va!r} and {vb!r}", pointer=pointer, keyword="const")
+        elif k in ("items", "additionalItems", "prefixItems"):
+            continue  # merged below, position by position
+        elif k in ("properties", "additionalProperties"):
+            continue  # merged below, together
+        else:
+            raise SchemaError(f"allOf branches give {k!r} two different values ({va!r}, {vb!r}), which railcall "
+                              "cannot combine", pointer=pointer, keyword=k)
+    if "enum" in out and "const" in out:
+        if not any(_json_equal(out["const"], e) for e in out["enum"]):
+            raise SchemaError("const is not among the enum values", pointer=pointer, keyword="const")
+    if any(k in a or k in b for k in ("properties", "additionalProperties")):
+        _merge_properties(a, b, out, pointer)
+    if any(k in a and k in b for k in ("items", "prefixItems")) or (
+            ("prefixItems" in a or "prefixItems" in b) and ("items" in a or "items" in b)):
+        _merge_items(a, b, out)
+    return out
+
+
+def _merge_items(a: dict, b: dict, out: dict) -> None:
+    """Each array position must satisfy both sides' schema for that position (a side's
+    prefixItems entry there, else its items)."""
+    pa, pb = a.get("prefixItems", []), b.get("prefixItems", [])
+    ia, ib = a.get("items", True), b.get("items", True)
+
+    def both(x, y):
+        return y if x is True else x if y is True else {"allOf": [x, y]}
+
+    n = max(len(pa), len(pb))
+    prefix = [both(pa[i] if i < len(pa) else ia, pb[i] if i < len(pb) else ib) for i in range(n)]
+    out.pop("prefixItems", None)
+    if prefix:
+        out["prefixItems"] = prefix
+    out["items"] = both(ia, ib)
+
+
+def _merge_properties(a: dict, b: dict, out: dict, pointer: str) -> None:
+    """Each key is allowed by both sides (its own schema, or that side's additionalProperties)."""
+    pa, pb = a.get("properties", {}), b.get("properties", {})
+    apa, apb = a.get("additionalProperties", True), b.get("additionalProperties", True)
+    req = set(out.get("required", []))
+    props = {}
+    for key in list(dict.fromkeys(list(pa) + list(pb))):
+        sa, sb = pa.get(key, apa), pb.get(key, apb)
+        if sa is False or sb is False:
+            if key in req:
+                raise SchemaError(f"allOf requires {key!r} but a branch forbids it", pointer=pointer, keyword="required")
+            continue
+        props[key] = sa if sb is True else sb if sa is True else {"allOf": [sa, sb]}
+    out["properties"] = props
+    if apa is False or apb is False:
+        out["additionalProperties"] = False
+    elif apa is True:
+        out["additionalProperties"] = apb
+    elif apb is True:
+        out["additionalProperties"] = apa
+    else:
+        out["additionalProperties"] = {"allOf": [apa, apb]}
+    if "additionalProperties" not in a and "additionalProperties" not in b:
+        del out["additionalProperties"]
+
+
+# -- oneOf: disjointness ---------------------------------------------------------------------------
+
+
+def _pairwise_disjoint(ctx: _Ctx, branches: list, base: dict) -> bool:
+    sigs = []
+    for br in branches:
+        try:
+            s = _expand(ctx, br, "", 0) if isinstance(br, (dict, bool)) else None
+        except GrammarError:
+            return False
+        if s is None:
+            return False
+        sigs.append(s)
+    for i in range(len(sigs)):
+        for j in range(i + 1, len(sigs)):
+            if not _disjoint(sigs[i], sigs[j]):
+                return False
+    return True
+
+
+def _type_set(s: dict):
+    t = s.get("type")
+    if "const" in s:
+        return {_json_type(s["const"])}
+    if "enum" in s and isinstance(s["enum"], list):
+        return {_json_type(v) for v in s["enum"]}
+    if t is None:
+        return None
+    return {t} if isinstance(t, str) else set(t)
+
+
+def _disjoint(a: dict, b: dict) -> bool:
+    """A sufficient test that no value satisfies both a and b: distinct types, distinct
+    constant values, or an object property both require with distinct constant values."""
+    ta, tb = _type_set(a), _type_set(b)
+    if ta is not None and tb is not None:
+        ea = ta | ({"integer"} if "number" in ta else set())
+        eb = tb | ({"integer"} if "number" in tb else set())
+        if not (ea & eb) and not ("integer" in ea and "number" in eb) and not ("number" in ea and "integer" in eb):
+            return True
+    va, vb = _values(a), _values(b)
+    if va is not None and vb is not None:
+        return not any(_json_equal(x, y) for x in va for y in vb)
+    pa, pb = a.get("properties", {}), b.get("properties", {})
+    if isinstance(pa, dict) and isinstance(pb, dict):
+        ra, rb = set(a.get("required", [])), set(b.get("required", []))
+        for k in set(pa) & set(pb) & ra & rb:
+            if isinstance(pa[k], dict) and isinstance(pb[k], dict):
+                xa, xb = _values(pa[k]), _values(pb[k])
+                if xa is not None and xb is not None and not any(_json_equal(x, y) for x in xa for y in xb):
+                    return True
+    return False
+
+
+def _values(s: dict):
+    if "const" in s:
+        return [s["const"]]
+    if "enum" in s and isinstance(s["enum"], list):
+        return s["enum"]
+    return None
+
+
+# -- any JSON value --------------------------------------------------------------------------------
+
+
 def _any_rule(ctx: _Ctx) -> str:
     """A rule for any JSON value (compact), recursion bounded by the matcher's depth limit."""
     if ANY_VALUE not in ctx.rules:
         v = ir.Ref(ANY_VALUE)
         s = ir.JsonString(0, None)
-        member = ir.Seq(s, ir.Lit(b":"), v)
-        obj = ir.Alt(ir.Lit(b"{}"), ir.Seq(ir.Lit(b"{"), member, ir.Ref(ANY_VALUE + "obj"), ir.Lit(b"}")))
+        ws = ctx.options.whitespace
         ctx.rules[ANY_VALUE] = ir.Alt(
             s, ir.JsonNumber(), ir.Select(((b"true", ir.Seq()), (b"false", ir.Seq()), (b"null", ir.Seq()))),
-            ir.JsonArray(v, 0, None), obj,
+            ir.JsonArray(v, 0, None, (), ws), ir.JsonObject((), s, v, None, ws),
         )
-        ctx.rules[ANY_VALUE + "obj"] = ir.Alt(ir.Seq(), ir.Seq(ir.Seq(ir.Lit(b","), member), ir.Ref(ANY_VALUE + "obj")))
     return ANY_VALUE
 
+
+def dumps_compact(value) -> str:
+    """`value` as railcall writes it: compact separators, UTF-8 as is."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -192,9 +192,11 @@ def _prefix_rules(node, rules, tool_name: str):
         if isinstance(n, ir.Select):
             return ir.Select(tuple((k, walk(v)) for k, v in n.choices))
         if isinstance(n, ir.JsonArray):
-            return ir.JsonArray(walk(n.item), n.min_items, n.max_items)
+            return ir.JsonArray(None if n.item is None else walk(n.item), n.min_items, n.max_items,
+                                tuple(walk(x) for x in n.prefix), n.ws)
         if isinstance(n, ir.JsonObject):
-            return ir.JsonObject(tuple((k, walk(v), r) for k, v, r in n.properties))
+            return ir.JsonObject(tuple((k, walk(v), r) for k, v, r in n.properties), n.extra_key,
+                                 None if n.extra_value is None else walk(n.extra_value), n.max_extra, n.ws)
         return n
 
     return walk(node), tuple((mapping[name], walk(r)) for name, r in rules)

@@ -1,0 +1,566 @@
+"""Regular expressions (JSON Schema `pattern`, `format`) compiled to character automata.
+
+JSON Schema patterns are ECMA-262 regexes matched by *search*: `abc` means "contains abc" unless
+anchored with `^`/`$`. This module parses the subset of that syntax a regular language can hold
+and compiles it into a `CharDFA`: a deterministic automaton over Unicode code points whose
+transitions are stored as sorted intervals (a negated class is two intervals, not a million
+entries). The byte machine (`program.JPat`) runs a `CharDFA` inside a JSON string, decoding
+escapes and UTF-8 as it goes, so the pattern constrains the string's *value*, not its spelling.
+
+Supported: literals and escapes (`\\d \\w \\s` and their negations, `\\n \\t \\r \\f \\v \\0`,
+`\\xHH`, `\\uHHHH`, escaped punctuation), `.`, classes `[...]`/`[^...]` with ranges, groups
+`(...)`, `(?:...)`, `(?<name>...)`, alternation, the quantifiers `* + ? {n} {n,} {n,m}` (lazy forms
+match the same language), and `^`/`$` at the ends of the pattern. Anything else (lookaround,
+backreferences, `\\b`, `\\p{..}`, anchors in the middle) is a `RegexError` that names it.
+
+The DFA is built eagerly (so that each state's shortest completion is known and no path can
+reach a dead end) and bounded: `MAX_NFA_STATES` and `MAX_DFA_STATES` keep a hostile pattern from
+taking the process down (`x{1000}{1000}` is an error, not a hang).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+from railcall.errors import GrammarError
+
+MAX_UNICODE = 0x10FFFF
+SURROGATES = (0xD800, 0xDFFF)
+MAX_NFA_STATES = 20_000
+MAX_DFA_STATES = 4_000
+
+
+class RegexError(GrammarError):
+    """A pattern outside the supported subset, malformed, or too large."""
+
+
+# -- character sets as sorted, disjoint, inclusive (lo, hi) intervals -------------------------
+
+
+def _norm(ranges) -> tuple:
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return tuple((a, b) for a, b in out)
+
+
+def _negate(ranges) -> tuple:
+    out, nxt = [], 0
+    for lo, hi in _norm(ranges):
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= MAX_UNICODE:
+        out.append((nxt, MAX_UNICODE))
+    return tuple(out)
+
+
+DIGIT = ((0x30, 0x39),)
+WORD = _norm([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
+SPACE = _norm([(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+               (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)])
+LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
+ANY = ((0, MAX_UNICODE),)
+DOT = _negate(LINE_TERMINATORS)
+_CLASS_ESCAPES = {"d": DIGIT, "D": _negate(DIGIT), "w": WORD, "W": _negate(WORD), "s": SPACE, "S": _negate(SPACE)}
+_CHAR_ESCAPES = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "0": 0x00}
+
+
+# -- parsing: pattern -> AST --------------------------------------------------------------------
+# ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", node, min, max or None)
+
+
+class _Parser:
+    def __init__(self, pattern: str):
+        self.p = pattern
+        self.i = 0
+
+    def error(self, what: str) -> RegexError:
+        return RegexError(f"pattern {self.p!r}: {what} at offset {self.i}")
+
+    def peek(self) -> str | None:
+        return self.p[self.i] if self.i < len(self.p) else None
+
+    def parse(self):
+        node = self.alt()
+        if self.i != len(self.p):
+            raise self.error(f"unbalanced {self.p[self.i]!r}")
+        return node
+
+    def alt(self):
+        branches = [self.cat()]
+        while self.peek() == "|":
+            self.i += 1
+            branches.append(self.cat())
+        return branches[0] if len(branches) == 1 else ("alt", branches)
+
+    def cat(self):
+        items = []
+        while (c := self.peek()) is not None and c not in "|)":
+            items.append(self.quantified())
+        return ("cat", items)
+
+    def quantified(self):
+        atom = self.atom()
+        while True:
+            c = self.peek()
+            if c in ("*", "+", "?"):
+                self.i += 1
+                lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+            elif c == "{" and (q := self._braces()) is not None:
+                lo, hi = q
+            else:
+                return atom
+            if self.peek() == "?":  # lazy: the same language
+                self.i += 1
+            if atom[0] == "anchor":
+                raise self.error("a quantifier on an anchor")
+            atom = ("rep", atom, lo, hi)
+
+    def _braces(self):
+        """`{n}`, `{n,}`, `{n,m}` as a quantifier; None if the brace is a literal (ECMA annex B)."""
+        j = self.p.find("}", self.i)
+        if j < 0:
+            return None
+        body = self.p[self.i + 1 : j]
+        parts = body.split(",")
+        if len(parts) > 2 or not parts[0].isdigit() or (len(parts) == 2 and parts[1] and not parts[1].isdigit()):
+            return None
+        lo = int(parts[0])
+        hi = lo if len(parts) == 1 else (int(parts[1]) if parts[1] else None)
+        if hi is not None and hi < lo:
+            raise self.error(f"quantifier {{{body}}} has max < min")
+        if lo > 10_000 or (hi or 0) > 10_000:
+            raise self.error(f"quantifier {{{body}}} is too large")
+        self.i = j + 1
+        return lo, hi
+
+    def atom(self):
+        c = self.p[self.i]
+        self.i += 1
+        if c == "(":
+            if self.p.startswith("?:", self.i):
+                self.i += 2
+            elif self.p.startswith("?<", self.i) and self.p[self.i + 2 : self.i + 3] not in ("=", "!"):
+                j = self.p.find(">", self.i)
+                if j < 0:
+                    raise self.error("an unterminated group name")
+                self.i = j + 1
+            elif self.peek() == "?":
+                raise self.error("lookaround assertions are not supported")
+            node = self.alt()
+            if self.peek() != ")":
+                raise self.error("a missing ')'")
+            self.i += 1
+            return node
+        if c == "[":
+            return ("set", self._class())
+        if c == ".":
+            return ("set", DOT)
+        if c == "^":
+            return ("anchor", "^")
+        if c == "$":
+            return ("anchor", "$")
+        if c == "\\":
+            return ("set", self._escape(in_class=False))
+        if c in "*+?":
+            raise self.error(f"nothing to repeat before {c!r}")
+        if c == ")":
+            raise self.error("an unbalanced ')'")
+        return ("set", ((ord(c), ord(c)),))
+
+    def _escape(self, in_class: bool) -> tuple:
+        if self.i >= len(self.p):
+            raise self.error("a trailing backslash")
+        c = self.p[self.i]
+        self.i += 1
+        if c in _CLASS_ESCAPES:
+            return _CLASS_ESCAPES[c]
+        if c in _CHAR_ESCAPES:
+            if c == "0" and self.peek() is not None and self.peek().isdigit():
+                raise self.error("octal escapes are not supported")
+            v = _CHAR_ESCAPES[c]
+            return ((v, v),)
+        if c == "b" and in_class:
+            return ((0x08, 0x08),)
+        if c == "x":
+            return self._hex(2)
+        if c == "u":
+            if self.peek() == "{":
+                j = self.p.find("}", self.i)
+                if j < 0:
+                    raise self.error("an unterminated \\u{...}")
+                v = int(self.p[self.i + 1 : j], 16)
+                self.i = j + 1
+                return ((v, v),)
+            return self._hex(4)
+        if c.isdigit():
+            raise self.error("backreferences are not supported")
+        if c in "bB":
+            raise self.error("word-boundary assertions (\\b, \\B) are not supported")
+        if c in "pP":
+            raise self.error("Unicode property escapes (\\p{...}) are not supported")
+        if c == "c":
+            raise self.error("control escapes (\\cX) are not supported")
+        if c.isalnum():
+            raise self.error(f"unknown escape \\{c}")
+        return ((ord(c), ord(c)),)
+
+    def _hex(self, n: int) -> tuple:
+        h = self.p[self.i : self.i + n]
+        if len(h) != n or any(x not in "0123456789abcdefABCDEF" for x in h):
+            raise self.error(f"a malformed hex escape (expected {n} hex digits)")
+        self.i += n
+        v = int(h, 16)
+        return ((v, v),)
+
+    def _class(self) -> tuple:
+        neg = self.peek() == "^"
+        if neg:
+            self.i += 1
+        ranges = []
+        first = True
+        while True:
+            if self.i >= len(self.p):
+                raise self.error("an unterminated character class")
+            c = self.p[self.i]
+            if c == "]" and not first:
+                self.i += 1
+                break
+            first = False
+            lo = self._class_atom()
+            if self.peek() == "-" and self.p[self.i + 1 : self.i + 2] not in ("]", ""):
+                self.i += 1
+                hi = self._class_atom()
+                if len(lo) != 1 or len(hi) != 1 or lo[0][0] != lo[0][1] or hi[0][0] != hi[0][1]:
+                    raise self.error("a class escape cannot bound a range")
+                if hi[0][0] < lo[0][0]:
+                    raise self.error("a character range out of order")
+                ranges.append((lo[0][0], hi[0][0]))
+            else:
+                ranges.extend(lo)
+        ranges = _norm(ranges)
+        return _negate(ranges) if neg else ranges
+
+    def _class_atom(self) -> tuple:
+        c = self.p[self.i]
+        self.i += 1
+        if c == "\\":
+            return self._escape(in_class=True)
+        return ((ord(c), ord(c)),)
+
+
+def parse(pattern: str):
+    """Parse `pattern` (search semantics) into an AST anchored at both ends."""
+    ast = _Parser(pattern).parse()
+    return _anchor(ast, pattern)
+
+
+def _anchor(ast, pattern: str):
+    """Turn search semantics into a full match: `^`/`$` at the ends anchor, otherwise `.*` pads.
+
+    Only top-level (or whole-alternative) anchors are expressible here; one elsewhere errors."""
+    branches = ast[1] if ast[0] == "alt" else [ast]
+    out = []
+    anyrep = ("rep", ("set", ANY), 0, None)
+    for br in branches:
+        items = list(br[1]) if br[0] == "cat" else [br]
+        head = bool(items) and items[0] == ("anchor", "^")
+        if head:
+            items = items[1:]
+        tail = bool(items) and items[-1] == ("anchor", "$")
+        if tail:
+            items = items[:-1]
+        if _has_anchor(items):
+            raise RegexError(f"pattern {pattern!r}: an anchor (^ or $) inside the pattern is not supported")
+        out.append(("cat", ([] if head else [anyrep]) + items + ([] if tail else [anyrep])))
+    return out[0] if len(out) == 1 else ("alt", out)
+
+
+def _has_anchor(items) -> bool:
+    for n in items:
+        if n[0] == "anchor":
+            return True
+        if n[0] in ("cat", "alt") and _has_anchor(n[1]):
+            return True
+        if n[0] == "rep" and _has_anchor([n[1]]):
+            return True
+    return False
+
+
+# -- AST -> NFA -> DFA ----------------------------------------------------------------------------
+
+
+class _NFA:
+    def __init__(self):
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[tuple, int]]] = []
+
+    def state(self) -> int:
+        if len(self.eps) >= MAX_NFA_STATES:
+            raise RegexError(f"pattern too large: more than {MAX_NFA_STATES} automaton states "
+                             "(shorten it or reduce its repetition counts)")
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+    def build(self, node, start: int) -> int:
+        """Add `node` from `start`; return its end state."""
+        kind = node[0]
+        if kind == "set":
+            end = self.state()
+            if node[1]:
+                self.edges[start].append((node[1], end))
+            return end
+        if kind == "cat":
+            cur = start
+            for x in node[1]:
+                cur = self.build(x, cur)
+            return cur
+        if kind == "alt":
+            end = self.state()
+            for x in node[1]:
+                s = self.state()
+                self.eps[start].append(s)
+                self.eps[self.build(x, s)].append(end)
+            return end
+        if kind == "rep":
+            _, sub, lo, hi = node
+            cur = start
+            for _ in range(lo):
+                cur = self.build(sub, cur)
+            if hi is None:
+                loop = self.state()
+                self.eps[cur].append(loop)
+                self.eps[self.build(sub, loop)].append(loop)
+                return loop
+            end = self.state()
+            self.eps[cur].append(end)
+            for _ in range(hi - lo):
+                cur = self.build(sub, cur)
+                self.eps[cur].append(end)
+            return end
+        raise RegexError(f"unexpected regex node {kind}")
+
+    def closure(self, states) -> frozenset:
+        out = set(states)
+        todo = list(states)
+        while todo:
+            for t in self.eps[todo.pop()]:
+                if t not in out:
+                    out.add(t)
+                    todo.append(t)
+        return frozenset(out)
+
+
+class CharDFA:
+    """A deterministic automaton over code points. Built once per pattern; immutable; shared.
+
+    State k has `starts[k]` (sorted interval starts) and `targets[k]` (the state for code points
+    from that start up to the next one; -1 for none), `accepting[k]`, and `dist[k]` (the fewest
+    characters to an accepting state). Dead states (which cannot reach acceptance) are removed,
+    so every transition leads somewhere that can still finish. `lengths[k]` is a bitset (a Python
+    int) of the completion lengths possible from k, up to `length_cap`; it lets a string with
+    minLength/maxLength offer only characters after which some accepted length is reachable.
+    """
+
+    def __init__(self, starts, targets, accepting, length_cap: int):
+        self.starts = starts
+        self.targets = targets
+        self.accepting = accepting
+        n = len(starts)
+        self.length_cap = length_cap
+        lengths = [1 if accepting[k] else 0 for k in range(n)]
+        succ = [sorted({t for t in targets[k] if t >= 0}) for k in range(n)]
+        full = (1 << (length_cap + 1)) - 1
+        changed = True
+        rounds = 0
+        while changed and rounds <= length_cap + 1:
+            changed = False
+            rounds += 1
+            for k in range(n):
+                v = lengths[k]
+                for t in succ[k]:
+                    v |= lengths[t] << 1
+                v &= full
+                if v != lengths[k]:
+                    lengths[k] = v
+                    changed = True
+        self.lengths = lengths
+        self.dist = [(v & -v).bit_length() - 1 if v else None for v in lengths]
+        self.max_dist = max((d for d in self.dist if d is not None), default=0)
+
+    @property
+    def size(self) -> int:
+        return len(self.starts)
+
+    def step(self, k: int, cp: int) -> int:
+        st = self.starts[k]
+        i = bisect_right(st, cp) - 1
+        return self.targets[k][i] if i >= 0 else -1
+
+    def targets_in(self, k: int, lo: int, hi: int):
+        """The distinct target states for code points in [lo, hi]."""
+        st, tg = self.starts[k], self.targets[k]
+        i = max(bisect_right(st, lo) - 1, 0)
+        out = set()
+        while i < len(st) and st[i] <= hi:
+            end = st[i + 1] - 1 if i + 1 < len(st) else MAX_UNICODE
+            if end >= lo and tg[i] >= 0:
+                out.add(tg[i])
+            i += 1
+        return out
+
+    def fits(self, k: int, written: int, lo: int, hi: int) -> bool:
+        """Can a string that has `written` characters and stands in state k still end accepted
+        with a total length in [lo, hi]?"""
+        v = self.lengths[k]
+        a = max(0, lo - written)
+        b = hi - written
+        if b < a:
+            return False
+        return bool((v >> a) & ((1 << (b - a + 1)) - 1))
+
+    def matches(self, text: str) -> bool:
+        k = 0
+        for ch in text:
+            k = self.step(k, ord(ch))
+            if k < 0:
+                return False
+        return bool(self.accepting[k])
+
+
+def compile_ast(ast, length_cap: int) -> CharDFA:
+    nfa = _NFA()
+    s0 = nfa.state()
+    final = nfa.build(ast, s0)
+    start = nfa.closure([s0])
+    ids = {start: 0}
+    order = [start]
+    trans: list[list[tuple[int, int, frozenset]]] = []
+    i = 0
+    while i < len(order):
+        cur = order[i]
+        i += 1
+        # Split the code-point line at every interval edge of every outgoing edge; on each piece
+        # the set of NFA targets is constant.
+        pts = set()
+        for s in cur:
+            for ranges, _ in nfa.edges[s]:
+                for lo, hi in ranges:
+                    pts.add(lo)
+                    pts.add(hi + 1)
+        pts = sorted(pts)
+        row = []
+        for a, b in zip(pts, pts[1:]):
+            tgt = {t for s in cur for ranges, t in nfa.edges[s] if _covers(ranges, a)}
+            if tgt:
+                row.append((a, b - 1, nfa.closure(tgt)))
+        for _, _, t in row:
+            if t not in ids:
+                if len(order) >= MAX_DFA_STATES:
+                    raise RegexError(f"pattern too complex: more than {MAX_DFA_STATES} automaton states")
+                ids[t] = len(order)
+                order.append(t)
+        trans.append(row)
+    accepting = [final in st for st in order]
+    starts, targets = [], []
+    for row in trans:
+        st, tg = [], []
+        prev_end = None
+        for a, b, t in row:
+            if prev_end is not None and a > prev_end + 1:
+                st.append(prev_end + 1)
+                tg.append(-1)
+            if tg and tg[-1] == ids[t] and prev_end == a - 1:
+                prev_end = b
+                continue
+            st.append(a)
+            tg.append(ids[t])
+            prev_end = b
+        if prev_end is not None and prev_end < MAX_UNICODE:
+            st.append(prev_end + 1)
+            tg.append(-1)
+        if not st or st[0] > 0:
+            st.insert(0, 0)
+            tg.insert(0, -1)
+        starts.append(st)
+        targets.append(tg)
+    return _trim(starts, targets, accepting, length_cap)
+
+
+def _covers(ranges, cp: int) -> bool:
+    for lo, hi in ranges:
+        if lo <= cp <= hi:
+            return True
+        if lo > cp:
+            return False
+    return False
+
+
+def _trim(starts, targets, accepting, length_cap: int) -> CharDFA:
+    """Drop transitions into states that cannot reach acceptance (ignoring the length cap)."""
+    n = len(starts)
+    rev = [set() for _ in range(n)]
+    for k in range(n):
+        for t in targets[k]:
+            if t >= 0:
+                rev[t].add(k)
+    live = {k for k in range(n) if accepting[k]}
+    todo = list(live)
+    while todo:
+        for p in rev[todo.pop()]:
+            if p not in live:
+                live.add(p)
+                todo.append(p)
+    if 0 not in live:
+        raise RegexError("the pattern matches no string")
+    targets = [[t if t in live else -1 for t in row] for row in targets]
+    return CharDFA(starts, targets, accepting, length_cap)
+
+
+def compile_pattern(pattern: str, length_cap: int = 256) -> CharDFA:
+    """Compile a JSON Schema `pattern` (search semantics) to a CharDFA."""
+    if not isinstance(pattern, str):
+        raise RegexError(f"a pattern must be a string, not {type(pattern).__name__}")
+    return compile_ast(parse(pattern), length_cap)
+
+
+def excluding(words, length_cap: int = 256) -> CharDFA:
+    """Any string except the given ones (free-form object keys that must not repeat a declared
+    property's name)."""
+    # A trie of the words; leaving it (or finishing past a word's end) lands in `other`.
+    nodes: list[dict[int, int]] = [{}]
+    word_end = [False]
+    for w in words:
+        k = 0
+        for ch in w:
+            cp = ord(ch)
+            nxt = nodes[k].get(cp)
+            if nxt is None:
+                nxt = len(nodes)
+                nodes.append({})
+                word_end.append(False)
+                nodes[k][cp] = nxt
+            k = nxt
+        word_end[k] = True
+    other = len(nodes)
+    starts, targets, accepting = [], [], []
+    for k, kids in enumerate(nodes + [{}]):
+        st, tg = [0], [other]
+        for cp in sorted(kids):
+            if st[-1] == cp:
+                tg[-1] = kids[cp]
+            else:
+                st.append(cp)
+                tg.append(kids[cp])
+            if cp < MAX_UNICODE:
+                st.append(cp + 1)
+                tg.append(other)
+        starts.append(st)
+        targets.append(tg)
+        accepting.append(k == other or not word_end[k])
+    return _trim(starts, targets, accepting, length_cap)

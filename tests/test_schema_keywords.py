@@ -1,0 +1,217 @@
+"""JSON Schema keywords: a table of (schema, text, accepted), the errors, and the limits.
+
+Texts are fed byte by byte to a matcher over the byte-level test vocabulary; `accepted` means the
+matcher consumed all of it and is accepting.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import pytest
+
+from railcall.errors import GrammarError, SchemaError
+from railcall.grammar.schema import SchemaOptions, schema_grammar
+from railcall.matcher import CompiledGrammar, Matcher
+
+STD = SchemaOptions(standard=True)
+
+CASES = [
+    # pattern: search semantics, anchors, classes, quantifiers, escapes decoded before matching
+    ({"type": "string", "pattern": "^[a-z]+-\\d{2,3}$"}, '"ab-12"', True),
+    ({"type": "string", "pattern": "^[a-z]+-\\d{2,3}$"}, '"ab-1234"', False),
+    ({"type": "string", "pattern": "^[a-z]+-\\d{2,3}$"}, '"AB-12"', False),
+    ({"type": "string", "pattern": "b+"}, '"abbbc"', True),
+    ({"type": "string", "pattern": "b+"}, '"ac"', False),
+    ({"type": "string", "pattern": "^a\\.b$"}, '"a.b"', True),
+    ({"type": "string", "pattern": "^a\\.b$"}, '"axb"', False),
+    ({"type": "string", "pattern": "^\\w+$"}, '"\\u0061_1"', True),  # \u0061 is "a"
+    ({"type": "string", "pattern": "^[^\"]*$"}, '"a\\"b"', False),  # the escaped quote is a quote
+    ({"type": "string", "pattern": "^é+$"}, '"éé"', True),
+    ({"type": "string", "pattern": "^(cat|dog)s?$", "maxLength": 3}, '"cats"', False),
+    ({"type": "string", "pattern": "^(cat|dog)s?$", "maxLength": 3}, '"dog"', True),
+    ({"type": "string", "pattern": "^x*$", "minLength": 2}, '"x"', False),
+    ({"type": "string", "pattern": "^x*$", "minLength": 2}, '"xx"', True),
+    # formats
+    ({"type": "string", "format": "date"}, '"2024-02-29"', True),
+    ({"type": "string", "format": "date"}, '"2023-02-29"', False),
+    ({"type": "string", "format": "date"}, '"2024-04-31"', False),
+    ({"type": "string", "format": "date-time"}, '"2024-05-01T12:30:00Z"', True),
+    ({"type": "string", "format": "date-time"}, '"2024-05-01 12:30:00"', False),
+    ({"type": "string", "format": "time"}, '"23:59:60Z"', True),
+    ({"type": "string", "format": "email"}, '"joe.bloggs@example.com"', True),
+    ({"type": "string", "format": "email"}, '"joe@@example.com"', False),
+    ({"type": "string", "format": "uuid"}, '"123e4567-e89b-12d3-a456-426614174000"', True),
+    ({"type": "string", "format": "uuid"}, '"123e4567e89b12d3a456426614174000"', False),
+    ({"type": "string", "format": "uri"}, '"https://example.com/a?b=c#d"', True),
+    ({"type": "string", "format": "uri"}, '"example.com/a"', False),
+    ({"type": "string", "format": "ipv4"}, '"192.168.0.1"', True),
+    ({"type": "string", "format": "ipv4"}, '"256.1.1.1"', False),
+    ({"type": "string", "format": "ipv6"}, '"::1"', True),
+    ({"type": "string", "format": "ipv6"}, '"1:2:3:4:5:6:7:8:9"', False),
+    # numbers with bounds, exactly (no exponent for a bounded number)
+    ({"type": "number", "minimum": 0.5, "exclusiveMaximum": 10}, "0.5", True),
+    ({"type": "number", "minimum": 0.5, "exclusiveMaximum": 10}, "0.49", False),
+    ({"type": "number", "minimum": 0.5, "exclusiveMaximum": 10}, "9.999", True),
+    ({"type": "number", "minimum": 0.5, "exclusiveMaximum": 10}, "10", False),
+    ({"type": "number", "minimum": 0.5, "exclusiveMaximum": 10}, "10.0", False),
+    ({"type": "number", "maximum": -2.5}, "-2.5", True),
+    ({"type": "number", "maximum": -2.5}, "-2.4", False),
+    ({"type": "number", "maximum": -2.5}, "-1e3", False),
+    ({"type": "number", "exclusiveMinimum": 0}, "0", False),
+    ({"type": "number", "exclusiveMinimum": 0}, "0.001", True),
+    ({"type": "number", "minimum": 1, "exclusiveMinimum": True}, "1", False),  # draft-04 form
+    # arrays: prefixItems, items after them, draft-07 tuples
+    ({"prefixItems": [{"type": "integer"}, {"type": "string"}]}, '[1,"a",null]', True),
+    ({"prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False}, '[1,"a",null]', False),
+    ({"prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False}, "[1]", True),
+    ({"prefixItems": [{"type": "integer"}], "items": {"type": "boolean"}, "minItems": 2}, "[1]", False),
+    ({"prefixItems": [{"type": "integer"}], "items": {"type": "boolean"}, "minItems": 2}, "[1,true]", True),
+    ({"items": [{"type": "integer"}], "additionalItems": False}, "[1,2]", False),
+    # objects: additionalProperties, property counts
+    ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{"a":1,"b":2}', False),  # railcall default
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "integer"}},
+     '{"a":1,"b":2}', True),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "integer"}},
+     '{"a":1,"b":"x"}', False),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True},
+     '{"a":1,"a":2}', False),  # an undeclared key may not repeat a declared one
+    ({"type": "object"}, '{"x":[1,{"y":null}]}', True),  # no properties: free-form
+    ({"type": "object", "properties": {}}, '{"x":1}', False),  # a tool without parameters takes {}
+    ({"type": "object", "maxProperties": 1}, '{"a":1,"b":2}', False),
+    ({"type": "object", "minProperties": 2}, '{"a":1}', False),
+    ({"type": "object", "minProperties": 2}, '{"a":1,"b":2}', True),
+    # allOf merged, $ref with siblings, oneOf over disjoint branches
+    ({"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 5}]}, "5", True),
+    ({"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 5}]}, "6", False),
+    ({"allOf": [{"properties": {"a": {"type": "string"}}, "required": ["a"]},
+                {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, '{"a":"x","b":1}', True),
+    ({"allOf": [{"properties": {"a": {"type": "string"}}, "required": ["a"]},
+                {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, '{"a":"x"}', False),
+    ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "minimum": 3}, "2", False),
+    ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, "3", True),
+    ({"oneOf": [{"const": "a"}, {"const": "b"}]}, '"b"', True),
+    # references by $anchor and by $id
+    ({"$defs": {"x": {"$anchor": "num", "type": "integer"}}, "items": {"$ref": "#num"}}, "[1,2]", True),
+    ({"$defs": {"x": {"$anchor": "num", "type": "integer"}}, "items": {"$ref": "#num"}}, '["a"]', False),
+    ({"$id": "http://example.com/root.json", "$defs": {"b": {"$id": "b.json", "type": "boolean"}},
+      "items": {"$ref": "b.json"}}, "[true]", True),
+    # recursion
+    ({"$defs": {"t": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/t"}}}}},
+      "$ref": "#/$defs/t"}, '{"kids":[{"kids":[]},{}]}', True),
+]
+
+
+def accepts(vocab, grammar, text: str) -> bool:
+    m = Matcher(CompiledGrammar(grammar, vocab))
+    return m.consume_bytes(text.encode("utf-8")) and m.is_accepting()
+
+
+@pytest.mark.parametrize("schema,text,accepted", CASES)
+def test_keyword_language(bytes_vocab, schema, text, accepted):
+    assert accepts(bytes_vocab, schema_grammar(schema), text) is accepted
+
+
+def test_standard_semantics(bytes_vocab):
+    """standard=True: undeclared properties allowed, untyped schemas admit every type."""
+    props = {"properties": {"a": {"type": "integer"}}}
+    assert not accepts(bytes_vocab, schema_grammar(props), '{"a":1,"b":2}')
+    assert accepts(bytes_vocab, schema_grammar(props, STD), '{"a":1,"b":2}')
+    assert not accepts(bytes_vocab, schema_grammar({"minimum": 3}), '"x"')
+    assert accepts(bytes_vocab, schema_grammar({"minimum": 3}, STD), '"x"')
+    assert accepts(bytes_vocab, schema_grammar({"const": 1.0}, STD), "1")
+
+
+def test_flexible_whitespace_is_bounded(bytes_vocab):
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}, "required": ["a"]}
+    ws2 = SchemaOptions(whitespace=2)
+    assert accepts(bytes_vocab, schema_grammar(schema, ws2), '{ "a" : [ 1 ,\n2 ] }')
+    assert not accepts(bytes_vocab, schema_grammar(schema, ws2), '{   "a":[1]}')  # three spaces: over the bound
+    assert not accepts(bytes_vocab, schema_grammar(schema), '{ "a":[1]}')  # compact by default
+
+
+def test_pattern_masks_have_no_dead_ends(bytes_vocab):
+    """Every legal token keeps a completion: a partial UTF-8 character or \\u escape is offered
+    only if some completion of it continues the pattern."""
+    g = CompiledGrammar(schema_grammar({"type": "string", "pattern": "^[a-f]{2}é$"}), bytes_vocab)
+    m = Matcher(g)
+    assert m.consume_bytes(b'"ab')
+    legal = m.legal_token_ids().tolist()
+    texts = {bytes_vocab.token_bytes[t] for t in legal}
+    assert "é".encode() in texts and b"\xc3" in texts  # the whole character, or its lead byte
+    assert b"\xe4\xb8" not in texts and b"a" not in texts  # not another character, not a fourth letter
+    assert b"\\" in texts and b"\\u00" in texts  # \u00e9 spells é too
+    m.consume_bytes(b"\\u00")
+    hexes = {bytes_vocab.token_bytes[t] for t in m.legal_token_ids().tolist()}
+    assert b"e" in hexes and b"a" not in hexes  # \u00e? is the only way on
+    assert m.forced_tokens() == [] or bytes_vocab.decode(m.forced_tokens()).startswith(b"e")
+
+
+ERRORS = [
+    ({"type": "string", "pattern": "(?=a)"}, "pattern", "/pattern", "lookaround"),
+    ({"type": "string", "pattern": "(a)\\1"}, "pattern", "/pattern", "backreferences"),
+    ({"properties": {"p": {"type": "string", "pattern": "a^b"}}}, "pattern", "/properties/p/pattern", "anchor"),
+    ({"type": "string", "pattern": "["}, "pattern", "/pattern", "unterminated"),
+    ({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, "oneOf", "/oneOf", "overlap"),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "type", "/allOf/1", "no value fits"),
+    ({"allOf": [{"const": 1}, {"const": 2}]}, "const", "/allOf/1", "two different constants"),
+    ({"type": "array", "uniqueItems": True}, "uniqueItems", "", "not supported"),
+    ({"properties": {"a": {"not": {"type": "null"}}}}, "not", "/properties/a", "lenient"),
+    ({"$ref": "https://example.com/other.json"}, "$ref", "/$ref", "inline the remote schema"),
+    ({"$ref": "#nowhere"}, "$ref", "/$ref", "no $anchor"),
+    ({"type": "number", "minimum": 5, "maximum": 1}, "minimum", "", "no number"),
+    ({"type": "array", "prefixItems": [{}], "items": False, "minItems": 3}, "minItems", "", "only 1 items"),
+]
+
+
+@pytest.mark.parametrize("schema,keyword,pointer,words", ERRORS)
+def test_schema_errors_name_keyword_and_pointer(schema, keyword, pointer, words):
+    with pytest.raises(SchemaError) as e:
+        schema_grammar(schema)
+    assert e.value.keyword == keyword and e.value.pointer == pointer
+    assert words in str(e.value)
+
+
+def test_lenient_ignores_with_a_warning(bytes_vocab):
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        g = schema_grammar({"oneOf": [{"type": "integer"}, {"minimum": 2}], "not": {"const": 3}},
+                           SchemaOptions(lenient=True))
+    assert accepts(bytes_vocab, g, "3")  # `not` ignored (with a warning), oneOf read as anyOf
+    msgs = " ".join(str(x.message) for x in w)
+    assert "oneOf" in msgs and "'not'" in msgs
+
+
+def test_unknown_format_is_an_annotation(bytes_vocab):
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        g = schema_grammar({"type": "string", "format": "color"})
+    assert accepts(bytes_vocab, g, '"anything"')
+    assert any("color" in str(x.message) for x in w)
+
+
+def test_limits_stop_hostile_schemas_cleanly(bytes_vocab):
+    deep: dict = {"type": "integer"}
+    for _ in range(100):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(SchemaError, match="max_depth"):
+        schema_grammar(deep)
+    with pytest.raises(SchemaError, match="max_enum"):
+        schema_grammar({"enum": list(range(20))}, SchemaOptions(max_enum=10))
+    with pytest.raises(SchemaError, match="max_pattern"):
+        schema_grammar({"type": "string", "pattern": "a" * 5000})
+    t0 = time.perf_counter()
+    with pytest.raises(SchemaError, match="too large|too complex"):
+        schema_grammar({"type": "string", "pattern": "(a{1000}){1000}"})
+    with pytest.raises(SchemaError, match="too large|too complex"):
+        schema_grammar({"type": "string", "pattern": "^[ab]*a[ab]{20}$"})  # 2^20 DFA states
+    assert time.perf_counter() - t0 < 30
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)}}
+    with pytest.raises(SchemaError, match="budget"):
+        schema_grammar({"allOf": [wide] * 50}, SchemaOptions(time_budget_s=0.05))
+
+
+def test_unsatisfiable_lengths_are_grammar_errors(bytes_vocab):
+    with pytest.raises(GrammarError, match="length"):
+        CompiledGrammar(schema_grammar({"type": "string", "pattern": "^a{5}$", "maxLength": 3}), bytes_vocab)
