@@ -158,3 +158,17 @@ def test_logprob_entry_shape(bytes_vocab):
     assert e["token"] == "a" and e["bytes"] == [97] and e["logprob"] == -0.25
     assert [x["logprob"] for x in e["top_logprobs"]] == [-0.25, -2.0]
     assert asm.logprob_entry(Step(0, t, "a", None, True, None))["logprob"] == 0.0  # written by finish()
+
+
+def test_json_object_grammar_takes_any_object(bytes_vocab):
+    from railcall.server.plan import _response_grammar
+    from railcall.server.schemas import ChatCompletionRequest
+
+    req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}],
+                                                "response_format": {"type": "json_object"}})
+    grammar, kind = _response_grammar(req)
+    compiled = compiled_grammar(grammar, bytes_vocab)
+    for text, ok in [('{}', True), ('{"a":[1,{"b":null}],"c":"d"}', True), ('[1]', False), ('"s"', False)]:
+        m = Matcher(compiled)
+        assert (m.consume_bytes(text.encode()) and m.is_accepting()) == ok, text
+    assert kind == "json"

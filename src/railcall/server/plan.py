@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from railcall.decode import SamplingParams
 from railcall.errors import GrammarError, RequestError, SchemaError
 from railcall.grammar import ir
-from railcall.grammar.schema import ANY_VALUE, SchemaOptions, schema_to_ir
+from railcall.grammar.schema import SchemaOptions, schema_to_ir
 from railcall.grammar.tools import Tool, ToolGrammarBuilder
 from railcall.matcher import CompiledGrammar, compiled_grammar
 from railcall.prompt import describe_tools
@@ -169,11 +169,8 @@ def _response_grammar(req: ChatCompletionRequest) -> tuple[ir.Grammar | None, st
     if rf is None or rf.type == "text":
         return None, "text"
     if rf.type == "json_object":
-        # Any JSON object: the any-value rules of the schema front end, started at an object.
-        _, rules = schema_to_ir({})
-        member = ir.Seq(ir.JsonString(0, None), ir.Lit(b":"), ir.Ref(ANY_VALUE))
-        start = ir.Alt(ir.Lit(b"{}"), ir.Seq(ir.Lit(b"{"), member, ir.Ref(ANY_VALUE + "obj"), ir.Lit(b"}")))
-        return ir.Grammar(start, rules, name="json_object"), "json"
+        node, rules = schema_to_ir({"type": "object"})  # any object: free keys, any values
+        return ir.Grammar(node, rules, name="json_object"), "json"
     spec = rf.json_schema
     schema = spec.schema_
     # strict: every keyword must be enforced (an unsupported one is a 400); not strict: keywords
