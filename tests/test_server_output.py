@@ -172,3 +172,20 @@ def test_json_object_grammar_takes_any_object(bytes_vocab):
         m = Matcher(compiled)
         assert (m.consume_bytes(text.encode()) and m.is_accepting()) == ok, text
     assert kind == "json"
+
+
+def test_assembler_reasoning_then_content_on_think_tokens(bytes_vocab):
+    """A vocabulary whose <think> and </think> are single tokens: reasoning_content deltas first,
+    then content; a spelled </think> inside reasoning stays reasoning."""
+    served = SimpleNamespace(vocab=bytes_vocab, delimiters=Delimiters.from_vocab(bytes_vocab), call_format="json")
+    asm = Assembler(served, plan_for())
+    think, end = bytes_vocab.special_id("<think>"), bytes_vocab.special_id("</think>")
+    toks = [think] + ids_of(bytes_vocab, "why </think> so") + [end] + ids_of(bytes_vocab, "Hi.")
+    deltas = []
+    for t in toks:
+        deltas += asm.feed(Step(0, t, "", None, False, -0.1))
+    deltas += asm.finish(SimpleNamespace(tokens=toks, text="", stop_string=None))
+    kinds = [next(iter(d)) for d in deltas]
+    assert kinds[0] == "reasoning_content" and kinds[-1] == "content" and "reasoning_content" not in kinds[kinds.index("content"):]
+    msg = asm.message()
+    assert msg["reasoning_content"] == "why </think> so" and msg["content"] == "Hi."

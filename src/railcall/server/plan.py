@@ -128,7 +128,8 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
         try:
             compiled = compiled_grammar(grammar, served.vocab)
         except GrammarError as e:
-            raise RequestError(f"the answer grammar could not be compiled: {e}", param="response_format") from None
+            where = "tools" if kind in ("tools", "auto") else "response_format"
+            raise RequestError(f"the answer grammar could not be compiled: {e}", param=where) from None
     return Plan(prompt=prompt, params=params, kind=kind, mode=mode, tool_choice=parser_choice, grammar=compiled, tools=tools if calling else [],
                 parallel=req.parallel_tool_calls and choice != "named", logprobs=req.logprobs,
                 top_logprobs=params.top_logprobs, return_token_ids=req.return_token_ids, stream=req.stream,
