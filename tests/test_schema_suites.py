@@ -108,7 +108,7 @@ _schemas = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(_schemas, st.booleans())
 def test_fuzzed_schemas_compile_or_fail_cleanly(bytes_vocab, schema, lenient):
     opts = SchemaOptions(lenient=lenient, time_budget_s=2.0)

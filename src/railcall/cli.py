@@ -239,5 +239,135 @@ def serve(
         _fail(e)
 
 
+def _agent_model(model):
+    """The agent's model (the embedded SmolLM2 unless --model); a seam tests replace."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from railcall.agent import AgentModel
+
+    return AgentModel.load(model)
+
+
+def _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed,
+                trace, ask=None):
+    from pathlib import Path
+
+    from railcall.agent import Agent, Approver, Policy, load_policies
+    from railcall.decode import SamplingParams
+
+    if approve is not None and approve not in ("ask", "auto", "deny"):
+        _fail(ValueError(f"--approve must be ask, auto or deny, not {approve!r}"))
+    try:
+        chosen = Policy()
+        if policy and policy != "default":
+            path = Path(policies) if policies else Path(workspace) / ".railcall" / "policies.json"
+            named = load_policies(path)
+            if policy not in named:
+                raise ValueError(f"no policy {policy!r} in {path}; it has: {', '.join(named) or 'none'}")
+            chosen = named[policy]
+        if read_only:
+            chosen = chosen.with_(read_only=True, name=chosen.name + "+read-only")
+        if approve:
+            chosen = chosen.with_(approve=approve, approve_tools={})
+        lm = _agent_model(model)
+        agent = Agent.for_workspace(
+            workspace, lm, policy=chosen, approver=Approver(ask), max_steps=max_steps,
+            params=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed),
+            trace=trace or Path(workspace) / ".railcall" / "trace.jsonl", on_step=_show_step)
+    except (RailcallError, ValueError, FileNotFoundError) as e:
+        _fail(e)
+    return agent
+
+
+def _show_step(rec: dict) -> None:
+    call = rec.get("call")
+    head = f"  step {rec['step']}: "
+    if call is None:
+        console.print(head + rec.get("result", ""), markup=False, highlight=False)
+        return
+    args = json.dumps(call["args"], ensure_ascii=False)
+    appr = rec.get("approval", {})
+    mark = {"auto": " [auto-approved]", "ask": " [approved]" if appr.get("approved") else " [not approved]",
+            "deny": " [denied]"}.get(appr.get("mode"), "")
+    console.print(f"{head}{call['tool']} {args}{mark}", markup=False, highlight=False, style="bold")
+    console.print("    -> " + " ".join(str(rec.get("result", "")).split())[:300], markup=False, highlight=False,
+                  style="dim")
+
+
+def _show_episode(ep) -> None:
+    if ep.success:
+        console.print(f"answer: {ep.answer}", markup=False, highlight=False)
+    else:
+        console.print(f"(no answer after {len(ep.steps)} steps)")
+    if ep.skill:
+        console.print(f"learned skill {ep.skill}", style="green")
+
+
+_AGENT_OPTIONS = dict(
+    workspace=typer.Option(..., "--workspace", "-w", help="The sandbox folder the tools may read and write."),
+    read_only=typer.Option(False, "--read-only", help="Build the grammar without mutating tools: the model cannot propose one."),
+    approve=typer.Option(None, "--approve", help="Mutating calls: ask (on the terminal), auto or deny (default: the policy's, ask)."),
+    policy=typer.Option("default", "--policy", help="A named policy from --policies (default: every tool)."),
+    policies=typer.Option(None, "--policies", help="JSON file of named policies (default: WORKSPACE/.railcall/policies.json)."),
+    max_steps=typer.Option(6, "--max-steps", help="Step limit per task."),
+    max_tokens=typer.Option(64, "--max-tokens", help="Token ceiling per call (a cut call is finished by the grammar)."),
+    temperature=typer.Option(0.0, "--temperature", help="0 = greedy."),
+    seed=typer.Option(0, "--seed", help="Sampling seed."),
+    trace=typer.Option(None, "--trace", help="JSON-lines trace file (default: WORKSPACE/.railcall/trace.jsonl)."),
+    model=typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+)
+
+
+@app.command()
+def agent(
+    task: str = typer.Argument(..., help="What the agent should do."),
+    workspace: str = _AGENT_OPTIONS["workspace"], read_only: bool = _AGENT_OPTIONS["read_only"],
+    approve: Optional[str] = _AGENT_OPTIONS["approve"], policy: str = _AGENT_OPTIONS["policy"],
+    policies: Optional[str] = _AGENT_OPTIONS["policies"], max_steps: int = _AGENT_OPTIONS["max_steps"],
+    max_tokens: int = _AGENT_OPTIONS["max_tokens"], temperature: float = _AGENT_OPTIONS["temperature"],
+    seed: int = _AGENT_OPTIONS["seed"], trace: Optional[str] = _AGENT_OPTIONS["trace"],
+    model: Optional[str] = _AGENT_OPTIONS["model"],
+) -> None:
+    """Run one task: calls under the grammar, approval for mutating ones, a JSON-lines trace."""
+    a = _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed, trace)
+    console.print(f"policy {a.policy.name}: tools {', '.join(a.view().names)}", markup=False, highlight=False)
+    ep = a.run(task)
+    _show_episode(ep)
+    console.print(f"trace: {a.trace_path}", style="dim", markup=False, highlight=False)
+
+
+@app.command()
+def chat(
+    workspace: str = _AGENT_OPTIONS["workspace"], read_only: bool = _AGENT_OPTIONS["read_only"],
+    approve: Optional[str] = _AGENT_OPTIONS["approve"], policy: str = _AGENT_OPTIONS["policy"],
+    policies: Optional[str] = _AGENT_OPTIONS["policies"], max_steps: int = _AGENT_OPTIONS["max_steps"],
+    max_tokens: int = _AGENT_OPTIONS["max_tokens"], temperature: float = _AGENT_OPTIONS["temperature"],
+    seed: int = _AGENT_OPTIONS["seed"], trace: Optional[str] = _AGENT_OPTIONS["trace"],
+    model: Optional[str] = _AGENT_OPTIONS["model"],
+) -> None:
+    """Interactive: one task per line; /tools, /skills, /quit (or end of input)."""
+    a = _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed, trace)
+    console.print("railcall chat: one task per line; /tools, /skills, /quit.")
+    while True:
+        try:
+            line = input("task> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            break
+        if not line:
+            continue
+        if line in ("/quit", "/exit"):
+            break
+        if line == "/tools":
+            v = a.view()
+            console.print(f"policy {a.policy.name}: {', '.join(v.names)}", markup=False, highlight=False)
+            for name, why in v.left_out.items():
+                console.print(f"  not callable: {name} ({why})", markup=False, highlight=False)
+            continue
+        if line == "/skills":
+            names = a.skills.names()
+            console.print(", ".join(names) if names else "(no skills yet)", markup=False, highlight=False)
+            continue
+        _show_episode(a.run(line))
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())

@@ -145,6 +145,32 @@ class _Ctx:
 
 _NOT_SCHEMAS = frozenset({"enum", "const", "default", "examples"})
 
+# The shape each keyword's value must have, checked before anything reads it.
+_SHAPES = {
+    "properties": (dict, "an object of schemas"), "$defs": (dict, "an object of schemas"),
+    "definitions": (dict, "an object of schemas"), "required": (list, "an array of names"),
+    "enum": (list, "an array"), "prefixItems": (list, "an array of schemas"), "allOf": (list, "an array of schemas"),
+    "anyOf": (list, "an array of schemas"), "oneOf": (list, "an array of schemas"),
+    "items": ((dict, bool, list), "a schema"), "additionalItems": ((dict, bool), "a schema"),
+    "additionalProperties": ((dict, bool), "a schema"), "type": ((str, list), "a type name or an array of them"),
+    "$ref": (str, "a URI reference"), "pattern": (str, "a regular expression"), "format": (str, "a format name"),
+    "uniqueItems": (bool, "a boolean"),
+}
+
+
+def _check_shapes(schema: dict, pointer: str) -> None:
+    for k, (types, what) in _SHAPES.items():
+        if k in schema and not isinstance(schema[k], types):
+            raise SchemaError(f"{k} must be {what}, not {schema[k]!r}", pointer=pointer + "/" + k, keyword=k)
+    req = schema.get("required")
+    if req is not None and not all(isinstance(r, str) for r in req):
+        raise SchemaError("required must be an array of names (strings)", pointer=pointer + "/required", keyword="required")
+    for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems",
+              "maxItems", "minProperties", "maxProperties"):
+        v = schema.get(k)
+        if v is not None and not isinstance(v, (int, float)):
+            raise SchemaError(f"{k} must be a number, not {v!r}", pointer=pointer + "/" + k, keyword=k)
+
 
 def _index(ctx: _Ctx, node, base: str) -> None:
     """Record every subschema's base URI, every `$id` and every `$anchor`, so that `$ref`s
@@ -219,6 +245,7 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
     for k in schema:
         if k not in HANDLED and k not in ANNOTATIONS:
             _unsupported(ctx, k, pointer)
+    _check_shapes(schema, pointer)
     orig = schema
     schema = {k: v for k, v in schema.items() if k in HANDLED}
     if not schema:
@@ -706,6 +733,7 @@ def _expand(ctx: _Ctx, s, pointer: str, depth: int) -> dict:
     for k in s:
         if k not in HANDLED and k not in ANNOTATIONS:
             _unsupported(ctx, k, pointer)
+    _check_shapes(s, pointer)
     orig = s
     s = {k: v for k, v in s.items() if k in HANDLED}
     if "$ref" in s:

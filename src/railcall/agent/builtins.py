@@ -1,0 +1,168 @@
+"""The built-in workspace tools, registered the way any other tool is.
+
+    list_dir(path)          path enumerated from the folders that exist
+    read_file(path)         path enumerated from the files that exist
+    write_file(path, text)  mutates; any path, confined to the workspace, written atomically
+    calc(expr)              safe arithmetic: parsed with `ast`, never evaluated
+    remember(text)          mutates; appends to the memory store (atomically)
+    run(name)               name enumerated from the stored skills this view could run
+    answer(text)            ends the episode with a reply to the user
+
+Every path is confined by `Workspace.resolve` inside the tool itself, so the checks hold even
+for a call that never went through the grammar.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator as op
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from railcall.agent.files import Workspace, atomic_write
+from railcall.agent.skills import SkillStore
+from railcall.agent.table import ToolTable
+
+ANSWER = "answer"
+READ_LIMIT = 4000  # characters of a file shown to the model: a 135M model's context is 8k tokens
+
+
+def calc(expr: str) -> str:
+    """Evaluate an arithmetic expression (numbers, + - * / // % ** and parentheses)."""
+    ops = {ast.Add: op.add, ast.Sub: op.sub, ast.Mult: op.mul, ast.Div: op.truediv, ast.FloorDiv: op.floordiv,
+           ast.Mod: op.mod, ast.Pow: op.pow, ast.USub: op.neg, ast.UAdd: op.pos}
+    big = 10 ** 300  # beyond this a result is refused: 9**9**9 must not hang the process
+
+    def ev(n):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool):
+            return n.value
+        if isinstance(n, ast.BinOp) and type(n.op) in ops:
+            left, right = ev(n.left), ev(n.right)
+            if isinstance(n.op, ast.Pow) and (abs(right) > 1000 or abs(left) > big or
+                                              (abs(left) > 1 and abs(right) * len(str(int(abs(left)))) > 300)):
+                raise ValueError("the power is too large")
+            out = ops[type(n.op)](left, right)
+        elif isinstance(n, ast.UnaryOp) and type(n.op) in ops:
+            out = ops[type(n.op)](ev(n.operand))
+        else:
+            raise ValueError("only numbers and + - * / // % ** ( ) are allowed")
+        if isinstance(out, complex) or abs(out) > big:
+            raise ValueError("the result is too large")
+        return out
+
+    if len(expr) > 200:
+        return "error: the expression is longer than 200 characters"
+    try:
+        value = ev(ast.parse(expr.replace("×", "*").replace("x", "*"), mode="eval"))
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, TypeError) as e:
+        return f"error: {e}"
+    return str(int(value)) if isinstance(value, float) and value.is_integer() and abs(value) < 1e15 else str(value)
+
+
+class MemoryStore:
+    """Notes the agent keeps across episodes: JSON lines, rewritten whole on each append."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def items(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text().splitlines():
+            try:
+                out.append(json.loads(line)["text"])
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
+
+    def append(self, text: str) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        old = self.path.read_bytes() if self.path.exists() else b""
+        line = json.dumps({"text": text, "at": time.time()}, ensure_ascii=False).encode() + b"\n"
+        atomic_write(self.path, old + line)
+        return len(self.items())
+
+
+def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory: MemoryStore,
+                    run_skill: Callable[[str], str]) -> ToolTable:
+    """Register the built-ins on `table` (run_skill: the runtime's way to replay a skill, so each
+    of its steps passes the same policy view and approval gate as a call the model writes)."""
+
+    def list_dir(path: str) -> str:
+        """List the files and folders in a folder of the workspace.
+
+        Args:
+            path: the folder, relative to the workspace ("." for the top).
+        """
+        target = ws.resolve(path)
+        if not target.is_dir():
+            return f"error: no folder {path!r}"
+        entries = sorted(p.name + ("/" if p.is_dir() else "") for p in target.iterdir() if not p.name.startswith("."))
+        return ", ".join(entries) or "(empty)"
+
+    def read_file(path: str) -> str:
+        """Read a text file of the workspace.
+
+        Args:
+            path: the file, relative to the workspace.
+        """
+        target = ws.resolve(path)
+        fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # the final component is real
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(READ_LIMIT * 4 + 4)
+        text = data.decode("utf-8", errors="replace")
+        return text[:READ_LIMIT] + ("\n[...]" if len(text) > READ_LIMIT else "")
+
+    def write_file(path: str, text: str) -> str:
+        """Write text to a file of the workspace (replacing it whole).
+
+        Args:
+            path: the file, relative to the workspace.
+            text: the new content.
+        """
+        target = ws.resolve(path)
+        if target.is_dir():
+            return f"error: {path!r} is a folder"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, text)
+        return f"wrote {len(text.encode())} bytes to {path}"
+
+    def remember(text: str) -> str:
+        """Remember a fact for later tasks.
+
+        Args:
+            text: the fact.
+        """
+        n = memory.append(text)
+        return f"remembered ({n} notes)"
+
+    def run(name: str) -> str:
+        """Run a stored skill: a sequence of calls that solved an earlier task.
+
+        Args:
+            name: the skill's name.
+        """
+        return run_skill(name)
+
+    def answer(text: str) -> str:
+        """Reply to the user and finish the task.
+
+        Args:
+            text: the reply.
+        """
+        return text
+
+    table.register(list_dir, domains={"path": lambda ctx: ws.dirs()})
+    table.register(read_file, domains={"path": lambda ctx: ws.files()})
+    table.register(write_file, mutates=True)
+    table.register(calc)
+    table.register(remember, mutates=True)
+    table.register(run, domains={"name": skills.runnable})
+    table.register(answer)
+    return table

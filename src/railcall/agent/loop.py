@@ -1,0 +1,281 @@
+"""The episode loop: task -> call under the grammar -> approval -> tool -> observation -> again.
+
+    for each step (at most max_steps):
+        view      = policy view of the live table, right now      (policy.view)
+        grammar   = tool_grammar(view.tools) x vocabulary          (cached per view content)
+        call      = generate(model, prompt, Matcher(grammar))      (always a call the view allows)
+        decision  = approval gate, for a mutating call             (Approver)
+        result    = the tool's handler, or the denial, or the error it raised
+        trace     <- one JSON line: view, mask at the tool-name position, legal counts per token,
+                     call, approval, result
+    an `answer` call ends the episode; a successful one is compiled into a skill
+
+The prompt and the grammar are rebuilt from the table at every step, so a tool (or a file, or a
+skill) added between two steps is offered and spellable on the next one, and one removed is
+gone from both at once.
+
+Lifecycle: an AgentModel is made once per model; an Agent once per session (it holds the table,
+the policy, the stores); an Episode per task.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from railcall.agent.builtins import ANSWER, MemoryStore, workspace_tools
+from railcall.agent.files import STATE_DIR, Workspace, sweep_temp
+from railcall.agent.policy import Approver, Decision, Policy, View, view
+from railcall.agent.skills import RUN, SkillError, SkillStore
+from railcall.agent.table import ToolTable
+from railcall.decode import SamplingParams, generate
+from railcall.grammar.tools import Tool
+from railcall.matcher import Matcher, compiled_grammar
+
+OBSERVATION_LIMIT = 1200  # characters of a result shown back to the model
+CALL_PREFIX = b'{"tool":"'  # where the wire format reaches the tool name
+
+
+@dataclass
+class AgentModel:
+    """The model seam: a backend (start/feed), its vocabulary, and how messages become prompt ids."""
+
+    backend: object
+    vocab: object
+    render: Callable[[list[dict], Sequence[Tool]], list[int]]
+    name: str = "model"
+
+    @classmethod
+    def load(cls, model=None) -> "AgentModel":
+        """The embedded SmolLM2 (or `model`: a .gguf or a Hugging Face folder), from the cache."""
+        from railcall.models.backend import TransformersBackend
+        from railcall.models.store import load_model
+        from railcall.prompt import has_native_tools
+        from railcall.vocab import Vocabulary
+
+        lm = load_model(model)
+        vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
+        tok = lm.tokenizer
+
+        def render(messages, tools):
+            kw = {}
+            if has_native_tools(tok):
+                kw["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                                  "parameters": t.parameters}} for t in tools]
+            out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kw)
+            ids = out["input_ids"] if hasattr(out, "keys") else out
+            return list(ids[0] if ids and isinstance(ids[0], list) else ids)
+
+        return cls(TransformersBackend(lm.model), vocab, render, lm.name)
+
+
+def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = ()) -> str:
+    """The tools of this step's view, with each enumerated argument's choices."""
+    lines = []
+    for t in tools:
+        props = t.parameters.get("properties", {})
+        args = []
+        for k, p in props.items():
+            if "enum" in p:
+                shown = ", ".join(json.dumps(v, ensure_ascii=False) for v in p["enum"][:12])
+                more = f", ... ({len(p['enum'])} in all)" if len(p["enum"]) > 12 else ""
+                args.append(f"{k} (one of {shown}{more})")
+            else:
+                args.append(f"{k} ({p.get('type', 'any')})")
+        lines.append(f"- {t.name}: {t.description} Arguments: {', '.join(args) or 'none'}.")
+    text = ("You are an assistant that solves the user's task step by step by calling tools. Tools:\n"
+            + "\n".join(lines) + "\n"
+            'Answer each turn with exactly one JSON object: {"tool":"<tool name>","args":{"<argument>":"<value>"}}. '
+            f"After each call you see its result. When you know the reply, call {ANSWER}.")
+    if notes:
+        text += "\nNotes you remembered earlier:\n" + "\n".join(f"- {n}" for n in notes[-8:])
+    return text
+
+
+@dataclass
+class Episode:
+    task: str
+    steps: list[dict] = field(default_factory=list)  # the trace records
+    answer: str | None = None
+    success: bool = False
+    skill: str | None = None  # the skill learned from it, if any
+
+    @property
+    def calls(self) -> list[dict]:
+        return [s["call"] for s in self.steps if s.get("call")]
+
+
+class Agent:
+    """A session: the live table, a policy, an approval gate, skills and memory, a model."""
+
+    def __init__(self, table: ToolTable, model: AgentModel | None, *, policy: Policy | None = None,
+                 approver: Approver | None = None, skills: SkillStore | None = None,
+                 memory: MemoryStore | None = None, params: SamplingParams | None = None, max_steps: int = 6,
+                 trace: str | Path | None = None, learn: bool = True, on_step: Callable[[dict], None] | None = None):
+        self.table, self.model = table, model
+        self.policy = policy or Policy()
+        self.approver = approver or Approver()
+        self.skills, self.memory = skills, memory
+        self.params = params or SamplingParams(max_tokens=64)
+        self.max_steps, self.learn, self.on_step = max_steps, learn, on_step
+        self.trace_path = Path(trace) if trace else None
+        self.workspace: Workspace | None = None  # set by for_workspace
+        self._episodes = 0
+        self._program: list = []
+
+    @classmethod
+    def for_workspace(cls, root: str | Path, model: AgentModel | None, **kw) -> "Agent":
+        """An agent over a sandbox folder with the built-in tools; skills and memory live in
+        `<root>/.railcall/`, out of the tools' reach."""
+        ws = Workspace(root)
+        ws.state.mkdir(exist_ok=True)
+        sweep_temp(ws.root)  # leftovers of a writer killed mid-write (never the target files)
+        skills, memory = SkillStore(ws.state / "skills"), MemoryStore(ws.state / "memory.jsonl")
+        table = ToolTable()
+        agent = cls(table, model, skills=skills, memory=memory, **kw)
+        workspace_tools(table, ws, skills, memory, agent.run_skill)
+        agent.workspace = ws
+        return agent
+
+    def view(self) -> View:
+        return view(self.table, self.policy)
+
+    # -- one episode ---------------------------------------------------------------------------
+
+    def run(self, task: str) -> Episode:
+        if self.model is None:
+            raise ValueError("this agent has no model; pass an AgentModel to run episodes")
+        self._episodes += 1
+        ep = Episode(task)
+        history: list[tuple[str, str]] = []  # (call text, observation)
+        for i in range(self.max_steps):
+            rec = self._step(task, history, i)
+            rec["episode"] = self._episodes
+            ep.steps.append(rec)
+            self._write_trace(rec)
+            if self.on_step:
+                self.on_step(rec)
+            if rec.get("call") is None:
+                break
+            history.append((rec["text"], rec["result"]))
+            if rec["call"]["tool"] == ANSWER and rec["ok"]:
+                ep.answer, ep.success = rec["result"], True
+                break
+        if ep.success and self.learn and self.skills is not None:
+            ep.skill = self._learn(ep)
+        return ep
+
+    def _step(self, task: str, history, index: int) -> dict:
+        t0 = time.perf_counter()
+        v = self.view()
+        rec: dict = {"step": index + 1, "task": task, "policy": self.policy.name, "table_version": v.table_version,
+                     "view": v.names, "left_out": v.left_out}
+        if not v.tools:
+            rec.update(call=None, ok=False, result="error: the policy view has no callable tool")
+            return rec
+        compiled = compiled_grammar(v.grammar(), self.model.vocab)
+        rec["name_position"] = name_position(compiled, self.model.vocab, v, self.table)
+        messages = [{"role": "system", "content": system_prompt(v.tools, self.memory.items() if self.memory else ())},
+                    {"role": "user", "content": task}]
+        for text, obs in history:
+            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"Result: {obs}"}]
+        g = generate(self.model.backend, self.model.vocab, self.model.render(messages, v.tools), Matcher(compiled),
+                     self.params)
+        rec.update(text=g.text, tokens=len(g.tokens), legal=[s.legal for s in g.steps],
+                   forced=sum(s.forced for s in g.steps), cut=g.cut)
+        try:
+            call = json.loads(g.text)
+        except ValueError:
+            rec.update(call=None, ok=False, result=f"error: the output is not a call ({g.grammar_error or 'cut'})")
+            return rec
+        rec["call"] = call
+        decision, result, ok, program = self.dispatch(call, v)
+        rec.update(approval={"mode": decision.mode, "approved": decision.approved, "reason": decision.reason},
+                   result=result[:OBSERVATION_LIMIT], ok=ok, program=program, seconds=round(time.perf_counter() - t0, 3))
+        return rec
+
+    def dispatch(self, call: dict, v: View | None = None) -> tuple[Decision, str, bool, list]:
+        """Check `call` against the view, pass the approval gate, run it. Returns (decision,
+        observation, ok, the calls it amounts to -- a skill's steps for `run`). Never raises
+        for a tool's own failure: that is an observation."""
+        v = v or self.view()
+        why = v.check(call)
+        if why:
+            return Decision(False, "none", why), f"error: {why}", False, []
+        tool = v.tool(call["tool"])
+        decision = self.approver.decide(self.policy, tool, call["args"])
+        if not decision.approved:
+            return decision, f"denied: {decision.reason}; {tool.name} was not run", False, []
+        # The calls this one amounts to, for learning skills: itself, unless it is `run`, whose
+        # handler (run_skill) replaces it with the skill's steps once they all succeeded.
+        self._program: list = [call]
+        try:
+            out = self.table.entry(tool.name).call(call["args"])
+        except Exception as e:  # a tool's failure is the model's observation, not the runtime's crash
+            return decision, f"error: {type(e).__name__}: {e}", False, []
+        result = out if isinstance(out, str) else json.dumps(out, ensure_ascii=False, default=str)
+        ok = not result.startswith(("error:", "denied:"))
+        return decision, result, ok, self._program
+
+    def run_skill(self, name: str) -> str:
+        """Replay a stored skill; each step passes the view (without `run`) and the approval gate."""
+        if self.skills is None:
+            raise SkillError("this agent has no skill store")
+        inner = view(self.table, self.policy.with_(deny=self.policy.deny | {RUN}))
+        skill = self.skills.load(name)
+        why = self.skills.check(skill, inner)
+        if why:
+            raise SkillError(f"skill {name} cannot run here: {why}")
+        outputs = []
+        for i, step in enumerate(skill.steps):
+            decision, result, ok, _ = self.dispatch(step, inner)
+            outputs.append(f"[{i + 1}] {step['tool']}: {result}")
+            if not ok:
+                raise SkillError(f"skill {name} stopped at step {i + 1}: " + " | ".join(outputs))
+        self._program = list(skill.steps)
+        return " | ".join(outputs)
+
+    def _learn(self, ep: Episode) -> str | None:
+        steps = [s for s in ep.steps if s.get("call")]
+        if any(not s["ok"] for s in steps):
+            return None  # an episode with a failed or denied call is not a program worth keeping
+        program = [c for s in steps if s["call"]["tool"] != ANSWER for c in s["program"]]
+        skill = self.skills.save(ep.task, program) if program else None
+        return skill.name if skill else None
+
+    def _write_trace(self, rec: dict) -> None:
+        if self.trace_path is None:
+            return
+        self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.trace_path, "a") as f:
+            f.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+
+
+def name_position(compiled, vocab, v: View, table: ToolTable) -> dict:
+    """What the mask allows where the model chooses the tool name: the number of legal tokens,
+    the table's names still spellable from there, and how many legal tokens start spelling only
+    a name the view left out (the evidence that read-only holds in the mask, not after it)."""
+    m = Matcher(compiled)
+    if not m.consume_bytes(CALL_PREFIX):
+        return {"legal": 0, "spellable": [], "excluded_tokens_legal": 0}
+    legal = m.legal_token_ids()
+    keys = {n: json.dumps(n, ensure_ascii=False)[1:].encode() for n in table.names()}
+    spellable = []
+    for n, key in keys.items():
+        probe = m.copy()
+        if probe.consume_bytes(key):
+            spellable.append(n)
+    shown = {keys[n] for n in v.names if n in keys}
+    hidden = [k for n, k in keys.items() if n not in v.names]
+    leaks = 0
+    for t in legal:
+        b = vocab.token_bytes[int(t)]
+        if not b:
+            continue
+        toward_hidden = any(k.startswith(b) or b.startswith(k) for k in hidden)
+        toward_shown = any(k.startswith(b) or b.startswith(k) for k in shown)
+        leaks += toward_hidden and not toward_shown
+    return {"legal": int(len(legal)), "spellable": spellable, "excluded_tokens_legal": leaks}

@@ -1,0 +1,96 @@
+"""`railcall agent` and `railcall chat` with a scripted model in place of SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from agentkit import scripted_model
+from typer.testing import CliRunner
+
+import railcall.agent
+import railcall.cli as cli
+
+runner = CliRunner()
+
+
+def call(tool, **args) -> str:
+    return json.dumps({"tool": tool, "args": args}, separators=(",", ":"))
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch):
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "notes.txt").write_text("Meeting on Thursday.")
+    replies = []
+    monkeypatch.setattr(cli, "_agent_model", lambda model: scripted_model(replies))
+    return root, replies
+
+
+def test_agent_command_runs_a_task_and_writes_the_trace(ws):
+    root, replies = ws
+    replies += [call("read_file", path="notes.txt"), call("answer", text="Thursday")]
+    r = runner.invoke(cli.app, ["agent", "When is the meeting?", "--workspace", str(root)])
+    assert r.exit_code == 0, r.output
+    assert 'read_file {"path": "notes.txt"}' in r.output and "-> Meeting on Thursday." in r.output
+    assert "answer: Thursday" in r.output and "learned skill learned-" in r.output
+    rows = [json.loads(x) for x in (root / ".railcall" / "trace.jsonl").read_text().splitlines()]
+    assert [r["call"]["tool"] for r in rows] == ["read_file", "answer"]
+
+
+def test_agent_read_only_and_approval_flags(ws):
+    root, replies = ws
+    replies += [call("write_file", path="x.txt", text="hi")]
+    r = runner.invoke(cli.app, ["agent", "save hi", "-w", str(root), "--read-only", "--max-steps", "1"])
+    assert r.exit_code == 0 and "write_file" not in r.output.split("tools ")[1].splitlines()[0]
+    assert not (root / "x.txt").exists()
+    replies += [call("write_file", path="x.txt", text="hi")]
+    r = runner.invoke(cli.app, ["agent", "save hi", "-w", str(root), "--approve", "deny", "--max-steps", "1"])
+    assert "[denied]" in r.output and not (root / "x.txt").exists()
+    replies += [call("write_file", path="x.txt", text="hi")]
+    r = runner.invoke(cli.app, ["agent", "save hi", "-w", str(root), "--approve", "auto", "--max-steps", "1"])
+    assert "[auto-approved]" in r.output and (root / "x.txt").read_text() == "hi"
+    r = runner.invoke(cli.app, ["agent", "x", "-w", str(root), "--approve", "maybe"])
+    assert r.exit_code == 2 and "ask, auto or deny" in r.output
+
+
+def test_agent_named_policy(ws):
+    root, replies = ws
+    (root / ".railcall").mkdir()
+    (root / ".railcall" / "policies.json").write_text(json.dumps({"calc-only": {"allow": ["calc", "answer"]}}))
+    replies += [call("read_file", path="notes.txt")]
+    r = runner.invoke(cli.app, ["agent", "x", "-w", str(root), "--policy", "calc-only", "--max-steps", "1"])
+    assert r.exit_code == 0 and "policy calc-only: tools calc, answer" in r.output and "read_file" not in r.output
+    r = runner.invoke(cli.app, ["agent", "x", "-w", str(root), "--policy", "nope"])
+    assert r.exit_code == 2 and "no policy 'nope'" in r.output and "calc-only" in r.output
+    r = runner.invoke(cli.app, ["agent", "x", "-w", str(root / "missing")])
+    assert r.exit_code == 2 and "not a folder" in r.output
+
+
+def test_chat_reads_tasks_and_approvals_from_stdin(ws):
+    root, replies = ws
+    replies += [call("write_file", path="a.txt", text="one"), call("answer", text="saved"),
+                call("write_file", path="b.txt", text="two"), call("answer", text="not saved")]
+    r = runner.invoke(cli.app, ["chat", "-w", str(root)],
+                      input="save one\ny\n/skills\nsave two\nn\n/tools\n/quit\nnever read\n")
+    assert r.exit_code == 0, r.output
+    assert (root / "a.txt").read_text() == "one" and not (root / "b.txt").exists()
+    assert "[approved]" in r.output and "[not approved]" in r.output
+    assert "answer: saved" in r.output and "answer: not saved" in r.output
+    learned = r.output.split("learned skill ")[1].split()[0]
+    assert r.output.count(learned) == 2  # learned from the first task, then listed by /skills
+    assert "not callable" not in r.output  # /tools: run is callable now that a skill exists
+    assert "policy default: list_dir, read_file, write_file, calc, remember, run, answer" in r.output
+
+
+def test_agent_package_surface():
+    assert railcall.agent.__all__ == [
+        "Agent", "AgentModel", "Approver", "Decision", "Episode", "PathRefused", "Policy", "Skill", "SkillError",
+        "SkillStore", "ToolTable", "View", "Workspace", "atomic_write", "load_policies", "view",
+    ]
+    code = "import sys, railcall.agent; print(sorted(m for m in ('torch', 'transformers', 'pydantic') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

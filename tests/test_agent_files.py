@@ -1,0 +1,160 @@
+"""The sandbox: path escapes refused inside the tools themselves; writes that a SIGKILL at any
+point leaves whole or absent, never half-written."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from railcall.agent.files import TMP_PREFIX, PathRefused, Workspace, atomic_write, sweep_temp
+from railcall.agent.loop import Agent
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+@pytest.fixture
+def box(tmp_path):
+    root = tmp_path / "ws"
+    (root / "sub").mkdir(parents=True)
+    (root / "notes.txt").write_text("inside")
+    (root / "sub" / "a.md").write_text("A")
+    (tmp_path / "secret.txt").write_text("outside")
+    (tmp_path / "outdir").mkdir()
+    (tmp_path / "outdir" / "x.txt").write_text("outside")
+    (root / "link_out").symlink_to(tmp_path / "secret.txt")
+    (root / "dir_out").symlink_to(tmp_path / "outdir")
+    (root / "link_in").symlink_to(root / "notes.txt")
+    return Agent.for_workspace(root, None)
+
+
+ESCAPES = ["../secret.txt", "sub/../../secret.txt", "/etc/passwd", str(Path("/tmp").resolve()), "link_out",
+           "dir_out/x.txt", "dir_out", "dir_out/new.txt", ".railcall/memory.jsonl", ".railcall", "a\x00b", "", " ",
+           "C:\\Windows\\win.ini", "..\\secret.txt"]
+
+
+@pytest.mark.parametrize("path", ESCAPES)
+def test_resolve_refuses_every_escape(box, path):
+    with pytest.raises(PathRefused):
+        box.workspace.resolve(path)
+
+
+@pytest.mark.parametrize("path", ESCAPES)
+def test_tools_refuse_escapes_even_when_the_grammar_is_bypassed(box, path, tmp_path):
+    """Straight to the handlers (no grammar, no view): every call is an error observation."""
+    for tool, args in [("read_file", {"path": path}), ("list_dir", {"path": path}),
+                       ("write_file", {"path": path, "text": "pwned"})]:
+        with pytest.raises(PathRefused):
+            box.table.entry(tool).call(args)
+    assert (tmp_path / "secret.txt").read_text() == "outside"
+    assert (tmp_path / "outdir" / "x.txt").read_text() == "outside"
+    assert not (tmp_path / "outdir" / "new.txt").exists()
+
+
+def test_dispatch_turns_a_refusal_into_an_observation(box):
+    # dispatch checks the view first: the grammar could not have spelled a missing path
+    decision, result, ok, _ = box.dispatch({"tool": "read_file", "args": {"path": "../secret.txt"}})
+    assert not ok and "do not fit" in result
+    # write_file's path is free text, so the refusal comes from the tool itself, as an observation
+    box.policy = box.policy.with_(approve="auto")
+    decision, result, ok, _ = box.dispatch({"tool": "write_file", "args": {"path": "../x.txt", "text": "t"}})
+    assert not ok and result.startswith("error: PathRefused") and "climbs out" in result
+
+
+def test_the_file_domain_is_what_exists_inside(box):
+    assert box.workspace.files() == ["link_in", "notes.txt", "sub/a.md"]
+    assert box.workspace.dirs() == [".", "sub"]
+    assert box.table.entry("read_file").call({"path": "link_in"}) == "inside"
+
+
+def test_write_creates_folders_inside_and_replaces_whole(box):
+    out = box.table.entry("write_file").call({"path": "new/deep/f.txt", "text": "héllo"})
+    assert "6 bytes" in out and (box.workspace.root / "new/deep/f.txt").read_text() == "héllo"
+    assert not list(box.workspace.root.rglob(TMP_PREFIX + "*"))
+
+
+def _writer(target: Path, size: int, hook: str) -> subprocess.Popen:
+    code = ("import os, sys, time\nfrom pathlib import Path\nfrom railcall.agent import files\n" + hook
+            + f"\nfiles.atomic_write(Path({str(target)!r}), b'N' * {size})\nprint('finished', flush=True)\n")
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": SRC}, text=True)
+
+
+def _kill_when(proc, word: str) -> None:
+    line = proc.stdout.readline()
+    assert word in line, (line, proc.stderr.read())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    assert proc.returncode == -signal.SIGKILL
+
+
+HALF_WRITE = """
+real_write = os.write
+def slow_write(fd, data):
+    n = real_write(fd, data)
+    print("mid-write", flush=True)
+    time.sleep(60)
+    return n
+files.os.write = slow_write
+"""
+
+AT_RENAME = """
+def stuck_replace(a, b):
+    print("at-rename", os.path.getsize(a), flush=True)
+    time.sleep(60)
+files.os.replace = stuck_replace
+"""
+
+
+@pytest.mark.parametrize("hook, word", [(HALF_WRITE, "mid-write"), (AT_RENAME, "at-rename")])
+def test_sigkill_during_a_write_never_leaves_a_half_written_file(tmp_path, hook, word):
+    target = tmp_path / "big.txt"
+    target.write_bytes(b"OLD" * 1000)
+    proc = _writer(target, 8 << 20, hook)  # 8 MiB: eight chunks, killed after the first
+    _kill_when(proc, word)
+    assert target.read_bytes() == b"OLD" * 1000
+    leftovers = list(tmp_path.glob(TMP_PREFIX + "*"))
+    assert len(leftovers) == 1  # the partial data sits in the temporary file, never in the target
+    assert leftovers[0].stat().st_size == (1 << 20 if word == "mid-write" else 8 << 20)
+    assert sweep_temp(tmp_path) == 1 and target.read_bytes() == b"OLD" * 1000
+
+
+def test_sigkill_at_random_moments_of_a_large_write(tmp_path):
+    """No hook: a 48 MiB write killed after 0-150 ms, five times; the file is old or new, whole."""
+    target = tmp_path / "big.bin"
+    size = 48 << 20
+    outcomes = set()
+    for delay in (0.0, 0.03, 0.06, 0.1, 0.15):
+        target.write_bytes(b"OLD")
+        proc = _writer(target, size, "")
+        time.sleep(0.3 + delay)  # the interpreter starts in about 0.3 s
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        data = target.read_bytes()
+        assert data == b"OLD" or (len(data) == size and data.count(b"N") == size)
+        outcomes.add("old" if data == b"OLD" else "new")
+        sweep_temp(tmp_path)
+    assert outcomes  # which of the two depends on the machine's speed; both are whole
+
+
+def test_atomic_write_cleans_up_after_an_error(tmp_path, monkeypatch):
+    from railcall.agent import files
+
+    def broken(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(files.os, "fsync", broken)
+    (tmp_path / "f").write_text("old")
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(tmp_path / "f", "new")
+    assert (tmp_path / "f").read_text() == "old" and not list(tmp_path.glob(TMP_PREFIX + "*"))
+
+
+def test_workspace_must_exist(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--workspace"):
+        Workspace(tmp_path / "nope")

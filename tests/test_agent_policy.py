@@ -1,0 +1,145 @@
+"""Policy as grammar: read-only and named views compile to grammars without what they exclude;
+the approval gate for mutating calls the grammar allows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from railcall.agent.loop import name_position
+from railcall.agent.policy import Approver, Policy, load_policies, view
+from railcall.agent.table import ToolTable
+from railcall.errors import GrammarError
+from railcall.matcher import Matcher, compiled_grammar
+
+FILES = ["docs/a.md", "docs/b.md", "secret.txt"]
+
+
+def make_table():
+    table = ToolTable()
+
+    def read_file(path: str) -> str:
+        """Read a file."""
+        return path
+
+    def write_file(path: str, text: str) -> str:
+        """Write a file."""
+        return "wrote"
+
+    def wipe_disk(confirm: bool) -> str:
+        """Erase everything."""
+        return "gone"
+
+    def read_dir(path: str, depth: int = 1) -> str:
+        """List a folder."""
+        return path
+
+    table.register(read_file, domains={"path": lambda ctx: FILES})
+    table.register(write_file, mutates=True)
+    table.register(wipe_disk, mutates=True)
+    table.register(read_dir)
+    return table
+
+
+
+def test_read_only_view_excludes_mutating_tools_from_the_mask(bpe_vocab):
+    table = make_table()
+    v = view(table, Policy(read_only=True))
+    assert v.names == ["read_file", "read_dir"]
+    assert v.left_out == {"write_file": "mutates (read-only)", "wipe_disk": "mutates (read-only)"}
+    compiled = compiled_grammar(v.grammar(), bpe_vocab)
+    pos = name_position(compiled, bpe_vocab, v, table)
+    assert pos["spellable"] == ["read_file", "read_dir"] and pos["excluded_tokens_legal"] == 0
+    # the same check on the full view finds tokens that start only the mutating names
+    full = view(table, Policy())
+    pos_full = name_position(compiled_grammar(full.grammar(), bpe_vocab), bpe_vocab, full, table)
+    assert set(pos_full["spellable"]) == set(table.names())
+    # token by token: the canonical tokens of a write call are refused at the name
+    m = Matcher(compiled)
+    ids = bpe_vocab._extra["encode"]('{"tool":"write_file","args":{"path":"x","text":"y"}}')
+    assert not all(m.consume_token(t) for t in ids) and m.is_error()
+
+
+def test_view_check_is_the_grammar():
+    table = make_table()
+    v = view(table, Policy(read_only=True))
+    assert v.check({"tool": "read_file", "args": {"path": "docs/a.md"}}) == ""
+    assert "not in the table" in v.check({"tool": "nope", "args": {}})
+    assert "mutates (read-only)" in v.check({"tool": "write_file", "args": {"path": "a", "text": "b"}})
+    assert "do not fit" in v.check({"tool": "read_file", "args": {"path": "missing.md"}})
+    assert "do not fit" in v.check({"tool": "read_dir", "args": {"path": "x", "depth": "deep"}})
+    assert v.check({"tool": "read_dir", "args": {"depth": 2, "path": "x"}}) == ""  # order is the schema's
+    assert "not a call" in v.check(["read_file"])
+
+
+def test_named_policy_allow_list_and_narrowed_domains():
+    table = make_table()
+    p = Policy("docs-reader", allow={"read_file", "read_dir", "write_file"},
+               args={"read_file": {"path": {"glob": "docs/*"}}, "read_dir": {"path": ["docs"], "depth": {"maximum": 2}},
+                     "write_file": {"path": ["docs/out.md"]}})
+    v = view(table, p)
+    assert v.names == ["read_file", "write_file", "read_dir"]
+    assert v.left_out == {"wipe_disk": "not on the policy's allow-list"}
+    assert v.tool("read_file").parameters["properties"]["path"]["enum"] == ["docs/a.md", "docs/b.md"]
+    assert v.check({"tool": "read_file", "args": {"path": "secret.txt"}})
+    assert v.check({"tool": "read_dir", "args": {"path": "docs", "depth": 3}})
+    assert v.check({"tool": "read_dir", "args": {"path": "docs", "depth": 2}}) == ""
+    assert v.check({"tool": "write_file", "args": {"path": "docs/out.md", "text": "t"}}) == ""
+    assert v.check({"tool": "write_file", "args": {"path": "elsewhere.md", "text": "t"}})
+    # the table's own tools are untouched by a view
+    assert "enum" not in table.entry("read_dir").tool.parameters["properties"]["path"]
+    # a narrowing that leaves nothing removes the tool
+    v2 = view(table, Policy(args={"read_file": {"path": ["not-there.md"]}}))
+    assert "read_file" not in v2.names and "required argument" in v2.left_out["read_file"]
+    with pytest.raises(GrammarError, match="does not have"):
+        view(table, Policy(args={"read_file": {"nope": ["x"]}}))
+    with pytest.raises(GrammarError, match="cannot narrow"):
+        view(table, Policy(args={"read_dir": {"depth": {"pattern": "x"}}}))
+
+
+def test_deny_list_and_empty_view():
+    table = make_table()
+    v = view(table, Policy(deny={"read_dir"}, read_only=True))
+    assert v.names == ["read_file"]
+    v = view(table, Policy(allow=set()))
+    assert v.names == [] and v.check({"tool": "read_file", "args": {"path": "docs/a.md"}})
+
+
+def test_policies_file(tmp_path):
+    path = tmp_path / "policies.json"
+    path.write_text(json.dumps({"reader": {"read_only": True, "approve": "deny"},
+                                "ops": {"allow": ["write_file"], "approve_tools": {"write_file": "auto"}}}))
+    named = load_policies(path)
+    assert named["reader"].read_only and named["reader"].approve == "deny"
+    assert named["ops"].approval_for("write_file") == "auto" and named["ops"].approval_for("wipe_disk") == "ask"
+    path.write_text(json.dumps({"bad": {"read_onyl": True}}))
+    with pytest.raises(ValueError, match="unknown keys"):
+        load_policies(path)
+    with pytest.raises(ValueError, match="not one of"):
+        Policy(approve="maybe")
+
+
+def test_approval_gate_modes():
+    table = make_table()
+    write = table.entry("write_file").tool
+    read = table.entry("read_file").tool
+    asked = []
+
+    def ask(prompt):
+        asked.append(prompt)
+        return len(asked) == 1  # yes the first time, no after
+
+    gate = Approver(ask)
+    assert gate.decide(Policy(), read, {"path": "a"}).mode == "none" and not asked
+    d = gate.decide(Policy(), write, {"path": "a", "text": "b"})
+    assert d.approved and d.mode == "ask" and "write_file" in asked[0]
+    assert not gate.decide(Policy(), write, {"path": "a", "text": "b"}).approved
+    assert gate.decide(Policy(approve="auto"), write, {}).approved
+    d = gate.decide(Policy(approve="auto", approve_tools={"write_file": "deny"}), write, {})
+    assert not d.approved and d.mode == "deny"
+
+    def eof(prompt):
+        raise EOFError
+
+    assert not Approver(eof).decide(Policy(), write, {}).approved
