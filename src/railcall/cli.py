@@ -214,6 +214,31 @@ def coverage(
     console.print(f"wrote {out} (per-keyword table)")
 
 
+@app.command()
+def serve(
+    model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="The address to listen on."),
+    port: int = typer.Option(8000, "--port", help="The port to listen on."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RAILCALL_API_KEY",
+                                          help="Require 'Authorization: Bearer KEY' on /v1 (or set RAILCALL_API_KEY)."),
+    max_pending: int = typer.Option(32, "--max-pending", help="Requests running or queued before new ones get 429."),
+    max_body: int = typer.Option(4 << 20, "--max-body", help="The largest request body in bytes (larger: 413)."),
+) -> None:
+    """Serve the model over an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from railcall.server.app import serve as run_server
+    except ImportError as e:
+        _fail(RuntimeError(f"the server needs its extra: pip install 'railcall[serve]' ({e})"))
+        return
+    if max_pending < 1 or max_body < 1:
+        _fail(ValueError("--max-pending and --max-body must be at least 1"))
+    try:
+        run_server(model, host=host, port=port, api_key=api_key or None, max_pending=max_pending, max_body=max_body)
+    except RailcallError as e:
+        _fail(e)
+
+
 def _agent_model(model):
     """The agent's model (the embedded SmolLM2 unless --model); a seam tests replace."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -6,7 +6,9 @@
     ├── VocabularyError           a tokenizer railcall cannot turn into token bytes
     ├── GrammarError              a tool table, schema or grammar that cannot be compiled
     │   └── SchemaError           a JSON Schema problem, naming the keyword and its JSON pointer
-    └── MatcherError              misuse of a Matcher's API (a wrong-sized bitmask, rollback too far)
+    ├── MatcherError              misuse of a Matcher's API (a wrong-sized bitmask, rollback too far)
+    └── RequestError              a request the server turns away: HTTP status, OpenAI error type and
+                                  the field at fault (bad request 400, oversized 413, overloaded 429/503)
 
 Decoding-time faults are not exceptions: a token the grammar does not allow puts the Matcher into
 an error state it never leaves (`Matcher.is_error()`), so a serving loop never crashes on one bad
@@ -55,3 +57,20 @@ class SchemaError(GrammarError):
 
 class MatcherError(RailcallError):
     """A Matcher was used wrongly (this is API misuse, not a decoding fault)."""
+
+
+class RequestError(RailcallError):
+    """A request the OpenAI-compatible server rejects, with what its client needs to fix it.
+
+    `status` is the HTTP status, `type` OpenAI's error type (``invalid_request_error``, ...),
+    `param` the request field at fault in OpenAI's dotted form (``messages[2].tool_call_id``) and
+    `code` a short machine-readable reason where there is one.
+    """
+
+    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code

@@ -1,0 +1,360 @@
+"""The FastAPI application: OpenAI's chat completions API over one served model.
+
+    GET  /health                 liveness and queue depth (no key needed)
+    GET  /v1/models              the one model this process serves
+    POST /v1/chat/completions    tools, tool_choice, response_format, streaming, logprobs, ...
+
+Every error is OpenAI's error object, `{"error": {"message", "type", "param", "code"}}`: 400 for
+a request that cannot be served as written (the message names the field, and for a schema the
+keyword and JSON pointer), 401 without the API key, 404/405 for a wrong path or method, 413 for
+a body over the limit, 429 when the queue is full, 503 when the engine is not running. A request
+is read, validated and planned (prompt, grammar) before it is queued, so every 4xx is answered
+without waiting for the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+import threading
+import time
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from railcall import __version__
+from railcall.errors import RequestError
+from railcall.server import sse
+from railcall.server.engine import Engine, ServedModel
+from railcall.server.output import Assembler
+from railcall.server.plan import Plan, build_plan
+from railcall.server.schemas import ChatCompletionRequest, error_body
+
+DEFAULT_MAX_BODY = 4 << 20  # 4 MiB: a long conversation with a large tool table fits many times over
+PING_SECONDS = 1.0  # a streamed request waiting in the queue sends a comment this often
+
+
+def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY,
+               max_pending: int = 32, engine: Engine | None = None) -> FastAPI:
+    """The app for `served`. Its engine starts and stops with the app (lifespan)."""
+    engine = engine or Engine(served, max_pending=max_pending)
+    plan_lock = threading.Lock()  # one request planned at a time: compiling is CPU work
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await run_in_threadpool(served.warm_up)
+        engine.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(engine.stop)
+
+    app = FastAPI(title="railcall", version=__version__, lifespan=lifespan,
+                  description="OpenAI-compatible chat completions; tool calls and JSON answers are enforced by a grammar.")
+    app.state.served = served
+    app.state.engine = engine
+    app.state.api_key = api_key
+    app.state.max_body = max_body
+
+    # -- errors -----------------------------------------------------------------------------
+    @app.exception_handler(RequestError)
+    async def _request_error(request: Request, e: RequestError):
+        return JSONResponse(error_body(str(e), e.type, e.param, e.code), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(e.detail), kind), status_code=e.status_code, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, e: RequestValidationError):
+        return JSONResponse(_validation_body(e.errors()), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception):  # a bug, never the client's input
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500)
+
+    def auth(request: Request) -> None:
+        key = request.app.state.api_key
+        if not key:
+            return
+        header = request.headers.get("authorization", "")
+        given = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        if not given or not hmac.compare_digest(given.encode(), key.encode()):
+            raise RequestError("a valid API key is required: send it as 'Authorization: Bearer <key>'",
+                               status=401, param=None, code="invalid_api_key")
+
+    # -- routes -----------------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": served.name, "pending": engine.pending}
+
+    @app.get("/v1/models", dependencies=[Depends(auth)])
+    async def models():
+        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0, "owned_by": "railcall"}]}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=[Depends(auth)])
+    async def model(model_id: str):
+        if model_id != served.name:
+            raise RequestError(f"model {model_id!r} is not served here; this server serves {served.name!r}",
+                               status=404, type="not_found_error", param="model", code="model_not_found")
+        return {"id": served.name, "object": "model", "created": 0, "owned_by": "railcall"}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(auth)],
+              responses={400: {"description": "bad request"}, 413: {"description": "body too large"},
+                         429: {"description": "queue full"}, 503: {"description": "engine not running"}})
+    async def chat_completions(request: Request):
+        body = await _read_body(request, request.app.state.max_body)
+        req = _parse(body)
+
+        def plan_it() -> Plan:
+            with plan_lock:
+                return build_plan(served, req)
+
+        plan = await run_in_threadpool(plan_it)
+        job = engine.submit(plan, asyncio.get_running_loop())
+        asm = Assembler(served, plan)
+        cid = "chatcmpl-" + secrets.token_hex(12)
+        created = int(time.time())
+        if plan.stream:
+            return StreamingResponse(_stream(job, asm, plan, cid, created, served.name), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return JSONResponse(await _complete(request, job, asm, plan, cid, created, served.name))
+
+    app.openapi = lambda: _openapi(app)
+    return app
+
+
+# -- request reading ------------------------------------------------------------------------------
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    too_big = RequestError(f"the request body is larger than the server's limit of {limit} bytes", status=413,
+                           code="request_too_large")
+    length = request.headers.get("content-length")
+    if length is not None:
+        try:
+            if int(length) > limit:
+                raise too_big
+        except ValueError:
+            raise RequestError("the Content-Length header is not a number") from None
+    data = bytearray()
+    async for piece in request.stream():
+        data.extend(piece)
+        if len(data) > limit:
+            raise too_big
+    return bytes(data)
+
+
+def _parse(body: bytes) -> ChatCompletionRequest:
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise RequestError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise RequestError(f"the request body must be a JSON object, not {type(obj).__name__}", code="invalid_json")
+    try:
+        return ChatCompletionRequest.model_validate(obj)
+    except ValidationError as e:
+        raise _validation_error_of(e.errors()) from None
+    except RecursionError:
+        raise RequestError("the request body is nested too deeply") from None
+
+
+def _param(loc) -> str | None:
+    """pydantic's error location as OpenAI's dotted field path (messages[0].content); the tags
+    pydantic adds for union branches (`str`, `list[TextPart]`, `user`) are left out."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and part.isidentifier() and part not in ("str", "int", "float", "bool", "dict", "list"):
+            if part in ("system", "developer", "user", "assistant", "tool") or part[:1].isupper():
+                continue
+            out += ("." if out else "") + part
+    return out or None
+
+
+def _validation_error_of(errors: list) -> RequestError:
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    param = _param(first.get("loc", ()))
+    msg = str(first.get("msg", "invalid value"))
+    return RequestError(f"{param}: {msg}" if param else msg, param=param)
+
+
+def _validation_body(errors: list) -> dict:
+    e = _validation_error_of(list(errors))
+    return error_body(str(e), e.type, e.param, e.code)
+
+
+# -- responses ----------------------------------------------------------------------------------
+
+def _finish_reason(gen, asm: Assembler) -> str:
+    if gen.finish_reason == "length":
+        return "length"
+    return "tool_calls" if asm.has_calls() else "stop"
+
+
+def _usage(plan: Plan, gen) -> dict:
+    return {"prompt_tokens": len(plan.prompt), "completion_tokens": len(gen.tokens),
+            "total_tokens": len(plan.prompt) + len(gen.tokens)}
+
+
+async def _watch_disconnect(request: Request, job) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            return
+
+
+async def _complete(request: Request, job, asm: Assembler, plan: Plan, cid: str, created: int, model: str) -> dict:
+    watcher = asyncio.create_task(_watch_disconnect(request, job))
+    steps = []
+    try:
+        while True:
+            kind, value = await job.events.get()
+            if kind == "step":
+                steps.append(value)
+                asm.feed(value)
+            elif kind == "error":
+                raise _generation_failed(value)
+            else:
+                gen = value
+                break
+    finally:
+        watcher.cancel()
+        job.cancel()
+    asm.finish(gen)
+    message = asm.message()
+    choice = {"index": 0, "message": message, "finish_reason": _finish_reason(gen, asm),
+              "logprobs": {"content": [asm.logprob_entry(s) for s in steps]} if plan.logprobs else None}
+    out = {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
+           "usage": _usage(plan, gen)}
+    if plan.return_token_ids:
+        choice["token_ids"] = list(gen.tokens)
+        out["prompt_token_ids"] = list(plan.prompt)
+    return out
+
+
+def _generation_failed(value) -> RequestError:
+    if isinstance(value, RequestError):
+        return value
+    return RequestError(f"generation failed: {type(value).__name__}: {value}", status=500, type="server_error")
+
+
+async def _stream(job, asm: Assembler, plan: Plan, cid: str, created: int, model: str):
+    ids: list[int] = []  # token ids and logprobs not yet attached to a chunk
+    lps: list[dict] = []
+
+    def make(delta, finish=None):
+        c = sse.chunk(cid, created, model, delta, finish_reason=finish, logprobs=list(lps) if plan.logprobs else None,
+                      token_ids=list(ids) if plan.return_token_ids else None)
+        ids.clear()
+        lps.clear()
+        return sse.event(c)
+
+    try:
+        yield make({"role": "assistant", "content": ""})
+        while True:
+            try:
+                kind, value = await asyncio.wait_for(job.events.get(), PING_SECONDS)
+            except asyncio.TimeoutError:
+                yield sse.PING
+                continue
+            if kind == "step":
+                ids.append(value.token)
+                if plan.logprobs:
+                    lps.append(asm.logprob_entry(value))
+                for delta in asm.feed(value):
+                    yield make(delta)
+            elif kind == "error":
+                asm.cancel()
+                e = _generation_failed(value)
+                yield sse.event(error_body(str(e), e.type, e.param, e.code))
+                yield sse.DONE
+                return
+            else:
+                gen = value
+                for delta in asm.finish(gen):
+                    yield make(delta)
+                yield make({}, _finish_reason(gen, asm))
+                if plan.include_usage:
+                    yield sse.event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                                     "choices": [], "usage": _usage(plan, gen)})
+                yield sse.DONE
+                return
+    finally:
+        job.cancel()  # a client that went away stops its generation at the next token
+
+
+def _openapi(app: FastAPI) -> dict:
+    """The OpenAPI document, with the chat request's schema (the route reads its body itself, so
+    that every validation error is a 400 in OpenAI's format rather than FastAPI's 422)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    schema = ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
+    defs = schema.pop("$defs", {})
+    doc.setdefault("components", {}).setdefault("schemas", {}).update(defs)
+    doc["components"]["schemas"]["ChatCompletionRequest"] = schema
+    post = doc["paths"]["/v1/chat/completions"]["post"]
+    post["requestBody"] = {"required": True, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}}}
+    app.openapi_schema = doc
+    return doc
+
+
+def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY, log_level: str = "info") -> None:
+    """Load `model` and serve it until interrupted (what `railcall serve` runs)."""
+    import uvicorn
+
+    served = ServedModel.load(model)
+    app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+class Running:
+    """A server started by `start_in_thread`: its base `url`, the `app`, and `stop()`."""
+
+    def __init__(self, app, server, thread, url: str):
+        self.app, self.server, self.thread, self.url = app, server, thread, url
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def start_in_thread(model: str | None = None, *, served: ServedModel | None = None, host: str = "127.0.0.1",
+                    port: int = 0, api_key: str | None = None, max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY,
+                    log_level: str = "warning") -> Running:
+    """Serve in a background thread of this process (tests, notebooks); returns once it listens.
+    `port=0` picks a free port."""
+    import socket
+
+    import uvicorn
+
+    served = served or ServedModel.load(model)
+    app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body)
+    if port == 0:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    thread = threading.Thread(target=server.run, name="railcall-server", daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() - t0 > 300:
+            raise RuntimeError(f"the server did not start on {host}:{port}")
+        time.sleep(0.05)
+    return Running(app, server, thread, f"http://{host}:{port}")

@@ -1,0 +1,128 @@
+"""Generated steps -> OpenAI message parts: reasoning_content, content, tool calls, logprobs.
+
+Built per request (`Assembler`), around `railcall.output.OutputParser`, which splits the turn
+into reasoning, content and calls with the same delimiters the grammar regions use. The
+Assembler adds what is OpenAI's: call ids, the delta shapes of a `chat.completion.chunk`, the
+logprobs entries, and stop strings.
+
+- Stop strings (free text only): `decode.generate` ends at the token that completes the first
+  one. While streaming, the last `len(longest stop) - 1` characters of content are held back,
+  so a stop string's first characters are never sent before it is known whether it completes,
+  and content ends where the first stop string starts.
+- A tool call is delivered in one delta once its end is seen (the parser hands calls over
+  whole), as OpenAI's `tool_calls` delta with index, id, type, name and the full arguments.
+"""
+
+from __future__ import annotations
+
+import codecs
+import secrets
+
+from railcall.decode import Generation, Step
+from railcall.output import Delta, OutputParser
+
+
+def call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+class Assembler:
+    """Per request: steps in, OpenAI deltas and the final message out."""
+
+    def __init__(self, served, plan):
+        self.vocab = served.vocab
+        fmt = served.call_format if plan.tool_choice != "none" else None
+        self.parser = OutputParser(served.delimiters, call_format=fmt, tool_choice=plan.tool_choice,
+                                   stop_ids=self.vocab.stop_ids)
+        self.stops = tuple(plan.params.stop)
+        self.holdback = max((len(s) for s in self.stops), default=1) - 1
+        self.top_logprobs = plan.top_logprobs
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.content = ""  # all content the parser released
+        self.sent = 0  # characters of it already streamed
+        self.ids: list[str] = []  # call ids, by index
+
+    # -- streaming ---------------------------------------------------------------------------
+    def feed(self, step: Step) -> list[dict]:
+        """Deltas for one generated step (possibly none)."""
+        t = step.token
+        if 0 <= t < self.vocab.size and self.vocab.special[t]:
+            text = "" if t in self.vocab.stop_ids else self.vocab.special_text.get(t, "")
+        elif 0 <= t < self.vocab.size:
+            text = self._decoder.decode(self.vocab.token_bytes[t])
+        else:
+            text = ""
+        return self._convert(self.parser.feed(t, text), self.holdback)
+
+    def finish(self, gen: Generation) -> list[dict]:
+        """The deltas that remain once generation ended."""
+        deltas = []
+        tail = self._decoder.decode(b"", final=True)
+        if tail:
+            deltas += self.parser.feed(-1, tail)
+        deltas += self.parser.finish()
+        out = self._convert(deltas, 0, flush=False)
+        self.content = self.content[: self._stop_at()]
+        if len(self.content) > self.sent:
+            out.append({"content": self.content[self.sent:]})
+            self.sent = len(self.content)
+        return out
+
+    def cancel(self) -> None:
+        self.parser.cancel()
+
+    def _stop_at(self) -> int:
+        """Where content ends: at the first stop string in it (decode stops at the token that
+        completes one, whose text the parser has already released)."""
+        hits = [i for i in (self.content.find(s) for s in self.stops) if i >= 0]
+        return min(hits, default=len(self.content))
+
+    def _convert(self, deltas: list[Delta], holdback: int, flush: bool = True) -> list[dict]:
+        out = []
+        for d in deltas:
+            if d.kind == "reasoning":
+                out.append({"reasoning_content": d.text})
+            elif d.kind == "content":
+                self.content += d.text
+                if flush:
+                    end = min(len(self.content) - holdback, self._stop_at())
+                    if end > self.sent:
+                        out.append({"content": self.content[self.sent:end]})
+                        self.sent = end
+            else:
+                if len(self.content) > self.sent:  # content before a call goes first
+                    out.append({"content": self.content[self.sent:]})
+                    self.sent = len(self.content)
+                while len(self.ids) <= d.index:
+                    self.ids.append(call_id())
+                out.append({"tool_calls": [{"index": d.index, "id": self.ids[d.index], "type": "function",
+                                            "function": {"name": d.call.name, "arguments": d.call.arguments}}]})
+        return out
+
+    # -- the whole message ---------------------------------------------------------------------
+    def message(self) -> dict:
+        """The assistant message, after `finish()`."""
+        r = self.parser.result()
+        while len(self.ids) < len(r.tool_calls):
+            self.ids.append(call_id())
+        calls = [{"id": self.ids[i], "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                 for i, c in enumerate(r.tool_calls)]
+        content = self.content if self.content.strip() or not calls else None
+        return {"role": "assistant", "content": content, "reasoning_content": r.reasoning_content or None,
+                "tool_calls": calls or None}
+
+    def has_calls(self) -> bool:
+        return bool(self.parser.result().tool_calls)
+
+    # -- logprobs ---------------------------------------------------------------------------------
+    def logprob_entry(self, step: Step) -> dict:
+        def one(tok, lp):
+            inside = 0 <= tok < self.vocab.size
+            return {"token": self.vocab.token_text(tok) if inside else "", "logprob": lp,
+                    "bytes": list(self.vocab.token_bytes[tok]) if inside and not self.vocab.special[tok] else []}
+
+        # A token the grammar wrote at the token ceiling (finish) has no sampled logprob; the
+        # grammar allowed only it, so under the masked distribution it is certain.
+        entry = one(step.token, step.logprob if step.logprob is not None else 0.0)
+        entry["top_logprobs"] = [one(t, lp) for t, lp in (step.top or [])[: self.top_logprobs]]
+        return entry

@@ -1,0 +1,284 @@
+"""A validated request -> a generation plan: prompt ids, the answer grammar and sampling settings.
+
+Everything that can reject a request happens here, before it is queued, so that a bad request
+costs milliseconds and never the model's time: messages that do not fit together (a tool result
+without its call, arguments that are not JSON), a tool or response schema railcall cannot compile
+(the 400 names the keyword and JSON pointer), a named tool_choice that is not in `tools`, a prompt
+longer than the context. Runs on a worker thread of the server (grammar compilation and the chat
+template are CPU work), never on the event loop.
+
+How tool_choice maps to the regions of the turn (`railcall.regions.answer_matcher`; a
+reasoning region comes first on models whose think delimiters are single tokens):
+
+    none      free text, or the response_format grammar ("required" region) when one is given
+    required  the tool grammar: one call, or with parallel_tool_calls several (a JSON array in
+              railcall's JSON format, several <tool_call> blocks in the Hermes format)
+    {name}    the tool grammar of that one tool, one call
+    auto      free text in which the call trigger (`{"tool":"`, or the <tool_call> token) starts
+              a call under the tool grammar; with a response_format, the answer is either a
+              call or the response schema (one grammar, the two as alternatives)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from railcall.decode import SamplingParams
+from railcall.errors import GrammarError, RequestError, SchemaError
+from railcall.grammar import ir
+from railcall.grammar.schema import SchemaOptions, schema_to_ir
+from railcall.grammar.tools import Tool, ToolGrammarBuilder
+from railcall.matcher import CompiledGrammar, compiled_grammar
+from railcall.prompt import describe_tools
+from railcall.regions import answer_matcher
+from railcall.server.schemas import ChatCompletionRequest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from railcall.server.engine import ServedModel
+
+# The server's default completion length when the request names none: long enough for an
+# answer, short enough that a client that forgot max_tokens does not hold the single model
+# worker for minutes (~80 ms per token on 2 cores).
+DEFAULT_MAX_TOKENS = 256
+
+_BUILDER = ToolGrammarBuilder()
+
+
+@dataclass
+class Plan:
+    """One request, ready for the engine. Built per request; `grammar` is shared (cached)."""
+
+    prompt: list[int]
+    params: SamplingParams
+    kind: str  # "text" | "json" | "tools" | "auto"
+    mode: str = "none"  # the answer_matcher mode: "none" | "auto" | "required"
+    tool_choice: str = "none"  # for the output parser: "none" | "auto" | "required"
+    grammar: CompiledGrammar | None = None  # the answer grammar (None: free text)
+    tools: list[Tool] = field(default_factory=list)
+    parallel: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    return_token_ids: bool = False
+    stream: bool = False
+    include_usage: bool = False
+
+    def matcher(self, served: "ServedModel"):
+        """A fresh per-request matcher (built on the engine's worker thread); None for free text
+        without reasoning, which needs no mask at all."""
+        if self.grammar is None and not served.reasoning:
+            return None
+        return answer_matcher(served.vocab, self.grammar, served.delimiters, mode=self.mode, reasoning=served.reasoning)
+
+
+def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
+    tools = _tools(req)
+    choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
+    named = None
+    if not isinstance(choice, str):
+        named = next((t for t in tools if t.name == choice.function.name), None)
+        if named is None:
+            known = ", ".join(t.name for t in tools) or "none"
+            raise RequestError(f"tool_choice names the function {choice.function.name!r}, which is not in tools "
+                               f"(known: {known})", param="tool_choice")
+        choice = "named"
+    if choice in ("required", "auto") and not tools:
+        if choice == "required":
+            raise RequestError("tool_choice 'required' needs at least one tool in tools", param="tool_choice")
+        choice = "none"
+    answer = _response_grammar(req)  # (ir.Grammar | None, kind)
+    calling = choice in ("required", "named", "auto")
+    fmt = served.call_format
+    if choice == "named":
+        grammar, kind = _tool_grammar([named], fmt, parallel=False), "tools"
+    elif choice == "required":
+        grammar, kind = _tool_grammar(tools, fmt, parallel=req.parallel_tool_calls), "tools"
+    elif choice == "auto":
+        # Several calls in one turn are several triggers, each starting one call.
+        calls = _tool_grammar(tools, fmt, parallel=False)
+        if answer[0] is not None:
+            calls = ir.Grammar(ir.Alt(calls.start, answer[0].start), calls.rules + answer[0].rules,
+                               name=calls.name + "|" + answer[0].name)
+        grammar, kind = calls, "auto"
+    else:
+        grammar, kind = answer
+    if grammar is None:
+        mode = "none"
+    elif choice == "auto" and answer[0] is None:
+        mode = "auto"
+    else:
+        mode = "required"
+    parser_choice = {"named": "required", "required": "required", "auto": "auto"}.get(choice, "none")
+    prompt = served.prompt_ids(req, tools if calling else [], choice, named, kind, answer[0] is not None)
+    budget = served.context_length - len(prompt)
+    limit = req.token_limit
+    if budget < 1 or (limit is not None and limit > budget):
+        raise RequestError(f"the prompt is {len(prompt)} tokens and the model's context is {served.context_length}: "
+                           f"{'no room is left' if budget < 1 else f'at most {budget} tokens can be generated'}; "
+                           "shorten the messages or lower max_tokens", param="messages" if budget < 1 else "max_tokens",
+                           code="context_length_exceeded")
+    max_tokens = limit if limit is not None else min(DEFAULT_MAX_TOKENS, budget)
+    # Stop strings end free text; inside a grammar they would cut a call or a JSON answer in two.
+    stop = tuple(req.stop or ()) if kind == "text" else ()
+    params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                            seed=req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0, stop=stop)
+    compiled = None
+    if grammar is not None:
+        try:
+            compiled = compiled_grammar(grammar, served.vocab)
+        except GrammarError as e:
+            where = "tools" if kind in ("tools", "auto") else "response_format"
+            raise RequestError(f"the answer grammar could not be compiled: {e}", param=where) from None
+    return Plan(prompt=prompt, params=params, kind=kind, mode=mode, tool_choice=parser_choice, grammar=compiled, tools=tools if calling else [],
+                parallel=req.parallel_tool_calls and choice != "named", logprobs=req.logprobs,
+                top_logprobs=params.top_logprobs, return_token_ids=req.return_token_ids, stream=req.stream,
+                include_usage=bool(req.stream_options and req.stream_options.include_usage))
+
+
+def _tools(req: ChatCompletionRequest) -> list[Tool]:
+    tools = []
+    seen = set()
+    for i, spec in enumerate(req.tools or []):
+        fn = spec.function
+        if fn.name in seen:
+            raise RequestError(f"two tools are named {fn.name!r}; tool names must be unique", param=f"tools[{i}].function.name")
+        seen.add(fn.name)
+        params = fn.parameters if fn.parameters is not None else {"type": "object", "properties": {}}
+        try:
+            tool = Tool(fn.name, fn.description, params)
+            _BUILDER.args_ir(tool)  # compiles the schema now: a bad one is this tool's 400
+        except SchemaError as e:
+            raise RequestError(f"tools[{i}].function.parameters: {e}", param=f"tools[{i}].function.parameters",
+                               code="invalid_schema") from None
+        except (GrammarError, RecursionError, ValueError, TypeError) as e:
+            raise RequestError(f"tools[{i}].function.parameters: {e}", param=f"tools[{i}].function.parameters",
+                               code="invalid_schema") from None
+        tools.append(tool)
+    return tools
+
+
+def _tool_grammar(tools, fmt, parallel: bool) -> ir.Grammar:
+    try:
+        return _BUILDER.grammar(tools, fmt, parallel=parallel)
+    except GrammarError as e:
+        raise RequestError(str(e), param="tools") from None
+
+
+def _response_grammar(req: ChatCompletionRequest) -> tuple[ir.Grammar | None, str]:
+    rf = req.response_format
+    if rf is None or rf.type == "text":
+        return None, "text"
+    if rf.type == "json_object":
+        node, rules = schema_to_ir({"type": "object"})  # any object: free keys, any values
+        return ir.Grammar(node, rules, name="json_object"), "json"
+    spec = rf.json_schema
+    schema = spec.schema_
+    # strict: every keyword must be enforced (an unsupported one is a 400); not strict: keywords
+    # the grammar cannot enforce are ignored, as OpenAI does without strict.
+    options = SchemaOptions(lenient=not spec.strict)
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            node, rules = schema_to_ir(schema, options)
+    except SchemaError as e:
+        raise RequestError(f"response_format.json_schema.schema: {e}", param="response_format.json_schema.schema",
+                           code="invalid_schema") from None
+    except (GrammarError, RecursionError, ValueError, TypeError) as e:
+        raise RequestError(f"response_format.json_schema.schema: {e}", param="response_format.json_schema.schema",
+                           code="invalid_schema") from None
+    return ir.Grammar(node, rules, name=f"json_schema:{spec.name}"), "json"
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts: OpenAI messages -> chat template messages.
+# ---------------------------------------------------------------------------------------------
+
+def text_of(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.text for p in content)
+
+
+def tools_instruction(tools: list[Tool], choice: str, parallel: bool, keys: tuple[str, str]) -> str:
+    """The system text that presents the tools to a model whose chat template does not know
+    tools (SmolLM2). The format is shown with placeholders, not with one of the tools: a
+    concrete example pulls a small model towards the tool it names."""
+    name_key, args_key = keys
+    shape = '{"%s":"<tool name>","%s":{"<argument>":"<value>"}}' % (name_key, args_key)
+    head = "You are an assistant that can act by calling tools. Tools:\n" + describe_tools(tools) + "\n"
+    if parallel:
+        how = f"a JSON array of one or more calls, each {shape}"
+    else:
+        how = f"exactly one JSON object and nothing else: {shape}"
+    if choice == "auto":
+        return head + f"To call a tool, answer with {how}. Otherwise answer in plain text."
+    return head + f"Choose the tool that fits the request and answer with {how}"
+
+
+def messages_for_template(req: ChatCompletionRequest, tools: list[Tool], choice: str, kind: str, has_schema: bool,
+                          keys: tuple[str, str], native: bool) -> tuple[list[dict], list[dict] | None]:
+    """(messages, tools for the template) from the request; assistant calls are written in the
+    call format the grammar enforces, so the model sees its own wire format in the history."""
+    out: list[dict] = []
+    names: dict[str, str] = {}  # tool_call_id -> function name
+    name_key, args_key = keys
+    for i, m in enumerate(req.messages):
+        if m.role in ("system", "developer"):
+            out.append({"role": "system", "content": text_of(m.content)})
+        elif m.role == "user":
+            out.append({"role": "user", "content": text_of(m.content)})
+        elif m.role == "assistant":
+            calls = []
+            for j, c in enumerate(m.tool_calls or []):
+                try:
+                    args = json.loads(c.function.arguments or "{}")
+                except ValueError:
+                    raise RequestError(f"messages[{i}].tool_calls[{j}].function.arguments is not valid JSON: "
+                                       f"{c.function.arguments[:80]!r}", param=f"messages[{i}].tool_calls[{j}].function.arguments") from None
+                if c.id:
+                    names[c.id] = c.function.name
+                calls.append((c.function.name, args))
+            text = text_of(m.content)
+            if native:
+                msg = {"role": "assistant", "content": text}
+                if calls:
+                    msg["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
+                out.append(msg)
+            else:
+                written = [json.dumps({name_key: n, args_key: a}, separators=(",", ":"), ensure_ascii=False) for n, a in calls]
+                if len(written) > 1:
+                    written = ["[" + ",".join(written) + "]"]
+                out.append({"role": "assistant", "content": "\n".join([t for t in [text] if t] + written)})
+        else:  # tool
+            if m.tool_call_id not in names:
+                raise RequestError(f"messages[{i}] is a tool result for tool_call_id {m.tool_call_id!r}, but no earlier "
+                                   "assistant message made a call with that id", param=f"messages[{i}].tool_call_id")
+            if native:
+                out.append({"role": "tool", "content": text_of(m.content), "tool_call_id": m.tool_call_id})
+            else:
+                out.append({"role": "tool", "content": f"{names[m.tool_call_id]} returned: {text_of(m.content)}"})
+    extra = []
+    if tools and not native:
+        extra.append(tools_instruction(tools, choice, req.parallel_tool_calls and choice != "named", keys))
+    if kind == "json" or (kind == "auto" and has_schema):
+        rf = req.response_format
+        if rf.type == "json_schema":
+            extra.append("Answer with a JSON object that follows this JSON Schema: "
+                         + json.dumps(rf.json_schema.schema_, separators=(",", ":")))
+        else:
+            extra.append("Answer with a JSON object.")
+    if extra:
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + "\n".join(extra)}
+        else:
+            out.insert(0, {"role": "system", "content": "\n".join(extra)})
+    specs = None
+    if tools and native:
+        specs = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+                 for t in tools]
+    return out, specs
