@@ -82,6 +82,19 @@ CASES = [
     ({"type": "object", "maxProperties": 1}, '{"a":1,"b":2}', False),
     ({"type": "object", "minProperties": 2}, '{"a":1}', False),
     ({"type": "object", "minProperties": 2}, '{"a":1,"b":2}', True),
+    # patternProperties: an undeclared key answers to every pattern it matches; the rest to
+    # additionalProperties; propertyNames constrains every key
+    ({"patternProperties": {"^x_": {"type": "integer"}}, "additionalProperties": False}, '{"x_a":1,"x_b":2}', True),
+    ({"patternProperties": {"^x_": {"type": "integer"}}, "additionalProperties": False}, '{"x_a":"s"}', False),
+    ({"patternProperties": {"^x_": {"type": "integer"}}, "additionalProperties": False}, '{"y":1}', False),
+    ({"patternProperties": {"a": {"minimum": 5}, "b": {"maximum": 7}}, "additionalProperties": {"type": "string"}},
+     '{"ab":6,"c":"s"}', True),
+    ({"patternProperties": {"a": {"minimum": 5}, "b": {"maximum": 7}}, "additionalProperties": {"type": "string"}},
+     '{"ab":8}', False),
+    ({"properties": {"x_n": {"type": "number"}}, "patternProperties": {"^x_": {"type": "integer"}}}, '{"x_n":1.5}', False),
+    ({"type": "object", "propertyNames": {"maxLength": 3}}, '{"abc":1}', True),
+    ({"type": "object", "propertyNames": {"maxLength": 3}}, '{"abcd":1}', False),
+    ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}, '{"Ab":1}', False),
     # allOf merged, $ref with siblings, oneOf over disjoint branches
     ({"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 5}]}, "5", True),
     ({"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 5}]}, "6", False),

@@ -99,7 +99,7 @@ _keys = st.sampled_from([
     "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
     "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
     "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf", "allOf", "$ref", "$defs", "not", "minProperties",
-    "maxProperties", "uniqueItems", "$anchor", "$id", "x-unknown",
+    "maxProperties", "uniqueItems", "$anchor", "$id", "x-unknown", "patternProperties", "propertyNames",
 ])
 _schemas = st.recursive(
     _leaf,

@@ -24,15 +24,18 @@ Nodes (all immutable):
                                    a JSON number; bounds (decimal strings) enforced exactly
     JsonPattern(kind, arg, min_len, max_len)
                                    a JSON string whose *value* matches a character automaton:
-                                   kind "regex" (arg: an ECMA pattern, search semantics) or
-                                   "except" (arg: a tuple of strings the value may not be)
+                                   kind "regex" (arg: an ECMA pattern, search semantics),
+                                   "except" (arg: a tuple of strings the value may not be), or
+                                   "keys" (arg: (excluded names, ((pattern, must match), ...))):
+                                   an object key outside the declared names, matching some
+                                   patterns and not others (patternProperties classes)
     JsonArray(item, min_items, max_items, prefix)
                                    `prefix` items first (prefixItems), then `item` (None: none)
-    JsonObject(properties, extra_key, extra_value, max_extra)
+    JsonObject(properties, extras, max_extra)
                                    properties in declared order, each (key, node, required);
-                                   optional ones may be skipped; then, if `extra_value` is set,
-                                   up to `max_extra` further members whose keys match `extra_key`
-                                   (additionalProperties)
+                                   optional ones may be skipped; then up to `max_extra` further
+                                   members, each from one of the `extras` classes (key node,
+                                   value node): additionalProperties, patternProperties
     Ws(max)                        up to `max` JSON whitespace bytes (the flexible-whitespace
                                    option; never unbounded)
 
@@ -133,8 +136,7 @@ class JsonArray:
 @dataclass(frozen=True)
 class JsonObject:
     properties: tuple  # ((key: str, node, required: bool), ...)
-    extra_key: "Node | None" = None  # a JsonString/JsonPattern node for additional keys
-    extra_value: "Node | None" = None
+    extras: tuple = ()  # ((key node: JsonString/JsonPattern, value node), ...) for undeclared members
     max_extra: int | None = None
     ws: int = 0  # flexible whitespace: up to this many bytes around each `{`, `:`, `,`, `}`
 

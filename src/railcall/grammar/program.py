@@ -42,6 +42,13 @@ def char_dfa(kind: str, arg, length_cap: int):
         return regex.compile_pattern(arg, length_cap)
     if kind == "except":
         return regex.excluding(arg, length_cap)
+    if kind == "keys":
+        names, patterns = arg
+        parts = [(regex.excluding(names, length_cap), True)] if names else []
+        parts += [(regex.compile_pattern(p, length_cap), must) for p, must in patterns]
+        if not parts:
+            parts = [(regex.compile_pattern("", length_cap), True)]
+        return regex.product(parts, length_cap)
     raise GrammarError(f"unknown string pattern kind {kind!r}")
 
 
@@ -1024,7 +1031,7 @@ class _Compiler:
 
     def _object(self, node: ir.JsonObject, nxt: Instr) -> Instr:
         """Properties in declared order; optional ones skippable; commas only between members;
-        then, if the object allows them, further members whose keys match `extra_key`.
+        then, if the object allows them, undeclared members from the `extras` classes.
 
         rest(i, first) is "the object from property i on, `first` if nothing was written yet".
         Each is compiled once, so n optional properties cost O(n) instructions, not 2^n paths.
@@ -1035,12 +1042,13 @@ class _Compiler:
         extras: dict[bool, Instr] = {}
 
         def tail(first: bool) -> Instr:
-            if node.extra_value is None:
+            if not node.extras:
                 return close
             hit = extras.get(first)
             if hit is None:
-                value = self.compile(node.extra_value, RET)
-                member = self.compile(node.extra_key, self._punct(b":", ws, value, before=True))
+                members = [self.compile(key, self._punct(b":", ws, self.compile(value, RET), before=True))
+                           for key, value in node.extras]
+                member = members[0] if len(members) == 1 else Split(members)
                 sep = self._punct(b",", ws, member, before=True)
                 hit = extras[first] = Repeat(member, sep, 0, node.max_extra, close, lead_sep=not first)
                 hit.margin = self.shared.token_margin

@@ -564,3 +564,52 @@ def excluding(words, length_cap: int = 256) -> CharDFA:
         targets.append(tg)
         accepting.append(k == other or not word_end[k])
     return _trim(starts, targets, accepting, length_cap)
+
+
+def product(parts, length_cap: int = 256) -> CharDFA:
+    """The strings every (dfa, True) part accepts and every (dfa, False) part rejects.
+
+    Product construction over the parts' interval partitions; a part whose state is gone (-1)
+    can no longer accept, which ends a positive part's path and settles a negative part for
+    good. Bounded like every other automaton here."""
+    start = tuple(0 for _ in parts)
+    ids = {start: 0}
+    order = [start]
+    rows = []
+    i = 0
+    while i < len(order):
+        cur = order[i]
+        i += 1
+        pts = {0}
+        for (dfa, _), k in zip(parts, cur):
+            if k >= 0:
+                pts.update(dfa.starts[k])
+        pts = sorted(pts)
+        st, tg = [], []
+        for j, a in enumerate(pts):
+            nxt = []
+            dead = False
+            for (dfa, must), k in zip(parts, cur):
+                t = dfa.step(k, a) if k >= 0 else -1
+                if t < 0 and must:
+                    dead = True
+                    break
+                nxt.append(t)
+            if dead:
+                target = -1
+            else:
+                key = tuple(nxt)
+                if key not in ids:
+                    if len(order) >= MAX_DFA_STATES:
+                        raise RegexError(f"key patterns too complex: more than {MAX_DFA_STATES} automaton states")
+                    ids[key] = len(order)
+                    order.append(key)
+                target = ids[key]
+            if tg and tg[-1] == target:
+                continue
+            st.append(a)
+            tg.append(target)
+        rows.append((st, tg))
+    accepting = [all((k >= 0 and dfa.accepting[k]) if must else not (k >= 0 and dfa.accepting[k])
+                     for (dfa, must), k in zip(parts, state)) for state in order]
+    return _trim([r[0] for r in rows], [r[1] for r in rows], accepting, length_cap)

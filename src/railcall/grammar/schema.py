@@ -12,7 +12,9 @@ declared order; the model chooses values. Covered (draft 2020-12, draft-07 forms
              booleans too); bounded numbers are written without an exponent
     arrays: items, prefixItems (draft-07 `items: [...]` + additionalItems), minItems, maxItems
     objects: properties, required, additionalProperties (false, true, a schema),
-             minProperties/maxProperties where the count is determined by the undeclared members
+             patternProperties (up to 5 patterns: undeclared keys split by which patterns they
+             match), propertyNames (pattern, minLength, maxLength), minProperties/maxProperties
+             where the count is determined by the undeclared members
 
 Two defaults are tighter than JSON Schema, because they make better generation (the model gets
 fewer ways to go wrong) and are what tool authors mean: an object that declares `properties` is
@@ -52,7 +54,7 @@ HANDLED = frozenset({
     "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
     "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum",
     "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf", "allOf", "$ref",
-    "minProperties", "maxProperties", "uniqueItems",
+    "minProperties", "maxProperties", "uniqueItems", "patternProperties", "propertyNames",
 })
 
 ANY_VALUE = "__any_json_value__"
@@ -153,6 +155,7 @@ _SHAPES = {
     "anyOf": (list, "an array of schemas"), "oneOf": (list, "an array of schemas"),
     "items": ((dict, bool, list), "a schema"), "additionalItems": ((dict, bool), "a schema"),
     "additionalProperties": ((dict, bool), "a schema"), "type": ((str, list), "a type name or an array of them"),
+    "patternProperties": (dict, "an object of schemas"), "propertyNames": ((dict, bool), "a schema"),
     "$ref": (str, "a URI reference"), "pattern": (str, "a regular expression"), "format": (str, "a format name"),
     "uniqueItems": (bool, "a boolean"),
 }
@@ -314,7 +317,8 @@ def _types(ctx: _Ctx, schema: dict, pointer: str) -> list[str] | None:
 
 
 def _infer_types(schema: dict) -> list[str]:
-    if any(k in schema for k in ("properties", "required", "additionalProperties", "minProperties", "maxProperties")):
+    if any(k in schema for k in ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
+                                 "patternProperties", "propertyNames")):
         return ["object"]
     if any(k in schema for k in ("items", "prefixItems", "minItems", "maxItems")):
         return ["array"]
@@ -538,39 +542,63 @@ def _array(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
     return ir.JsonArray(item, lo, hi, prefix, ctx.options.whitespace)
 
 
+MAX_PATTERN_PROPERTIES = 5  # undeclared keys fall into 2^n classes (which patterns they match)
+
+
 def _object(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
     props = schema.get("properties", {})
-    if not isinstance(props, dict):
-        raise SchemaError("properties must be an object", pointer=pointer + "/properties", keyword="properties")
     req = schema.get("required", [])
-    if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
-        raise SchemaError("required must be an array of names", pointer=pointer + "/required", keyword="required")
     ap = schema.get("additionalProperties")
     if ap is None:
         free = ctx.options.standard or "properties" not in schema
         ap = True if free else False
+    pprops = schema.get("patternProperties", {})
+    if not isinstance(pprops, dict):
+        raise SchemaError("patternProperties must be an object of schemas", pointer=pointer + "/patternProperties",
+                          keyword="patternProperties")
+    if len(pprops) > MAX_PATTERN_PROPERTIES:
+        _unsupported(ctx, "patternProperties", pointer, f"more than {MAX_PATTERN_PROPERTIES} patterns")
+        pprops = {}
+    pnames = _property_names(ctx, schema.get("propertyNames", True), pointer)
+    matchers = {}
+    for pat in pprops:
+        try:
+            matchers[pat] = compile_pattern(pat)
+        except RegexError as e:
+            raise SchemaError(str(e), pointer=f"{pointer}/patternProperties/{_esc(pat)}", keyword="patternProperties") from None
     missing = [r for r in req if r not in props]
     if missing:
-        if ap is False:
-            raise SchemaError(f"required {missing} are neither declared nor allowed as additional properties",
-                              pointer=pointer + "/required", keyword="required")
-        # A required name without its own schema must still be written, with the schema of
-        # additional properties.
-        props = {**props, **{r: ap for r in missing}}
+        for r in missing:
+            hits = [pprops[p] for p in pprops if matchers[p].matches(r)]
+            if not hits and ap is False:
+                raise SchemaError(f"required {r!r} is neither declared nor allowed as an additional property",
+                                  pointer=pointer + "/required", keyword="required")
+        # A required name without its own schema must still be written, with the schema that
+        # applies to it as an undeclared key.
+        props = {**props, **{r: True for r in missing}}
     out = []
     for name, sub in props.items():
-        if sub is False:
+        # A declared key also answers to every pattern it matches (and, if it was only named by
+        # `required`, to additionalProperties when no pattern matches it).
+        hits = [pprops[p] for p in pprops if matchers[p].matches(name)]
+        if name in missing and not hits:
+            hits = [ap]
+        subs = [x for x in [sub] + hits if x is not True]
+        ok = pnames is None or (pnames[0].matches(name) and pnames[1] <= len(name)
+                                and (pnames[2] is None or len(name) <= pnames[2]))
+        if False in subs or not ok:
             if name in req:
-                raise SchemaError(f"property {name!r} is required but its schema is false", pointer=pointer,
-                                  keyword="required")
+                raise SchemaError(f"property {name!r} is required but its schema (or propertyNames) forbids it",
+                                  pointer=pointer, keyword="required")
             continue
+        sub = True if not subs else subs[0] if len(subs) == 1 else {"allOf": subs}
         is_req = name in req
         node = _node(ctx, sub, f"{pointer}/properties/{_esc(name)}", is_req, depth + 1)
         out.append((name, node, is_req))
+    extras = _extra_classes(ctx, tuple(props), pprops, ap, pnames, pointer, depth)
     n_req = sum(1 for _, _, r in out if r)
     min_p = _int_kw(schema, "minProperties", pointer)
     max_p = _int_kw(schema, "maxProperties", pointer)
-    extra_value = None if ap is False else _node(ctx, ap, pointer + "/additionalProperties", False, depth + 1)
     max_extra = None
     if min_p or max_p is not None:
         # Exact only when the declared members are all required (their count is fixed), so the
@@ -584,22 +612,69 @@ def _object(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
                                   keyword="maxProperties")
             room = None if max_p is None else max_p - n_req
             need = max(0, (min_p or 0) - n_req)
-            if extra_value is None:
+            if not extras:
                 if need:
                     raise SchemaError(f"minProperties {min_p} needs undeclared properties, which are not allowed",
                                       pointer=pointer, keyword="minProperties")
             else:
                 max_extra = room
                 if need:
-                    key = ir.JsonPattern("except", tuple(props)) if props else ir.JsonString(0, None)
-                    return _min_extra_object(ctx, out, key, extra_value, need, room)
-    extra_key = None
-    if extra_value is not None:
-        extra_key = ir.JsonPattern("except", tuple(props)) if props else ir.JsonString(0, None)
-    return ir.JsonObject(tuple(out), extra_key, extra_value, max_extra, ctx.options.whitespace)
+                    return _min_extra_object(ctx, out, extras, need, room)
+    return ir.JsonObject(tuple(out), extras, max_extra, ctx.options.whitespace)
 
 
-def _min_extra_object(ctx: _Ctx, out: list, key, value, need: int, room) -> ir.Node:
+def _property_names(ctx: _Ctx, s, pointer: str):
+    """propertyNames as (CharDFA, minLength, maxLength), None when it allows every name.
+    Supported: a schema with pattern / minLength / maxLength (type string implied), or false."""
+    if s is True or s == {}:
+        return None
+    where = pointer + "/propertyNames"
+    if s is False:
+        return (compile_pattern(""), 1, 0, "")  # no name at all: no length fits
+    if not isinstance(s, dict) or any(k not in {"pattern", "minLength", "maxLength", "type"} | ANNOTATIONS for k in s) \
+            or s.get("type", "string") != "string":
+        _unsupported(ctx, "propertyNames", pointer, "only pattern, minLength and maxLength are enforced on names")
+        return None
+    try:
+        dfa = compile_pattern(s.get("pattern", ""))
+    except RegexError as e:
+        raise SchemaError(str(e), pointer=where + "/pattern", keyword="propertyNames") from None
+    return (dfa, _int_kw(s, "minLength", where) or 0, _int_kw(s, "maxLength", where), s.get("pattern", ""))
+
+
+def _extra_classes(ctx: _Ctx, declared: tuple, pprops: dict, ap, pnames, pointer: str, depth: int) -> tuple:
+    """The (key node, value node) classes of undeclared members: one per set of patterns a key
+    matches (its value must satisfy all of their schemas), and the keys that match none (the
+    additionalProperties schema). Classes no key can fall into are left out."""
+    names_pat = () if pnames is None else ((pnames[3], True),) if pnames[3] else ()
+    lo, hi = (0, None) if pnames is None else (pnames[1], pnames[2])
+    pats = list(pprops)
+    out = []
+    for mask in range(1 << len(pats)):
+        chosen = [pats[i] for i in range(len(pats)) if mask >> i & 1]
+        schemas = [pprops[p] for p in chosen] if chosen else [ap]
+        if False in schemas:
+            continue
+        spec = (declared, tuple((p, bool(mask >> i & 1)) for i, p in enumerate(pats)) + names_pat)
+        if not spec[1] and not declared and lo == 0 and hi is None:
+            key: ir.Node = ir.JsonString(0, None)
+        else:
+            try:
+                from railcall.grammar.program import char_dfa
+
+                if not char_dfa("keys", spec, 256).fits(0, 0, lo, 256 if hi is None else hi):
+                    continue
+            except RegexError:
+                continue  # no key falls into this class
+            key = ir.JsonPattern("keys", spec, lo, hi)
+        subs = [x for x in schemas if x is not True]
+        value = True if not subs else subs[0] if len(subs) == 1 else {"allOf": subs}
+        where = f"{pointer}/patternProperties" if chosen else f"{pointer}/additionalProperties"
+        out.append((key, _node(ctx, value, where, False, depth + 1)))
+    return tuple(out)
+
+
+def _min_extra_object(ctx: _Ctx, out: list, extras: tuple, need: int, room) -> ir.Node:
     """An object that must have at least `need` undeclared members (minProperties with every
     declared member required): the declared members, `need` mandatory extra members, then up
     to `room - need` more (any number if room is None)."""
@@ -608,7 +683,7 @@ def _min_extra_object(ctx: _Ctx, out: list, key, value, need: int, room) -> ir.N
     if room is not None and room < need:
         raise SchemaError(f"minProperties needs {need} undeclared members but maxProperties allows {room}",
                           keyword="maxProperties")
-    member = ir.Seq(key, ir.Lit(b":"), value)
+    member = ir.Alt(*[ir.Seq(key, ir.Lit(b":"), value) for key, value in extras])
     parts: list = [ir.Lit(b"{")]
     for i, (name, node, _req) in enumerate(out):
         parts += [ir.Lit((b"," if i else b"") + ir.json_literal(name) + b":"), node]
@@ -618,7 +693,7 @@ def _min_extra_object(ctx: _Ctx, out: list, key, value, need: int, room) -> ir.N
         parts.append(member)
     more = None if room is None else room - need
     if more is None:
-        parts.append(ir.Ref(_extra_tail_rule(ctx, key, value)))
+        parts.append(ir.Ref(_extra_tail_rule(ctx, member)))
     else:
         if more > 64:
             _unsupported(ctx, "maxProperties", "", f"{more} optional undeclared members after minProperties")
@@ -631,9 +706,8 @@ def _min_extra_object(ctx: _Ctx, out: list, key, value, need: int, room) -> ir.N
     return ir.Seq(*parts)
 
 
-def _extra_tail_rule(ctx: _Ctx, key, value) -> str:
+def _extra_tail_rule(ctx: _Ctx, member) -> str:
     name = f"__extra_tail_{len(ctx.rules)}"
-    member = ir.Seq(key, ir.Lit(b":"), value)
     ctx.rules[name] = ir.Alt(ir.Seq(), ir.Seq(ir.Lit(b","), member, ir.Ref(name)))
     return name
 
@@ -921,7 +995,7 @@ def _any_rule(ctx: _Ctx) -> str:
         ws = ctx.options.whitespace
         ctx.rules[ANY_VALUE] = ir.Alt(
             s, ir.JsonNumber(), ir.Select(((b"true", ir.Seq()), (b"false", ir.Seq()), (b"null", ir.Seq()))),
-            ir.JsonArray(v, 0, None, (), ws), ir.JsonObject((), s, v, None, ws),
+            ir.JsonArray(v, 0, None, (), ws), ir.JsonObject((), ((s, v),), None, ws),
         )
     return ANY_VALUE
 

@@ -195,8 +195,8 @@ def _prefix_rules(node, rules, tool_name: str):
             return ir.JsonArray(None if n.item is None else walk(n.item), n.min_items, n.max_items,
                                 tuple(walk(x) for x in n.prefix), n.ws)
         if isinstance(n, ir.JsonObject):
-            return ir.JsonObject(tuple((k, walk(v), r) for k, v, r in n.properties), n.extra_key,
-                                 None if n.extra_value is None else walk(n.extra_value), n.max_extra, n.ws)
+            return ir.JsonObject(tuple((k, walk(v), r) for k, v, r in n.properties),
+                                 tuple((key, walk(v)) for key, v in n.extras), n.max_extra, n.ws)
         return n
 
     return walk(node), tuple((mapping[name], walk(r)) for name, r in rules)
