@@ -1,4 +1,4 @@
-"""The vLLM tests (`make test-vllm`, in .venv-vllm): one engine for the module, kept small for a
+"""The vLLM tests (`make test-vllm`, in .venv-vllm): one engine per module, kept small for a
 2-core CPU (eager mode, a 1024-token context, 1 GiB of KV cache)."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def reference(batch):
     return out
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def llm(folder, reference):
     from vllm import LLM
 
