@@ -106,7 +106,7 @@ _SPECS_SIZE = 256  # distinct specs kept parsed; a grammar is rebuilt (milliseco
 # Finishing at max_tokens (see _Request._finish_plan): recompute the shortest completion in the
 # last FINISH_SLACK tokens before it would no longer fit; commit it FINISH_MARGIN tokens early.
 FINISH_SLACK = 8
-FINISH_MARGIN = 2
+FINISH_MARGIN = 4
 FINISH_FIRST = 24  # the first look, this many tokens (+ FINISH_SLACK) before max_tokens
 
 
@@ -226,7 +226,9 @@ class _Request:
         The shortest completion costs ~10 ms to compute (SmolLM2, a string argument), so it is
         recomputed only in the last FINISH_SLACK tokens before the previous estimate runs out,
         and committed FINISH_MARGIN tokens early: one token can lengthen the completion by more
-        than one (a new key opens a nested object)."""
+        than one (choosing a tool with more required arguments, opening a nested object). A
+        jump larger than the margin in the last tokens, or a budget shorter than the shortest
+        call, still leaves the call cut (best effort, not a guarantee)."""
         if self.max_tokens is None or self.ended or self.matcher.is_error():
             return None
         left = self.max_tokens - self.consumed
