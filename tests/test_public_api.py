@@ -18,6 +18,6 @@ def test_all_is_pinned():
 
 
 def test_core_import_needs_no_framework():
-    code = "import sys, railcall; print(sorted(m for m in ('torch', 'transformers', 'fastapi') if m in sys.modules))"
+    code = "import sys, railcall; print(sorted(m for m in ('torch', 'transformers', 'fastapi', 'vllm') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
