@@ -26,6 +26,7 @@ How a mask is computed (once per cache key, then a lookup and a copy):
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from typing import NamedTuple, Sequence
 
@@ -487,14 +488,49 @@ class CompiledGrammar:
         if hit is not None:
             return hit[0]
         ids, pos = idx.exit_ids, idx.exit_pos
-        legal = self.vocab.lengths[ids] == pos
-        rest = np.flatnonzero(~legal)
-        if rest.size:
-            ok = self._walk(ids[rest], pos[rest], np.full(rest.size, x, dtype=np.int64))
-            mark = np.zeros(self.vocab.size, dtype=bool)
-            mark[ok] = True
-            legal[rest] = mark[ids[rest]]
+        threads = self._sets[x]
+        lit = next(iter(threads)) if len(threads) == 1 else None
+        if lit is not None and isinstance(lit[0], Lit):
+            legal = self._exits_into_literal(sub, lit, idx)
+        else:
+            legal = self.vocab.lengths[ids] == pos
+            rest = np.flatnonzero(~legal)
+            if rest.size:
+                legal[rest] = self._walk_marks(ids[rest], pos[rest], x)
         self._masks.put(key, (legal,))
+        return legal
+
+    def _walk_marks(self, ids: np.ndarray, pos: np.ndarray, x: int) -> np.ndarray:
+        """(k,) bool: which of tokens `ids`, each from byte `pos`, end alive from state x."""
+        ok = self._walk(ids, pos, np.full(ids.size, x, dtype=np.int64))
+        mark = np.zeros(self.vocab.size, dtype=bool)
+        mark[ok] = True
+        return mark[ids]
+
+    def _exits_into_literal(self, sub: int, thread, idx: "JStrIndex") -> np.ndarray:
+        """The string-closing tokens legal when a literal follows the quote (`","text":"`, `"}}`:
+        nearly always): those whose text after the quote is a prefix of the literal, found by
+        binary search over the remainders sorted once per vocabulary, plus the few that run past
+        the literal's end, walked from there. No walk over all closing tokens."""
+        ins, off, st = thread
+        lit = ins.data[off:]
+        keys, order = jstr_exit_rests(self.vocab, sub)
+        legal = np.zeros(idx.exit_ids.size, dtype=bool)
+        for k in range(min(len(lit), self.vocab.max_token_len + 1)):  # proper prefixes, empty included
+            p = lit[:k]
+            a, b = bisect_left(keys, p), bisect_right(keys, p)
+            legal[order[a:b]] = True
+        a = bisect_left(keys, lit)
+        b = bisect_left(keys, _prefix_upper(lit)) if _prefix_upper(lit) is not None else len(keys)
+        if a < b:
+            x2 = self._after(ins.next, st)
+            if x2 >= 0:
+                sel = order[a:b]
+                exact = np.array([len(keys[i]) == len(lit) for i in range(a, b)], dtype=bool)
+                legal[sel[exact]] = True
+                more = sel[~exact]
+                if more.size:
+                    legal[more] = self._walk_marks(idx.exit_ids[more], idx.exit_pos[more] + len(lit), x2)
         return legal
 
     # -- forced continuations and finish ------------------------------------------------------------
@@ -664,9 +700,32 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     for sub in range(13):
         jstr_index(vocab, sub)
         jstr_inside_packed(vocab, sub, words)
+        jstr_exit_rests(vocab, sub)
     for integer in (False, True):
         for sub in range(9):
             jnum_index(vocab, sub, integer)
+
+
+def _prefix_upper(p: bytes) -> bytes | None:
+    """The least byte string greater than every string that starts with `p` (None: no bound)."""
+    q = p.rstrip(b"\xff")
+    if not q:
+        return None
+    return q[:-1] + bytes([q[-1] + 1])
+
+
+def jstr_exit_rests(vocab: Vocabulary, sub: int) -> tuple[list[bytes], np.ndarray]:
+    """Per vocabulary and substate: each string-closing token's text after its quote, sorted
+    (the remainders), and the matching positions in `jstr_index(...).exit_ids`."""
+    cache = vocab._extra.setdefault("jstr_rests", {})
+    hit = cache.get(sub)
+    if hit is None:
+        idx = jstr_index(vocab, sub)
+        tb = vocab.token_bytes
+        rests = [tb[t][p:] for t, p in zip(idx.exit_ids.tolist(), idx.exit_pos.tolist())]
+        order = sorted(range(len(rests)), key=rests.__getitem__)
+        hit = cache[sub] = ([rests[i] for i in order], np.array(order, dtype=np.int64))
+    return hit
 
 
 def jstr_index(vocab: Vocabulary, sub: int) -> JStrIndex:
