@@ -8,9 +8,9 @@ import railcall
 
 def test_all_is_pinned():
     assert railcall.__all__ == [
-        "CompiledGrammar", "GrammarError", "Matcher", "MatcherError", "ModelError", "RailcallError",
-        "SchemaError", "SchemaOptions", "Tool", "Vocabulary", "VocabularyError", "__version__",
-        "allocate_bitmask", "apply_bitmask", "compiled_grammar", "read_only_view", "schema_grammar",
+        "CompiledGrammar", "Delimiters", "GrammarError", "Matcher", "MatcherError", "ModelError",
+        "OutputParser", "RailcallError", "SchemaError", "SchemaOptions", "Tool", "Vocabulary",
+        "VocabularyError", "__version__", "allocate_bitmask", "answer_matcher", "apply_bitmask", "compiled_grammar", "read_only_view", "schema_grammar",
         "tool_grammar",
     ]
     for name in railcall.__all__:

@@ -20,14 +20,18 @@ from railcall.errors import GrammarError, MatcherError, ModelError, RailcallErro
 from railcall.grammar.schema import SchemaOptions, schema_grammar
 from railcall.grammar.tools import Tool, read_only_view, tool_grammar
 from railcall.matcher import CompiledGrammar, Matcher, compiled_grammar
+from railcall.output import Delimiters, OutputParser
+from railcall.regions import answer_matcher
 from railcall.vocab import Vocabulary
 
 __all__ = [
     "CompiledGrammar",
+    "Delimiters",
     "GrammarError",
     "Matcher",
     "MatcherError",
     "ModelError",
+    "OutputParser",
     "RailcallError",
     "SchemaError",
     "SchemaOptions",
@@ -36,6 +40,7 @@ __all__ = [
     "VocabularyError",
     "__version__",
     "allocate_bitmask",
+    "answer_matcher",
     "apply_bitmask",
     "compiled_grammar",
     "read_only_view",

@@ -1,0 +1,521 @@
+"""Output: a model's generated tokens -> reasoning_content, content and tool calls, as deltas.
+
+Two pieces, with different lifecycles:
+
+- `Delimiters` (once per model): the model contract's reasoning open/close and tool-call
+  open/close strings, each resolved against the vocabulary to the one token that spells it, or
+  to None when no such token exists. The output parser and the grammar regions
+  (`railcall.regions`) read the same object, so they can never disagree on what ends reasoning.
+- `OutputParser` (once per request): fed one generated token at a time, as its id and then its
+  text, it returns deltas and, at the end, a `ParsedOutput`.
+
+The rule (seed 002): a delimiter that is one token counts only where that token was generated.
+A model that writes `</think>` as ordinary text -- explaining a chat template, or inside a JSON
+string -- produces pieces such as `</`, `think`, `>`; those stay text, in reasoning_content or
+content, wherever they occur. The parser learns from the token id *where* the delimiter's text
+will start (the offset in the decoded text when the id arrives) and switches mode exactly there;
+text that could still become that delimiter is held until its text arrives. At `finish()` held
+text is released as ordinary text; `cancel()` (a cancelled or failed request) discards it.
+
+The fallback, and its limit: a delimiter that is not one token (SmolLM2 has no `<think>` token;
+it spells it `<`, `think`, `>`) can only be recognised by its text, so there a spelled tag does
+switch modes -- the behaviour this module exists to avoid, kept because nothing better is
+knowable from text. docs/reasoning.md lists which delimiters resolve on the embedded model.
+
+Call formats (railcall.grammar.tools):
+- Hermes, `<tool_call>{"name":…,"arguments":{…}}</tool_call>`: a call starts at the open
+  delimiter (token, or text where it is not one token) and ends at the close delimiter once the
+  body is a complete JSON value, so a close tag written inside an argument string stays argument
+  text. Several calls in one turn (parallel) are simply several such blocks.
+- JSON wire format, `{"tool":"<name>","args":{…}}`: no vocabulary has a token for it, so calls
+  are recognised by text. With tool_choice "required" the content *is* the call: content that
+  starts with `{` or `[` is scanned as one JSON value (an object, or an array of objects for
+  parallel calls). With "auto", the trigger text `{"tool":"` anywhere in content starts a call,
+  which ends where its JSON object closes; further triggers are further calls. These are the
+  same texts `railcall.regions` hands to the call grammar, so grammar and parser agree.
+A call body that does not parse as a call of its format is returned as content, verbatim.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Literal
+
+from railcall.errors import RailcallError
+from railcall.vocab import Vocabulary
+
+# What the JSON wire format's calls start with; the trigger for tool_choice "auto".
+JSON_CALL_TRIGGER = '{"tool":"'
+
+Role = Literal["reasoning_open", "reasoning_close", "call_open", "call_close"]
+ROLES: tuple[Role, ...] = ("reasoning_open", "reasoning_close", "call_open", "call_close")
+
+
+@dataclass(frozen=True)
+class Delimiter:
+    """One delimiter of a model's contract: its role, its text, and the single token id that
+    spells it (None: not one token in this vocabulary; matched by text, see the module doc)."""
+
+    role: Role
+    text: str
+    token_id: int | None
+
+
+@dataclass(frozen=True)
+class Delimiters:
+    """The contract's delimiters resolved against one vocabulary. Built once per model (cached on
+    the Vocabulary), read-only, shared by every OutputParser and every region matcher.
+
+    A role the model does not have (no reasoning, say) is None.
+    """
+
+    reasoning_open: Delimiter | None = None
+    reasoning_close: Delimiter | None = None
+    call_open: Delimiter | None = None
+    call_close: Delimiter | None = None
+
+    @classmethod
+    def from_vocab(
+        cls,
+        vocab: Vocabulary,
+        *,
+        reasoning: tuple[str, str] | None = ("<think>", "</think>"),
+        tool_call: tuple[str, str] | None = ("<tool_call>", "</tool_call>"),
+    ) -> "Delimiters":
+        """Resolve the contract's strings against `vocab` (cached per vocabulary and contract).
+
+        A delimiter keeps a token id when its text encodes to exactly one token and that token
+        decodes back to the same text: with the tokenizer's own `encode` when the vocabulary was
+        built from one (`Vocabulary.from_hf`), else by looking the text up among the special
+        tokens and then the text tokens. Anything else falls back to text matching.
+        """
+        for pair, what in ((reasoning, "reasoning"), (tool_call, "tool_call")):
+            if pair is not None and (len(pair) != 2 or not all(isinstance(s, str) and s for s in pair)):
+                raise RailcallError(f"{what} delimiters must be a pair of non-empty strings (open, close), "
+                                    f"not {pair!r}; pass None for a model without them")
+        cache = vocab._extra.setdefault("delimiters", {})
+        key = (reasoning, tool_call)
+        hit = cache.get(key)
+        if hit is None:
+            texts = (reasoning or (None, None)) + (tool_call or (None, None))
+            hit = cls(*(None if t is None else Delimiter(role, t, single_token(vocab, t))
+                        for role, t in zip(ROLES, texts)))
+            cache[key] = hit
+        return hit
+
+    def all(self) -> list[Delimiter]:
+        return [d for d in (self.reasoning_open, self.reasoning_close, self.call_open, self.call_close) if d]
+
+    @property
+    def token_ids(self) -> frozenset[int]:
+        """The ids of the delimiters that are single tokens."""
+        return frozenset(d.token_id for d in self.all() if d.token_id is not None)
+
+
+def single_token(vocab: Vocabulary, text: str) -> int | None:
+    """The id of the one token that spells `text` and decodes back to it, or None."""
+    encode = vocab._extra.get("encode")
+    if encode is not None:
+        ids = list(encode(text))
+        candidates = ids if len(ids) == 1 else []
+    else:
+        sid = vocab.special_id(text)
+        tid = vocab.lookup.get(text.encode("utf-8"))
+        candidates = [i for i in (sid, tid) if i is not None][:1]
+    for i in candidates:
+        back = vocab.special_text.get(i) if vocab.is_special(i) else vocab.token_bytes[i].decode("utf-8", "replace")
+        if back == text:
+            return int(i)
+    return None
+
+
+# -- results and deltas -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: the tool's name and its arguments as a compact JSON string."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A piece of output. `kind` is "reasoning" or "content" (with `text`), or "tool_call" (with
+    `call` and its `index` in the turn; a call is delivered whole, once its end is seen)."""
+
+    kind: Literal["reasoning", "content", "tool_call"]
+    text: str = ""
+    call: ToolCall | None = None
+    index: int = 0
+
+
+@dataclass
+class ParsedOutput:
+    """The whole turn. `content` is "" when it held only whitespace (e.g. between calls)."""
+
+    reasoning_content: str = ""
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+# -- the streaming parser ---------------------------------------------------------------------
+
+
+class OutputParser:
+    """Splits one request's output into reasoning, content and tool calls. Built per request.
+
+    Lifecycle: `feed(token_id, text)` once per generated token (the id first: it tells where a
+    delimiter's text will start; then the text the detokenizer produced at that step, which for
+    a special delimiter token must be its text -- decode with skip_special_tokens=False); then
+    exactly one of `finish()` (held text is released as ordinary text; an unclosed call becomes
+    content) or `cancel()` (held text is discarded). `result()` is valid after either.
+
+    Options:
+      call_format      "hermes", "json", or None (no calls are recognised).
+      tool_choice      "auto", "required" or "none" (as in the OpenAI API; "none": no calls).
+      reasoning_opened the prompt already opened reasoning (some templates end the prompt with
+                       `<think>`), so the output starts inside it.
+      stop_ids         end-of-turn tokens; their text is never output.
+
+    Reasoning happens at most once, at the start: an open delimiter opens it only before any
+    content, and once it is closed, reasoning delimiters are ordinary text (a structured answer
+    may contain them). A close *token* at the very start of content (a template that opened
+    reasoning in the prompt, and a parser not told so) is dropped; a spelled one stays content.
+    Inside reasoning, an open token is dropped and a tool-call open token ends reasoning.
+    """
+
+    def __init__(self, delimiters: Delimiters, *, call_format: str | None = "hermes",
+                 tool_choice: str = "auto", reasoning_opened: bool = False, stop_ids: Iterable[int] = ()):
+        if call_format not in ("hermes", "json", None):
+            raise RailcallError(f"unknown call format {call_format!r}; use 'hermes', 'json' or None")
+        if tool_choice not in ("auto", "required", "none"):
+            raise RailcallError(f"unknown tool_choice {tool_choice!r}; use 'auto', 'required' or 'none'")
+        if call_format == "hermes" and delimiters.call_open is None:
+            raise RailcallError("the Hermes call format needs tool-call delimiters; resolve Delimiters with "
+                                "tool_call=('<tool_call>', '</tool_call>')")
+        if reasoning_opened and delimiters.reasoning_close is None:
+            raise RailcallError("reasoning_opened needs a reasoning close delimiter; resolve Delimiters with "
+                                "reasoning=(open, close)")
+        self.d = delimiters
+        self.format = call_format if tool_choice != "none" else None
+        self.required = tool_choice == "required"
+        self._by_id = {x.token_id: x for x in delimiters.all() if x.token_id is not None}
+        self._stops = frozenset(stop_ids)
+        self._mode = "reasoning" if reasoning_opened else "content"
+        # reasoning can no longer open (it was opened in the prompt, or the model has none)
+        self._reasoning_done = reasoning_opened or delimiters.reasoning_open is None
+        self._at_start = True  # no non-whitespace content yet
+        self._buf = ""  # received, not yet classified
+        self._base = 0  # offset of _buf[0] in the whole output text
+        self._pending: deque[tuple[int, Delimiter]] = deque()  # token delimiters: (offset, delimiter)
+        self._body = ""  # the call being read (its text from the start, for release as content)
+        self._opener = ""  # the text that opened it
+        self._depth = 0  # JSON scanner: nesting depth, inside a string, after a backslash
+        self._in_str = False
+        self._esc = False
+        self._out: list[Delta] = []
+        self._closed = False
+        self._result = ParsedOutput()
+
+    # -- the verbs --------------------------------------------------------------------------
+
+    def feed(self, token_id: int, text: str) -> list[Delta]:
+        """One generated token: its id, then its text. Returns the deltas now certain."""
+        self._check_open("feed")
+        if token_id in self._stops:
+            return []
+        d = self._by_id.get(token_id)
+        if d is not None:
+            self._pending.append((self._base + len(self._buf), d))
+        self._buf += text
+        self._process(final=False)
+        return self._take()
+
+    def finish(self) -> list[Delta]:
+        """End of generation: held text is released as ordinary text; an unclosed call is content."""
+        self._check_open("finish")
+        self._process(final=True)
+        if self._mode in ("hermes", "json"):
+            text, self._body = self._opener + self._body, ""
+            self._mode = "content"
+            self._emit("content", text)
+        self._closed = True
+        r = self._result
+        if not r.content.strip():
+            r.content = ""
+        return self._take()
+
+    def cancel(self) -> None:
+        """A cancelled or failed request: held text and any unclosed call are discarded."""
+        self._buf, self._body = "", ""
+        self._pending.clear()
+        self._closed = True
+
+    def result(self) -> ParsedOutput:
+        return self._result
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _check_open(self, verb: str) -> None:
+        if self._closed:
+            raise RailcallError(f"OutputParser.{verb}() after finish() or cancel(); use one parser per request")
+
+    def _take(self) -> list[Delta]:
+        out, self._out = self._out, []
+        merged: list[Delta] = []
+        for x in out:  # adjacent text deltas of one kind become one
+            if merged and x.kind != "tool_call" and merged[-1].kind == x.kind:
+                merged[-1] = Delta(x.kind, merged[-1].text + x.text)
+            else:
+                merged.append(x)
+        return merged
+
+    def _emit(self, kind: str, text: str) -> None:
+        if not text:
+            return
+        if kind == "reasoning":
+            self._result.reasoning_content += text
+        else:
+            self._result.content += text
+            if text.strip():
+                self._at_start = False
+        self._out.append(Delta(kind, text))
+
+    def _consume(self, n: int) -> None:
+        self._buf = self._buf[n:]
+        self._base += n
+
+    def _patterns(self) -> list[tuple[str, str]]:
+        """(text, what) pairs recognised by text in the current mode: delimiters without a token."""
+        d, out = self.d, []
+        if self._mode == "reasoning":
+            if d.reasoning_close and d.reasoning_close.token_id is None:
+                out.append((d.reasoning_close.text, "reasoning_close"))
+        elif self._mode == "content":
+            if self._at_start and not self._reasoning_done and d.reasoning_open and d.reasoning_open.token_id is None:
+                out.append((d.reasoning_open.text, "reasoning_open"))
+            if self.format == "hermes" and d.call_open.token_id is None:
+                out.append((d.call_open.text, "call_open"))
+            if self.format == "json" and not self.required:
+                out.append((JSON_CALL_TRIGGER, "json_trigger"))
+        elif self._mode == "hermes":
+            if d.call_close and d.call_close.token_id is None:
+                out.append((d.call_close.text, "call_close"))
+        return out
+
+    def _process(self, final: bool) -> None:
+        while self._buf:
+            buf = self._buf
+            tok_at = self._pending[0][0] - self._base if self._pending else None
+            limit = len(buf) if tok_at is None else tok_at
+            # The earliest text-matched delimiter that lies wholly before the next token delimiter.
+            best = None
+            for text, what in self._patterns():
+                at = buf.find(text, 0, limit)
+                while at >= 0 and what == "reasoning_open" and buf[:at].strip():
+                    at = -1  # reasoning opens only before any content
+                if at >= 0 and (best is None or at < best[0]):
+                    best = (at, text, what)
+            if best is not None:
+                at, text, what = best
+                if what == "reasoning_open":  # only whitespace precedes it: not content
+                    self._consume(at)
+                else:
+                    n = self._ordinary(buf[:at])
+                    self._consume(n)
+                    if n < at:
+                        continue  # a JSON call ended inside that text; rescan in the new mode
+                self._consume(len(text))
+                if not self._on_delimiter(what, text):
+                    self._ordinary_all(text)
+                continue
+            if tok_at is not None:
+                _, d = self._pending[0]
+                if self._leading(d):
+                    self._consume(tok_at)  # whitespace before a leading reasoning delimiter
+                else:
+                    n = self._ordinary(buf[:tok_at])
+                    self._consume(n)
+                    if n < tok_at:
+                        continue
+                rest = self._buf
+                if len(rest) >= len(d.text) or not d.text.startswith(rest):
+                    self._pending.popleft()
+                    if rest.startswith(d.text):
+                        self._consume(len(d.text))
+                        if not self._on_delimiter(d.role, d.text, token=True):
+                            self._ordinary_all(d.text)
+                    # else: the step's text is not the delimiter's (a detokenizer that skips
+                    # special tokens); what arrived is ordinary text, handled on the next pass.
+                    continue
+                if final:  # its text never arrived: release what was held as text
+                    self._pending.popleft()
+                    continue
+                return  # hold: the rest could still be the delimiter's text
+            hold = 0 if final else self._held(buf)
+            n = len(buf) - hold
+            if n == 0:
+                return
+            taken = self._ordinary(buf[:n])
+            self._consume(taken)
+            if taken < n:
+                continue
+            return
+
+    def _leading(self, d: Delimiter) -> bool:
+        """Whether token delimiter `d` is a reasoning delimiter at the start of the output."""
+        return (self._mode == "content" and self._at_start and not self._reasoning_done
+                and d.role in ("reasoning_open", "reasoning_close"))
+
+    def _held(self, buf: str) -> int:
+        """The longest end of `buf` that is a proper prefix of a text-matched delimiter."""
+        best = 0
+        for text, what in self._patterns():
+            for k in range(min(len(text) - 1, len(buf)), best, -1):
+                if text.startswith(buf[-k:]):
+                    if what == "reasoning_open":
+                        if buf[:-k].strip():
+                            break
+                        k = len(buf)  # with the whitespace before it, which is not content then
+                    best = k
+                    break
+        if (self._mode == "content" and self._at_start and not buf.strip()
+                and ((self.format == "json" and self.required) or not self._reasoning_done)):
+            return len(buf)  # leading whitespace: reasoning may still open, or a required call follow
+        return best
+
+    def _ordinary_all(self, text: str) -> None:
+        """Text that is certainly ordinary, given back in front of the buffer if a JSON call ends
+        inside it (the rest is then classified in content mode)."""
+        n = self._ordinary(text)
+        if n < len(text):
+            self._buf = text[n:] + self._buf
+            self._base -= len(text) - n
+
+    def _ordinary(self, text: str) -> int:
+        """Route ordinary text to the current mode; returns how much was taken (less than all
+        only when a JSON call ends, or starts, inside `text`)."""
+        if not text:
+            return 0
+        mode = self._mode
+        if mode == "reasoning":
+            self._emit("reasoning", text)
+        elif mode == "hermes":
+            self._body += text
+        elif mode == "json":
+            return self._scan_json(text)
+        elif self.format == "json" and self.required and self._at_start and text.lstrip()[:1] in ("{", "["):
+            # tool_choice "required": the content is the call (or an array of calls).
+            start = len(text) - len(text.lstrip())
+            self._emit("content", text[:start])
+            self._start_call("json", "")
+            return start + self._scan_json(text[start:])
+        else:
+            self._emit("content", text)
+        return len(text)
+
+    def _on_delimiter(self, what: str, text: str, token: bool = False) -> bool:
+        """Apply a delimiter in the current mode; False means it is ordinary text here."""
+        mode = self._mode
+        if mode == "reasoning":
+            if what == "reasoning_close":
+                self._mode, self._reasoning_done = "content", True
+                return True
+            if token and what == "reasoning_open":
+                return True  # a stray open token inside reasoning is a control token: dropped
+            if token and what == "call_open" and self.format == "hermes":
+                self._reasoning_done = True
+                self._start_call("hermes", text)
+                return True
+            return False
+        if mode == "content":
+            if what == "reasoning_open" and self._at_start and not self._reasoning_done:
+                self._mode = "reasoning"
+                return True
+            if token and what == "reasoning_close" and self._at_start and not self._reasoning_done:
+                self._reasoning_done = True  # a leading close token: reasoning was opened in the prompt
+                return True
+            if what == "call_open" and self.format == "hermes":
+                self._reasoning_done = True
+                self._start_call("hermes", text)
+                return True
+            if what == "json_trigger":
+                self._reasoning_done = True
+                self._start_call("json", "")
+                self._scan_json(text)
+                return True
+            return False
+        if mode == "hermes" and what == "call_close":
+            try:
+                json.loads(self._body)
+            except ValueError:
+                return False  # inside the arguments (a close tag in a string): text
+            self._end_call(self._body, text)
+            return True
+        return False
+
+    def _start_call(self, mode: str, opener: str) -> None:
+        self._mode, self._opener, self._body = mode, opener, ""
+        self._depth, self._in_str, self._esc = 0, False, False
+        self._at_start = False
+
+    def _scan_json(self, text: str) -> int:
+        """Feed text to the JSON call being read; returns the characters taken (up to the end of
+        the value, where the call ends)."""
+        for i, c in enumerate(text):
+            self._body += c
+            if self._in_str:
+                if self._esc:
+                    self._esc = False
+                elif c == "\\":
+                    self._esc = True
+                elif c == '"':
+                    self._in_str = False
+            elif c == '"':
+                self._in_str = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if self._depth <= 0:
+                    self._end_call(self._body, "")
+                    return i + 1
+        return len(text)
+
+    def _end_call(self, body: str, closer: str) -> None:
+        calls = _parse_calls(body, self._mode)
+        raw = self._opener + body + closer
+        self._mode, self._body, self._opener = "content", "", ""
+        if calls is None:
+            self._emit("content", raw)  # not a call of this format: the text stays content
+            return
+        for call in calls:
+            self._out.append(Delta("tool_call", call=call, index=len(self._result.tool_calls)))
+            self._result.tool_calls.append(call)
+
+
+def _parse_calls(body: str, fmt: str) -> list[ToolCall] | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    name_key, args_key = ("name", "arguments") if fmt == "hermes" else ("tool", "args")
+    items = value if isinstance(value, list) and fmt == "json" else [value]
+    calls = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get(name_key), str):
+            return None
+        args = item.get(args_key, {})
+        if isinstance(args, str):  # some templates write arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except ValueError:
+                return None
+        if not isinstance(args, dict):
+            return None
+        calls.append(ToolCall(item[name_key], json.dumps(args, ensure_ascii=False, separators=(",", ":"))))
+    return calls or None

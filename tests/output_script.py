@@ -1,0 +1,56 @@
+"""Scripted token streams for the output and region tests.
+
+A test double, said plainly: instead of a model, these helpers emit *given* token ids (a
+scripted backend), with the text a streaming detokenizer would produce for each. That is what
+the parser and the region matchers consume, so the tests drive them exactly as decoding would,
+without a model and in milliseconds.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+
+from railcall.output import single_token
+from railcall.vocab import Vocabulary
+
+
+@dataclass(frozen=True)
+class Tok:
+    """A delimiter *generated as its token* (where the vocabulary has one; else it is spelled)."""
+
+    text: str
+
+
+def script(vocab: Vocabulary, *parts) -> list[int]:
+    """Token ids for `parts`: strings are spelled in ordinary text tokens (never a special
+    token, so `"</think>"` is `<`, `/`, ... pieces), `Tok(...)` is the delimiter's own token."""
+    ids: list[int] = []
+    for p in parts:
+        if isinstance(p, Tok):
+            tid = single_token(vocab, p.text)
+            if tid is not None:
+                ids.append(tid)
+                continue
+            p = p.text
+        toks = vocab.greedy_tokenize(p.encode("utf-8"))
+        assert toks is not None, f"{p!r} cannot be spelled in {vocab.name}"
+        ids.extend(toks)
+    return ids
+
+
+def detokenize(vocab: Vocabulary, ids):
+    """(id, text) per step, as an incremental detokenizer with skip_special_tokens=False gives
+    them: special tokens as their text, a UTF-8 character split across tokens once complete."""
+    dec = codecs.getincrementaldecoder("utf-8")("replace")
+    for i in ids:
+        if vocab.is_special(i):
+            yield i, vocab.special_text[i]
+        else:
+            yield i, dec.decode(vocab.token_bytes[i])
+
+
+def multi_token_vocab() -> Vocabulary:
+    """Every byte a token, a few pieces, and no delimiter tokens: every delimiter is spelled."""
+    pieces = [bytes([b]) for b in range(256)] + [b"</", b"think", b"tool", b"_call", b'{"', b'":"', b"ab"]
+    return Vocabulary.from_pieces(pieces, specials=["<|end|>"], stop=["<|end|>"], name="multi")
