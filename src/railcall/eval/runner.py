@@ -68,13 +68,32 @@ def make_matcher(tools, vocab, mode: str):
     compiled = compiled_grammar(call_grammar(tools), vocab)
     if mode == "required":
         return Matcher(compiled)
-    try:
-        from railcall import regions
-    except ImportError:
-        raise NotImplementedError(
-            "tool_choice 'auto' (a category whose right answer may be no call) needs railcall.regions "
-            "(free content until a call trigger), which this build does not have") from None
-    return regions.answer_matcher(vocab, compiled, None, mode=mode)
+    from railcall.output import Delimiters
+    from railcall.regions import answer_matcher
+
+    # "auto": free content until the wire format's trigger ({"tool":"), then a call under the
+    # grammar, then content again (railcall.regions); no reasoning region, no tool-call tags.
+    return answer_matcher(vocab, compiled, Delimiters.from_vocab(vocab, reasoning=None, tool_call=None), mode=mode)
+
+
+def auto_calls(vocab, tokens) -> list[dict] | None:
+    """The calls a reply decoded under tool_choice "auto" makes, as the runtime's output parser
+    reads them (text around them is content); None when it makes none."""
+    from railcall.output import Delimiters, OutputParser
+
+    parser = OutputParser(Delimiters.from_vocab(vocab, reasoning=None, tool_call=None), call_format="json",
+                          tool_choice="auto", stop_ids=vocab.stop_ids)
+    for t in tokens:
+        parser.feed(t, vocab.decode([t]).decode("utf-8", errors="replace"))
+    parser.finish()
+    calls = []
+    for c in parser.result().tool_calls:
+        try:
+            args = json.loads(c.arguments)
+        except ValueError:
+            return None
+        calls.append({"tool": c.name, "args": args})
+    return calls or None
 
 
 def read_results(path: Path) -> list[dict]:
@@ -106,8 +125,12 @@ def _append(f, records: list[dict]) -> None:
     os.fsync(f.fileno())
 
 
-def score(task: bfcl.Task, text: str) -> dict:
-    calls = checker.parse_calls(text)
+def score(task: bfcl.Task, text: str, calls: list[dict] | None = None, *, auto: bool = False) -> dict:
+    """The verdicts on one reply. A reply is a call when the whole of it is the wire format; under
+    tool_choice "auto" (`auto=True`, `calls` from `auto_calls`) when the output parser finds calls
+    in it (text around them is allowed there: it is content)."""
+    if not auto:
+        calls = checker.parse_calls(text)
     verdict = checker.check_calls(task.functions, calls, task.ground_truth)
     return {"parse": calls is not None, "valid": checker.valid_calls(calls, task.tools),
             "ast": verdict.ok, "reason": verdict.reason, "calls": len(calls) if calls else 0}
@@ -181,7 +204,9 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path = Path(bfcl.DEFAULT
                 t, c = rows[i]
                 held.setdefault(t.id, []).append({
                     "category": cat, "id": t.id, "condition": c, "tool_choice": mode if c == "with_grammar" else "free",
-                    "output": g.text, **score(t, g.text), "tokens": len(g.tokens), "seconds": round(g.seconds, 3),
+                    "output": g.text, **(score(t, g.text, auto_calls(vocab, g.tokens), auto=True)
+                                         if c == "with_grammar" and mode == "auto" else score(t, g.text)),
+                    "tokens": len(g.tokens), "seconds": round(g.seconds, 3),
                     "forward_passes": g.forward_passes, "passes_saved": g.passes_saved,
                     "finish_reason": g.finish_reason, "cut": g.cut, "prompt_tokens": len(prompts[t.id]),
                     # this row's share of the wall time (the time since the previous row ended):
