@@ -57,7 +57,7 @@ def test_eval_bfcl_end_to_end_and_resume(tmp_path):
             "--data", str(SHARED), "--out", str(out)]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
-    assert "AST accuracy" in r.output and "simple_python" in r.output
+    assert "accuracy" in r.output and "simple_python" in r.output  # the table (wrapped at 80 columns)
     s = json.loads((out / "summary.json").read_text())
     per = s["categories"]["simple_python"]
     for cond in ("with_grammar", "without_grammar"):
@@ -74,7 +74,8 @@ def test_eval_bfcl_end_to_end_and_resume(tmp_path):
     assert r.exit_code == 0, r.output
     again = (out / "results.jsonl").read_text().splitlines()
     assert again[:4] == lines[:4] and len(again) == 6
-    assert sorted(again[4:]) == sorted(lines[4:])  # greedy: the redone task gives the same lines
+    key = lambda line: tuple(json.loads(line)[k] for k in ("id", "condition", "output", "parse", "ast"))  # noqa: E731
+    assert sorted(map(key, again[4:])) == sorted(map(key, lines[4:]))  # greedy: the redone task, same replies
     # other settings are refused rather than mixed into the same results
     r = CliRunner().invoke(app, [*args[:6], "--max-tokens", "41", *args[8:], "--resume"])
     assert r.exit_code == 2 and "other settings" in r.output
