@@ -27,7 +27,7 @@ Not recorded (unlike `generate`): per-token log-probabilities (`Step.logprob` is
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from railcall.bitmask import allocate_bitmask, apply_bitmask
 from railcall.decode import Generation, SamplingParams, Step, _sample
@@ -170,11 +170,12 @@ def generate_batch(model, vocab, prompts: Sequence[Sequence[int]], matchers: Seq
     return out
 
 
-def decode_stream(model, vocab, requests: Sequence[tuple], params: SamplingParams | None = None, *,
+def decode_stream(model, vocab, requests: Iterable[tuple], params: SamplingParams | None = None, *,
                   max_rows: int = 32, fast_forward: bool = True,
                   decided: Callable[[int, list[int]], bool] | None = None) -> Iterator[tuple[int, Generation]]:
-    """Decode `requests` ((prompt, matcher or None) each) with at most `max_rows` rows live;
-    yield (request index, Generation) as each row ends, in the order rows end.
+    """Decode `requests` ((prompt, matcher or None) each; an iterable, read as rows are
+    admitted) with at most `max_rows` rows live; yield (request index, Generation) as each row
+    ends, in the order rows end.
 
     Rows join in order: whenever the live rows fall to half of `max_rows`, the next requests
     are prefilled together (equal prompts once: a request with and without a grammar shares
@@ -196,23 +197,24 @@ def decode_stream(model, vocab, requests: Sequence[tuple], params: SamplingParam
     slot: list[int] = []  # the batch row each live request reads its logits from
     logits = None
     bm = allocate_bitmask(getattr(vocab, "logits_width", None) or int(model.config.vocab_size))
-    queue = list(range(len(requests)))[::-1]  # popped from the end
+    source = enumerate(requests)
+    queue = [next(source, None)]  # one request of lookahead; None: no more
 
     def admit():
         nonlocal lm, logits, slot
         take = []
-        while queue and len(live) + len(take) < max_rows:
-            take.append(queue.pop())
+        while queue[0] is not None and len(live) + len(take) < max_rows:
+            take.append(queue[0])
+            queue[0] = next(source, None)
         keys: dict[tuple, int] = {}
         uniq = []
         first_slot = []
-        for i in take:
-            key = tuple(requests[i][0])
+        for i, (prompt, m) in take:
+            key = tuple(prompt)
             if key not in keys:
                 keys[key] = len(uniq)
-                uniq.append(requests[i][0])
+                uniq.append(prompt)
             first_slot.append(keys[key])
-            m = requests[i][1]
             gen = torch.Generator().manual_seed(params.seed + i) if params.seed is not None else None
             rows[i] = _Row(m, gen)
             rows[i].seconds = time.perf_counter()  # start time until the row ends
@@ -224,7 +226,7 @@ def decode_stream(model, vocab, requests: Sequence[tuple], params: SamplingParam
         else:
             lm.join(fresh)
             logits = torch.cat([logits, new_logits])
-        live.extend(take)
+        live.extend(i for i, _ in take)
         slot.extend(base + k for k in first_slot)
 
     def record(r, tok, legal, forced):
@@ -233,6 +235,7 @@ def decode_stream(model, vocab, requests: Sequence[tuple], params: SamplingParam
     def end(i, reason):
         r = rows[i]
         r.reason, r.done, r.seconds = reason, True, time.perf_counter() - r.seconds
+        del rows[i]  # a finished row is the caller's now
         m = r.matcher
         if m is not None and reason == "length" and not m.is_accepting() and not m.is_error():
             tail = m.finish()
@@ -245,8 +248,8 @@ def decode_stream(model, vocab, requests: Sequence[tuple], params: SamplingParam
             finish_reason=reason, cut=r.cut, forward_passes=r.passes, passes_saved=r.saved, seconds=r.seconds,
             grammar_error=m.error_message if m is not None else "")
 
-    while queue or live:
-        if queue and len(live) <= max_rows // 2:
+    while queue[0] is not None or live:
+        if queue[0] is not None and len(live) <= max_rows // 2:
             admit()
         feeds: list[list[int]] = []
         ended = []

@@ -240,6 +240,27 @@ def eval_bfcl(
                   f"({tp['tokens_per_s']} tokens/s); wrote {out}/summary.json, table.md and eval.png")
 
 
+@eval_app.command("report")
+def eval_report(
+    out: str = typer.Argument("eval-out/bfcl", help="A folder written by `railcall eval bfcl`."),
+) -> None:
+    """Summary, table and chart again from a run folder's results (also mid-run: what is done so far)."""
+    from pathlib import Path
+
+    from railcall.eval import report
+
+    try:
+        summary = report.from_folder(Path(out))
+    except (FileNotFoundError, ValueError) as e:
+        _fail(e)
+        return
+    report.write(summary, Path(out))
+    console.print(report.table(summary))
+    tp = summary["throughput"]
+    console.print(f"{tp['tasks']} tasks, {tp['generated_tokens']} tokens in {tp['decode_seconds']:.0f} s of decoding "
+                  f"({tp['tokens_per_s']} tokens/s); wrote {out}/summary.json, table.md and eval.png")
+
+
 @eval_app.command("ablation")
 def eval_ablation(
     n: int = typer.Option(30, "--n", help="Tasks sampled (with replacement) from the demo tasks."),

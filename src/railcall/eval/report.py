@@ -47,6 +47,19 @@ def summarise(records: list[dict], *, settings: dict, categories: list[str], lim
     }
 
 
+def from_folder(out: Path) -> dict:
+    """The summary of whatever a run folder holds (a finished or an interrupted run)."""
+    from railcall.eval.runner import read_results
+
+    out = Path(out)
+    run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+    records = read_results(out / "results.jsonl")
+    if not records:
+        raise FileNotFoundError(f"no results in {out / 'results.jsonl'}")
+    cats = list(dict.fromkeys(r["category"] for r in records))
+    return summarise(records, settings=run.get("settings", {}), categories=cats, machine=run.get("machine"))
+
+
 def write(summary: dict, out: Path) -> None:
     out = Path(out)
     tmp = out / "summary.json.tmp"

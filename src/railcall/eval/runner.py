@@ -15,7 +15,8 @@ does not start with { or [, or a complete JSON value is followed by more text); 
 no verdict, only the time spent, and its token count is then the tokens up to that point.
 
 Tasks are decoded `batch` at a time (both conditions: twice as many rows), new ones joining as
-others end (`railcall.batch.decode_stream`). Results: one JSON line per (task, condition) in
+others end (`railcall.batch.decode_stream`), in file order, a window of `batch` tasks from each
+category in turn: an interrupted run holds the first N tasks of every category. Results: one JSON line per (task, condition) in
 `results.jsonl`, a task's lines appended and flushed once both are in, so an interrupted run
 loses only the tasks in flight; `resume=True` skips what is there
 (a torn last line is dropped) and refuses to mix settings (`run.json` holds them).
@@ -175,51 +176,62 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path = Path(bfcl.DEFAULT
     done = {(r["category"], r["id"], r["condition"]) for r in read_results(results_path)}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     t_start = time.perf_counter()
+    # The order of work: tasks in file order, `batch` at a time from each category in turn, so
+    # an interrupted run holds the first N tasks of every category -- what `--limit N` runs.
+    # Within a window prompts of similar length sit together (less padding in each prefill).
+    modes = {cat: tool_choice or bfcl.tool_choice(tasks) for cat, tasks in all_tasks.items()}
+    finished = {cat: sum(all((cat, t.id, c) in done for c in conditions) for t in tasks) for cat, tasks in all_tasks.items()}
+    windows: dict[str, list] = {}
+    for cat, tasks in all_tasks.items():
+        todo = [(cat, t) for t in tasks if not all((cat, t.id, c) in done for c in conditions)]
+        windows[cat] = [todo[i: i + batch] for i in range(0, len(todo), batch)]
+        if progress:
+            progress(cat, finished[cat], len(tasks))
+    prompts = {(cat, t.id): bfcl.prompt_ids(lm.tokenizer, t) for ws in windows.values() for w in ws for cat, t in w}
+    order = []
+    for k in range(max((len(ws) for ws in windows.values()), default=0)):
+        for ws in windows.values():
+            if k < len(ws):
+                order += sorted(ws[k], key=lambda x: len(prompts[(x[0], x[1].id)]))
+    rows = [(cat, t, c) for cat, t in order for c in conditions if (cat, t.id, c) not in done]
+
+    def requests():  # matchers made as rows are admitted (a compiled grammar per table, cached)
+        for cat, t, c in rows:
+            yield prompts[(cat, t.id)], make_matcher(t.tools, vocab, modes[cat]) if c == "with_grammar" else None
+
+    waiting: dict[tuple, int] = {}
+    for cat, t, _ in rows:
+        waiting[(cat, t.id)] = waiting.get((cat, t.id), 0) + 1
+    held: dict[tuple, list] = {}
+
+    def is_decided(i, tokens):
+        return checker.decided(vocab.decode(tokens).decode("utf-8", errors="replace"))
+
+    last = time.perf_counter()
     with open(results_path, "a") as f:
-        for cat, tasks in all_tasks.items():
-            mode = tool_choice or bfcl.tool_choice(tasks)
-            todo = [(t, [c for c in conditions if (cat, t.id, c) not in done]) for t in tasks]
-            todo = [(t, cs) for t, cs in todo if cs]
-            total, finished = len(tasks), len(tasks) - len(todo)
-            if progress:
-                progress(cat, finished, total)
-            if not todo:
-                continue
-            # prompts of similar length join together (less padding in each prefill)
-            prompts = {t.id: bfcl.prompt_ids(lm.tokenizer, t) for t, _ in todo}
-            todo.sort(key=lambda x: len(prompts[x[0].id]))
-            rows = [(t, c) for t, cs in todo for c in cs]
-            requests = [(prompts[t.id], make_matcher(t.tools, vocab, mode) if c == "with_grammar" else None)
-                        for t, c in rows]
-            waiting = {t.id: len(cs) for t, cs in todo}
-            held: dict[str, list] = {}
-
-            def is_decided(i, tokens):
-                return checker.decided(vocab.decode(tokens).decode("utf-8", errors="replace"))
-
-            last = time.perf_counter()
-            for i, g in decode_stream(lm.model, vocab, requests, params, max_rows=batch * len(conditions),
-                                      decided=is_decided):
-                now = time.perf_counter()
-                t, c = rows[i]
-                held.setdefault(t.id, []).append({
-                    "category": cat, "id": t.id, "condition": c, "tool_choice": mode if c == "with_grammar" else "free",
-                    "output": g.text, **(score(t, g.text, auto_calls(vocab, g.tokens), auto=True)
-                                         if c == "with_grammar" and mode == "auto" else score(t, g.text)),
-                    "tokens": len(g.tokens), "seconds": round(g.seconds, 3),
-                    "forward_passes": g.forward_passes, "passes_saved": g.passes_saved,
-                    "finish_reason": g.finish_reason, "cut": g.cut, "prompt_tokens": len(prompts[t.id]),
-                    # this row's share of the wall time (the time since the previous row ended):
-                    # summed over rows, the run's decoding wall time
-                    "wall_share": round(now - last, 4),
-                })
-                last = now
-                waiting[t.id] -= 1
-                if not waiting[t.id]:  # a task's records are written together, once all are in
-                    _append(f, held.pop(t.id))
-                    finished += 1
-                    if progress:
-                        progress(cat, finished, total)
+        for i, g in decode_stream(lm.model, vocab, requests(), params, max_rows=batch * len(conditions),
+                                  decided=is_decided):
+            now = time.perf_counter()
+            cat, t, c = rows[i]
+            mode = modes[cat]
+            held.setdefault((cat, t.id), []).append({
+                "category": cat, "id": t.id, "condition": c, "tool_choice": mode if c == "with_grammar" else "free",
+                "output": g.text, **(score(t, g.text, auto_calls(vocab, g.tokens), auto=True)
+                                     if c == "with_grammar" and mode == "auto" else score(t, g.text)),
+                "tokens": len(g.tokens), "seconds": round(g.seconds, 3),
+                "forward_passes": g.forward_passes, "passes_saved": g.passes_saved,
+                "finish_reason": g.finish_reason, "cut": g.cut, "prompt_tokens": len(prompts[(cat, t.id)]),
+                # this row's share of the wall time (the time since the previous row ended):
+                # summed over rows, the run's decoding wall time
+                "wall_share": round(now - last, 4),
+            })
+            last = now
+            waiting[(cat, t.id)] -= 1
+            if not waiting[(cat, t.id)]:  # a task's records are written together, once all are in
+                _append(f, held.pop((cat, t.id)))
+                finished[cat] += 1
+                if progress:
+                    progress(cat, finished[cat], len(all_tasks[cat]))
     log(f"decoded in {time.perf_counter() - t_start:.0f} s")
     wanted = {(c, t.id) for c, tasks in all_tasks.items() for t in tasks}
     records = [r for r in read_results(results_path) if (r["category"], r["id"]) in wanted]
