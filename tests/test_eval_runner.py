@@ -58,3 +58,20 @@ def test_terminal_table_shows_both_conditions():
     console.print(report.table(s))
     text = console.export_text()
     assert "0.0% / 100.0%" in text and "AST accuracy" in text
+
+
+def test_report_command_renders_a_run_folder(tmp_path):
+    from typer.testing import CliRunner
+
+    from railcall.cli import app
+
+    records = [rec("multiple", i, cond, True, True, i == 0) for i in range(2) for cond in CONDITIONS]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "run.json").write_text(json.dumps({"settings": {"model": "m", "max_tokens": 192}, "machine": {}}))
+    r = CliRunner().invoke(app, ["eval", "report", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["categories"]["multiple"]["with_grammar"]["ast_accuracy"] == 0.5
+    assert s["settings"]["max_tokens"] == 192 and (tmp_path / "eval.png").is_file()
+    r = CliRunner().invoke(app, ["eval", "report", str(tmp_path / "nothing")])
+    assert r.exit_code == 2 and "no results" in r.output
