@@ -16,13 +16,19 @@ def rec(cat, i, cond, parse, valid, ast, tokens=10):
 def test_a_torn_last_line_is_dropped_and_cut_off(tmp_path):
     p = tmp_path / "results.jsonl"
     good = [rec("a", 0, "with_grammar", True, True, True), rec("a", 0, "without_grammar", False, False, False)]
-    p.write_text("".join(json.dumps(r) + "\n" for r in good) + '{"category": "a", "id": "a_1", "cond')
-    assert read_results(p) == good
+    torn = "".join(json.dumps(r) + "\n" for r in good) + '{"category": "a", "id": "a_1", "cond'
+    p.write_text(torn)
+    assert read_results(p) == good and p.read_text() == torn  # reading alone never writes
+    assert read_results(p, repair=True) == good
     assert p.read_text().endswith("\n") and len(p.read_text().splitlines()) == 2
     with open(p, "a") as f:  # appending after the cut gives whole lines again
         f.write(json.dumps(rec("a", 1, "with_grammar", True, True, False)) + "\n")
     assert len(read_results(p)) == 3
     assert read_results(tmp_path / "missing.jsonl") == []
+    # a bad line in the middle (a file edited by hand) is skipped, not the end of the file
+    lines = p.read_text().splitlines()
+    p.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
+    assert len(read_results(p, repair=True)) == 3 and "{not json" in p.read_text()
 
 
 def test_summary_fields_table_and_chart(tmp_path):

@@ -97,25 +97,26 @@ def auto_calls(vocab, tokens) -> list[dict] | None:
     return calls or None
 
 
-def read_results(path: Path) -> list[dict]:
-    """The records in a results file; a torn last line (an interrupted write) is cut off the file."""
+def read_results(path: Path, *, repair: bool = False) -> list[dict]:
+    """The records in a results file. A torn last line (an interrupted write) is left out, and
+    with `repair=True` (only the run that owns the file: it appends next) cut off the file. A
+    line that does not parse elsewhere is skipped."""
     if not path.is_file():
         return []
     data = path.read_bytes()
-    records, good = [], 0
-    for line in data.split(b"\n"):
-        if not line.strip():
-            good += len(line) + 1
-            continue
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            break
-        good += len(line) + 1
-    good = min(good, len(data))
-    if good < len(data):
-        with open(path, "r+b") as f:
-            f.truncate(good)
+    records, end = [], 0
+    lines = data.split(b"\n")
+    for k, line in enumerate(lines):
+        last = k == len(lines) - 1
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                if last and repair:
+                    with open(path, "r+b") as f:
+                        f.truncate(end)
+                continue
+        end += len(line) + (0 if last else 1)
     return records
 
 
@@ -173,7 +174,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path = Path(bfcl.DEFAULT
         results_path.replace(out / "results.jsonl.old")
         log(f"started afresh; the previous results are in {out / 'results.jsonl.old'}")
     run_path.write_text(json.dumps({"settings": asdict(settings), "machine": machine()}, indent=1))
-    done = {(r["category"], r["id"], r["condition"]) for r in read_results(results_path)}
+    done = {(r["category"], r["id"], r["condition"]) for r in read_results(results_path, repair=True)}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     t_start = time.perf_counter()
     # The order of work: tasks in file order, `batch` at a time from each category in turn, so
