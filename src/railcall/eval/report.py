@@ -132,9 +132,10 @@ def chart(summary: dict, path: Path) -> None:
         ax.set_ylim(0, 108)
         if k == 0:
             ax.set_ylabel("% of tasks")
-            ax.legend(loc="upper left", fontsize=8)
+            fig.legend(handles=[b1, b2], loc="upper right", ncol=2, fontsize=8, frameon=False)
     model = summary.get("settings", {}).get("model", "")
-    fig.suptitle(f"BFCL on {model}, greedy, max {summary.get('settings', {}).get('max_tokens')} tokens", fontsize=10)
-    fig.tight_layout()
+    fig.suptitle(f"BFCL on {model}, greedy, max {summary.get('settings', {}).get('max_tokens')} tokens", fontsize=10,
+                 x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)
