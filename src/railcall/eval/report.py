@@ -3,7 +3,8 @@
 summary.json: {"categories": {cat: {condition: {n, parse_rate, valid_rate, ast_accuracy,
 tokens_mean, seconds_mean, cut_rate}}}, "throughput": {...}, "settings", "machine", "limit"}.
 A condition's `seconds_mean` is each task's latency inside its batch (rows decode together);
-`throughput` is the run's generated tokens over its decoding wall time (prefills included).
+`throughput` is the run's generated tokens over its decoding wall time (prefills included; their
+prompt tokens, one prefill per task, are counted apart).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def summarise(records: list[dict], *, settings: dict, categories: list[str], lim
         "categories": cats,
         "throughput": {"tasks": len({(r["category"], r["id"]) for r in records}), "rows": len(records),
                        "generated_tokens": tokens, "decode_seconds": round(wall, 1),
+                       # one prefill per task, shared by its two conditions
+                       "prompt_tokens": sum({(r["category"], r["id"]): r.get("prompt_tokens", 0) for r in records}.values()),
                        "tokens_per_s": round(tokens / wall, 1) if wall else None},
         "settings": settings,
         "machine": machine or {},
