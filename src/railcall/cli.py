@@ -368,6 +368,114 @@ def chat(
             continue
         _show_episode(a.run(line))
 
+eval_app = typer.Typer(help="Evaluation: BFCL tasks and the seed 000 ablation, with and without the grammar.",
+                       no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
+
+
+@eval_app.command("bfcl")
+def eval_bfcl(
+    category: list[str] = typer.Option(..., "--category", help="A BFCL category (repeat, or comma-separate; 'all': every file in --data)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N tasks of each category."),
+    no_grammar: bool = typer.Option(False, "--no-grammar", help="Only the run without the grammar."),
+    model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    out: str = typer.Option("eval-out/bfcl", "--out", help="The folder for results.jsonl, summary.json, table.md and eval.png."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks."),
+    data: str = typer.Option("../shared/data/bfcl", "--data", help="The BFCL data folder."),
+    max_tokens: int = typer.Option(192, "--max-tokens", help="Token ceiling per reply, the same for every category."),
+    batch: int = typer.Option(16, "--batch", help="Tasks decoded together (each gives one row per condition)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; 1 helps on a busy machine)."),
+) -> None:
+    """Each BFCL task on the model with and without the grammar: parse rate, schema validity, AST accuracy."""
+    from pathlib import Path
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from railcall.eval import bfcl
+    from railcall.eval.report import table
+    from railcall.eval.runner import run_bfcl
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    cats = [c.strip() for item in category for c in item.split(",") if c.strip()]
+    if cats == ["all"]:
+        cats = bfcl.categories(Path(data))
+    if not Path(data).is_dir():
+        _fail(FileNotFoundError(f"BFCL data folder {data} not found; pass --data PATH"))
+    bars: dict = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=console) as prog:
+
+        def progress(cat, done, total):
+            if cat not in bars:
+                bars[cat] = prog.add_task(cat, total=total)
+            prog.update(bars[cat], completed=done)
+
+        try:
+            summary = run_bfcl(cats, Path(out), data=Path(data), limit=limit, grammar=not no_grammar, model=model,
+                               max_tokens=max_tokens, batch=batch, resume=resume, threads=threads, progress=progress,
+                               log=lambda m: console.print(m, style="dim"))
+        except (RailcallError, ValueError, FileNotFoundError, NotImplementedError) as e:
+            _fail(e)
+            return
+    console.print(table(summary))
+    tp = summary["throughput"]
+    console.print(f"{tp['generated_tokens']} tokens in {tp['decode_seconds']:.0f} s of decoding "
+                  f"({tp['tokens_per_s']} tokens/s); wrote {out}/summary.json, table.md and eval.png")
+
+
+@eval_app.command("report")
+def eval_report(
+    out: str = typer.Argument("eval-out/bfcl", help="A folder written by `railcall eval bfcl`."),
+) -> None:
+    """Summary, table and chart again from a run folder's results (also mid-run: what is done so far)."""
+    from pathlib import Path
+
+    from railcall.eval import report
+
+    try:
+        summary = report.from_folder(Path(out))
+    except (FileNotFoundError, ValueError) as e:
+        _fail(e)
+        return
+    report.write(summary, Path(out))
+    console.print(report.table(summary))
+    tp = summary["throughput"]
+    console.print(f"{tp['tasks']} tasks, {tp['generated_tokens']} tokens in {tp['decode_seconds']:.0f} s of decoding "
+                  f"({tp['tokens_per_s']} tokens/s); wrote {out}/summary.json, table.md and eval.png")
+
+
+@eval_app.command("ablation")
+def eval_ablation(
+    n: int = typer.Option(30, "--n", help="Tasks sampled (with replacement) from the demo tasks."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the task sample and for sampling tokens."),
+    temperature: float = typer.Option(0.8, "--temperature", help="Sampling temperature (each task gets its own seed)."),
+    max_tokens: int = typer.Option(48, "--max-tokens", help="Token ceiling per reply."),
+    model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
+) -> None:
+    """Seed 000's ablation: parse rate with and without the grammar over N sampled demo tasks."""
+    from railcall.eval.ablation import run as run_ablation
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        res = run_ablation(n=n, seed=seed, temperature=temperature, max_tokens=max_tokens, model=model)
+    except (RailcallError, ValueError) as e:
+        _fail(e)
+        return
+    if as_json:
+        print(json.dumps(res, indent=1))
+        return
+    s = res["summary"]
+    table = Table(title=f"ablation: {s['n']} demo tasks, temperature {s['temperature']}, model {s['model']}")
+    table.add_column("")
+    table.add_column("without grammar", justify="right")
+    table.add_column("with grammar", justify="right")
+    table.add_row("parse rate", f"{100 * s['parse_rate_without']:.0f}%", f"{100 * s['parse_rate_with']:.0f}%")
+    table.add_row("valid call (a table tool, schema-valid)", f"{100 * s['valid_rate_without']:.0f}%",
+                  f"{100 * s['valid_rate_with']:.0f}%")
+    table.add_row("tokens per reply", f"{s['tokens_without']:.1f}", f"{s['tokens_with']:.1f}")
+    console.print(table)
+
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())

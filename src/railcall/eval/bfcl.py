@@ -1,0 +1,140 @@
+"""BFCL data -> Tasks, and the prompt every task is asked with.
+
+A category is one file of questions (`BFCL_v4_<category>.json`, one JSON object per line:
+id, question = turns of {role, content} messages, function = the tool specs in BFCL's parameter
+dialect) and, beside it in `possible_answer/`, one of gold answers (same ids, same order:
+`ground_truth` = a list of calls {name: {param: [acceptable values]}}). A category without an
+answer file is read as one whose right answer is never a call (BFCL's irrelevance categories).
+
+What a category expects is read from its gold answers, never from its name: a task whose
+ground truth is an empty list expects no call; otherwise the calls, in any order. The decoding
+mode (`tool_choice`) is chosen once per category, never per task: "required" (a call must be
+made) when every task of the category has a gold call, "auto" (free text, or a call) when any
+has none.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from railcall.grammar.bfcl import bfcl_tools
+from railcall.grammar.tools import Tool
+from railcall.prompt import has_native_tools
+
+DEFAULT_DATA = "../shared/data/bfcl"
+SHARED_CATEGORIES = ["simple_python", "multiple", "parallel", "live_simple"]
+
+
+@dataclass
+class Task:
+    category: str
+    id: str
+    messages: list[dict]  # the question's turns, flattened: [{role, content}, ...]
+    functions: list[dict]  # BFCL's specs, as written (the checker reads their types)
+    ground_truth: list[dict]  # [{name: {param: [acceptable values]}}]; [] = no call expected
+
+    @property
+    def tools(self) -> list[Tool]:
+        return bfcl_tools(self.functions)
+
+
+def category_file(data: Path, category: str) -> Path:
+    """The questions file of `category` in `data` (BFCL_v4_<c>.json, BFCL_*_<c>.json or <c>.json)."""
+    data = Path(data)
+    for p in [data / f"BFCL_v4_{category}.json", *sorted(data.glob(f"BFCL_*_{category}.json")),
+              data / f"{category}.json"]:
+        if p.is_file():
+            return p
+    known = ", ".join(categories(data)) or "none"
+    raise FileNotFoundError(f"no BFCL file for category {category!r} in {data} (categories there: {known})")
+
+
+def categories(data: Path) -> list[str]:
+    """The categories with a questions file in `data`."""
+    out = []
+    for p in sorted(Path(data).glob("BFCL_*_*.json")):
+        out.append(p.stem.split("_", 2)[2])
+    return out
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_category(data: Path, category: str, limit: int | None = None) -> list[Task]:
+    """The first `limit` tasks of `category` (all if None), with their gold answers."""
+    qpath = category_file(data, category)
+    questions = _lines(qpath)[:limit] if limit else _lines(qpath)
+    apath = qpath.parent / "possible_answer" / qpath.name
+    answers = {a["id"]: a["ground_truth"] for a in _lines(apath)} if apath.is_file() else {}
+    tasks = []
+    for q in questions:
+        if apath.is_file() and q["id"] not in answers:
+            raise ValueError(f"{apath}: no gold answer for {q['id']}")
+        turns = q["question"]
+        messages = [m for turn in turns for m in (turn if isinstance(turn, list) else [turn])]
+        tasks.append(Task(category, q["id"], messages, q["function"], answers.get(q["id"], [])))
+    return tasks
+
+
+def tool_choice(tasks: Sequence[Task]) -> str:
+    """The category's decoding mode: "required" if every task has a gold call, else "auto"."""
+    return "required" if all(t.ground_truth for t in tasks) else "auto"
+
+
+# --- the prompt -------------------------------------------------------------------------------
+# One prompt for every category (no tuning to the data). It lists each tool with its arguments'
+# types and descriptions, and shows the wire format with placeholders (a concrete example pulls
+# a small model towards the tool it names). Changing it changes PROMPT_VERSION, which a resumed
+# run checks.
+
+PROMPT_VERSION = "bfcl-1"
+
+
+def _describe_arg(name: str, p: dict, required: bool) -> str:
+    kind = p.get("type", "any")
+    kind = kind if isinstance(kind, str) else "/".join(kind)
+    desc = " ".join(str(p.get("description", "")).split())
+    extra = f" One of: {', '.join(json.dumps(v) for v in p['enum'])}." if isinstance(p.get("enum"), list) else ""
+    return f"    {name} ({kind}, {'required' if required else 'optional'}): {desc}{extra}".rstrip()
+
+
+def describe_tools(tools: Sequence[Tool]) -> str:
+    lines = []
+    for t in tools:
+        props = t.parameters.get("properties", {})
+        req = set(t.parameters.get("required", []))
+        lines.append(f"- {t.name}: {' '.join(t.description.split())}")
+        lines += [_describe_arg(k, p if isinstance(p, dict) else {}, k in req) for k, p in props.items()]
+    return "\n".join(lines)
+
+
+def system_prompt(tools: Sequence[Tool]) -> str:
+    return (
+        "You are an assistant that can call tools. Tools:\n" + describe_tools(tools) + "\n"
+        "To call a tool, answer with exactly one JSON object and nothing else: "
+        '{"tool":"<tool name>","args":{"<argument>":<value>}}. '
+        "If the request needs several calls, answer with a JSON array of such objects. "
+        "If none of the tools fits the request, answer in plain text."
+    )
+
+
+def prompt_ids(tokenizer, task: Task) -> list[int]:
+    """Token ids of the chat prompt for `task`, ready for generation. The task's own system
+    messages (some live tasks have one) follow the tool list in the same system message."""
+    tools = task.tools
+    own_system = [m["content"] for m in task.messages if m["role"] == "system"]
+    rest = [{"role": m["role"], "content": m["content"]} for m in task.messages if m["role"] != "system"]
+    if has_native_tools(tokenizer):
+        specs = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+                 for t in tools]
+        msgs = ([{"role": "system", "content": "\n\n".join(own_system)}] if own_system else []) + rest
+        out = tokenizer.apply_chat_template(msgs, tools=specs, add_generation_prompt=True, tokenize=True)
+    else:
+        msgs = [{"role": "system", "content": "\n\n".join([system_prompt(tools), *own_system])}] + rest
+        out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    ids = out["input_ids"] if hasattr(out, "keys") else out
+    return list(ids[0] if ids and isinstance(ids[0], list) else ids)

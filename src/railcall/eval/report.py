@@ -1,0 +1,144 @@
+"""Results -> summary.json, a terminal table and a PNG chart (with vs without the grammar).
+
+summary.json: {"categories": {cat: {condition: {n, parse_rate, valid_rate, ast_accuracy,
+tokens_mean, seconds_mean, cut_rate}}}, "throughput": {...}, "settings", "machine", "limit"}.
+A condition's `seconds_mean` is each task's latency inside its batch (rows decode together);
+`throughput` is the run's generated tokens over its decoding wall time (prefills included; their
+prompt tokens, one prefill per task, are counted apart).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from railcall.eval.runner import CONDITIONS
+
+
+def summarise(records: list[dict], *, settings: dict, categories: list[str], limit=None, machine=None) -> dict:
+    cats: dict = {}
+    for cat in categories:
+        per = {}
+        for cond in CONDITIONS:
+            rs = [r for r in records if r["category"] == cat and r["condition"] == cond]
+            if not rs:
+                continue
+            n = len(rs)
+            per[cond] = {
+                "n": n,
+                "parse_rate": sum(r["parse"] for r in rs) / n,
+                "valid_rate": sum(r["valid"] for r in rs) / n,
+                "ast_accuracy": sum(r["ast"] for r in rs) / n,
+                "tokens_mean": sum(r["tokens"] for r in rs) / n,
+                "seconds_mean": sum(r["seconds"] for r in rs) / n,
+                "cut_rate": sum(r["cut"] for r in rs) / n,
+            }
+        cats[cat] = per
+    wall = sum(r["wall_share"] if "wall_share" in r else r.get("batch_seconds", 0.0) / max(r.get("batch_rows", 1), 1)
+               for r in records)
+    tokens = sum(r["tokens"] for r in records)
+    return {
+        "categories": cats,
+        "throughput": {"tasks": len({(r["category"], r["id"]) for r in records}), "rows": len(records),
+                       "generated_tokens": tokens, "decode_seconds": round(wall, 1),
+                       # one prefill per task, shared by its two conditions
+                       "prompt_tokens": sum({(r["category"], r["id"]): r.get("prompt_tokens", 0) for r in records}.values()),
+                       "tokens_per_s": round(tokens / wall, 1) if wall else None},
+        "settings": settings,
+        "machine": machine or {},
+        "limit": limit,
+    }
+
+
+def from_folder(out: Path) -> dict:
+    """The summary of whatever a run folder holds (a finished or an interrupted run)."""
+    from railcall.eval.runner import read_results
+
+    out = Path(out)
+    run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+    records = read_results(out / "results.jsonl")
+    if not records:
+        raise FileNotFoundError(f"no results in {out / 'results.jsonl'}")
+    cats = list(dict.fromkeys(r["category"] for r in records))
+    return summarise(records, settings=run.get("settings", {}), categories=cats, machine=run.get("machine"))
+
+
+def write(summary: dict, out: Path) -> None:
+    out = Path(out)
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(out / "summary.json")
+    chart(summary, out / "eval.png")
+    (out / "table.md").write_text(markdown(summary))
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def rows(summary: dict):
+    """(category, n, [parse, valid, ast] without, [parse, valid, ast] with) per category."""
+    for cat, per in summary["categories"].items():
+        w, g = per.get("without_grammar"), per.get("with_grammar")
+        n = (g or w or {}).get("n", 0)
+        get = lambda d: [d[k] if d else None for k in ("parse_rate", "valid_rate", "ast_accuracy")]  # noqa: E731
+        yield cat, n, get(w), get(g)
+
+
+def markdown(summary: dict) -> str:
+    lines = ["| category | n | parse rate without | with | schema-valid without | with | AST accuracy without | with |",
+             "|---|---|---|---|---|---|---|---|"]
+    for cat, n, w, g in rows(summary):
+        lines.append(f"| {cat} | {n} | " + " | ".join(f"{_pct(a)} | {_pct(b)}" for a, b in zip(w, g)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def table(summary: dict):
+    from rich.table import Table
+
+    t = Table(title="BFCL: without / with the grammar")
+    for col in ("category", "n", "parse rate", "schema-valid", "AST accuracy", "tokens/task", "s/task"):
+        t.add_column(col, justify="left" if col == "category" else "right")
+    for cat, per in summary["categories"].items():
+        w, g = per.get("without_grammar", {}), per.get("with_grammar", {})
+        pair = lambda k, f=_pct: f"{f(w.get(k)) if w else '—'} / {f(g.get(k)) if g else '—'}"  # noqa: E731
+        num = lambda x: "—" if x is None else f"{x:.1f}"  # noqa: E731
+        t.add_row(cat, str((g or w).get("n", 0)), pair("parse_rate"), pair("valid_rate"), pair("ast_accuracy"),
+                  pair("tokens_mean", num), pair("seconds_mean", num))
+    return t
+
+
+def chart(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = list(rows(summary))
+    cats = [f"{c}\n(n={n})" for c, n, _, _ in data]
+    titles = ["parse rate", "schema-valid rate", "AST accuracy"]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), sharey=True)
+    width = 0.38
+    for k, ax in enumerate(axes):
+        xs = range(len(data))
+        free = [100 * (w[k] or 0) for _, _, w, _ in data]
+        con = [100 * (g[k] or 0) for _, _, _, g in data]
+        b1 = ax.bar([x - width / 2 for x in xs], free, width, label="without grammar", color="#9e9e9e")
+        b2 = ax.bar([x + width / 2 for x in xs], con, width, label="with grammar", color="#1f77b4")
+        for bars in (b1, b2):
+            for b in bars:
+                ax.annotate(f"{b.get_height():.0f}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                            ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(cats, fontsize=8)
+        ax.set_title(titles[k])
+        ax.set_ylim(0, 108)
+        if k == 0:
+            ax.set_ylabel("% of tasks")
+            fig.legend(handles=[b1, b2], loc="upper right", ncol=2, fontsize=8, frameon=False)
+    model = summary.get("settings", {}).get("model", "")
+    fig.suptitle(f"BFCL on {model}, greedy, max {summary.get('settings', {}).get('max_tokens')} tokens", fontsize=10,
+                 x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

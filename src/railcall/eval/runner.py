@@ -1,0 +1,253 @@
+"""`railcall eval bfcl`: every task on the model, with and without the grammar, batched, resumable.
+
+Each task is one chat prompt (`bfcl.prompt_ids`, the same for every category) decoded greedily
+twice from one shared prefill: once free (`without_grammar`) and once under the grammar of the
+task's tool table (`with_grammar`). The grammar allows one call or a JSON array of calls in
+every category (the model decides how many; only the checker knows the category). In a
+category whose tasks all have gold calls the grammar is required from the first token; where
+some gold answers are no call, the reply may be free text or a call (tool_choice "auto").
+
+Settings are the same for every category: temperature 0, `max_tokens` (default 192: the
+longest gold answer of the four shared categories in the wire format is 282 SmolLM2 tokens,
+the 99th percentile under 170; a call cut there is finished by the grammar, a free reply just
+stops). A free reply is ended early once it can no longer be a call (`checker.decided`: it
+does not start with { or [, or a complete JSON value is followed by more text); this changes
+no verdict, only the time spent, and its token count is then the tokens up to that point.
+
+Tasks are decoded `batch` at a time (both conditions: twice as many rows), new ones joining as
+others end (`railcall.batch.decode_stream`), in file order, a window of `batch` tasks from each
+category in turn: an interrupted run holds the first N tasks of every category. Results: one JSON line per (task, condition) in
+`results.jsonl`, a task's lines appended and flushed once both are in, so an interrupted run
+loses only the tasks in flight; `resume=True` skips what is there
+(a torn last line is dropped) and refuses to mix settings (`run.json` holds them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from railcall.eval import bfcl, checker
+
+CONDITIONS = ("with_grammar", "without_grammar")
+
+
+@dataclass
+class Settings:
+    """What a run's figures depend on; a resumed run must match them."""
+
+    model: str
+    max_tokens: int = 192
+    temperature: float = 0.0
+    prompt: str = bfcl.PROMPT_VERSION
+    grammar: str = "one call or a JSON array of calls, JsonCall wire format"
+    conditions: list = field(default_factory=lambda: list(CONDITIONS))
+
+
+def call_grammar(tools):
+    """One call, or a JSON array of one or more calls, over `tools` (the same in every category)."""
+    from railcall.grammar import ir
+    from railcall.grammar.tools import tool_grammar
+
+    one = tool_grammar(tools)
+    many = tool_grammar(tools, parallel=True)
+    rules = dict(one.rules)
+    rules.update(dict(many.rules))
+    return ir.Grammar(ir.Alt(one.start, many.start), tuple(rules.items()), name=f"one-or-many:{one.name}",
+                      key=f"one-or-many:{one.key}:{many.key}")
+
+
+def make_matcher(tools, vocab, mode: str):
+    """A fresh matcher for one request: the call grammar, required or behind free text (auto)."""
+    from railcall.matcher import Matcher, compiled_grammar
+
+    compiled = compiled_grammar(call_grammar(tools), vocab)
+    if mode == "required":
+        return Matcher(compiled)
+    from railcall.output import Delimiters
+    from railcall.regions import answer_matcher
+
+    # "auto": free content until the wire format's trigger ({"tool":"), then a call under the
+    # grammar, then content again (railcall.regions); no reasoning region, no tool-call tags.
+    return answer_matcher(vocab, compiled, Delimiters.from_vocab(vocab, reasoning=None, tool_call=None), mode=mode)
+
+
+def auto_calls(vocab, tokens) -> list[dict] | None:
+    """The calls a reply decoded under tool_choice "auto" makes, as the runtime's output parser
+    reads them (text around them is content); None when it makes none."""
+    from railcall.output import Delimiters, OutputParser
+
+    parser = OutputParser(Delimiters.from_vocab(vocab, reasoning=None, tool_call=None), call_format="json",
+                          tool_choice="auto", stop_ids=vocab.stop_ids)
+    for t in tokens:
+        parser.feed(t, vocab.decode([t]).decode("utf-8", errors="replace"))
+    parser.finish()
+    calls = []
+    for c in parser.result().tool_calls:
+        try:
+            args = json.loads(c.arguments)
+        except ValueError:
+            return None
+        calls.append({"tool": c.name, "args": args})
+    return calls or None
+
+
+def read_results(path: Path, *, repair: bool = False) -> list[dict]:
+    """The records in a results file. A torn last line (an interrupted write) is left out, and
+    with `repair=True` (only the run that owns the file: it appends next) cut off the file. A
+    line that does not parse elsewhere is skipped."""
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    records, end = [], 0
+    lines = data.split(b"\n")
+    for k, line in enumerate(lines):
+        last = k == len(lines) - 1
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                if last and repair:
+                    with open(path, "r+b") as f:
+                        f.truncate(end)
+                continue
+        end += len(line) + (0 if last else 1)
+    return records
+
+
+def _append(f, records: list[dict]) -> None:
+    # one write of whole lines per task, flushed and synced: a kill leaves at most a torn last line
+    f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def score(task: bfcl.Task, text: str, calls: list[dict] | None = None, *, auto: bool = False) -> dict:
+    """The verdicts on one reply. A reply is a call when the whole of it is the wire format; under
+    tool_choice "auto" (`auto=True`, `calls` from `auto_calls`) when the output parser finds calls
+    in it (text around them is allowed there: it is content)."""
+    if not auto:
+        calls = checker.parse_calls(text)
+    verdict = checker.check_calls(task.functions, calls, task.ground_truth)
+    return {"parse": calls is not None, "valid": checker.valid_calls(calls, task.tools),
+            "ast": verdict.ok, "reason": verdict.reason, "calls": len(calls) if calls else 0}
+
+
+def run_bfcl(categories: list[str], out: Path, *, data: Path = Path(bfcl.DEFAULT_DATA), limit: int | None = None,
+             grammar: bool = True, model: str | None = None, max_tokens: int = 192, batch: int = 16,
+             resume: bool = False, tool_choice: str | None = None, threads: int | None = None,
+             progress: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] | None = None) -> dict:
+    """Run the categories; returns the summary (also written to `out`/summary.json)."""
+    from railcall.batch import decode_stream
+    from railcall.decode import SamplingParams
+    from railcall.eval import report
+    from railcall.models.store import load_model
+    from railcall.vocab import Vocabulary
+
+    log = log or (lambda m: None)
+    if threads:
+        import torch
+
+        # On a machine other processes keep busy, fewer threads than cores avoids OpenMP's
+        # spin-waits fighting them: measured on 2 shared cores at load 7, one decode step of 8
+        # rows took 1.8 s with 2 threads and 0.33 s with 1.
+        torch.set_num_threads(threads)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    all_tasks = {c: bfcl.load_category(data, c, limit) for c in categories}  # fails early on a bad name
+    lm = load_model(model)
+    vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
+    conditions = list(CONDITIONS) if grammar else ["without_grammar"]
+    settings = Settings(model=lm.name, max_tokens=max_tokens, conditions=list(CONDITIONS))
+    results_path, run_path = out / "results.jsonl", out / "run.json"
+    if resume and run_path.is_file():
+        before = json.loads(run_path.read_text())["settings"]
+        if before != asdict(settings):
+            diff = {k: (before.get(k), v) for k, v in asdict(settings).items() if before.get(k) != v}
+            raise ValueError(f"--resume: {out} was run with other settings {diff}; use another --out")
+    elif results_path.exists():
+        results_path.replace(out / "results.jsonl.old")
+        log(f"started afresh; the previous results are in {out / 'results.jsonl.old'}")
+    run_path.write_text(json.dumps({"settings": asdict(settings), "machine": machine()}, indent=1))
+    done = {(r["category"], r["id"], r["condition"]) for r in read_results(results_path, repair=True)}
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    t_start = time.perf_counter()
+    # The order of work: tasks in file order, `batch` at a time from each category in turn, so
+    # an interrupted run holds the first N tasks of every category -- what `--limit N` runs.
+    # Within a window prompts of similar length sit together (less padding in each prefill).
+    modes = {cat: tool_choice or bfcl.tool_choice(tasks) for cat, tasks in all_tasks.items()}
+    finished = {cat: sum(all((cat, t.id, c) in done for c in conditions) for t in tasks) for cat, tasks in all_tasks.items()}
+    windows: dict[str, list] = {}
+    for cat, tasks in all_tasks.items():
+        todo = [(cat, t) for t in tasks if not all((cat, t.id, c) in done for c in conditions)]
+        windows[cat] = [todo[i: i + batch] for i in range(0, len(todo), batch)]
+        if progress:
+            progress(cat, finished[cat], len(tasks))
+    prompts = {(cat, t.id): bfcl.prompt_ids(lm.tokenizer, t) for ws in windows.values() for w in ws for cat, t in w}
+    order = []
+    for k in range(max((len(ws) for ws in windows.values()), default=0)):
+        for ws in windows.values():
+            if k < len(ws):
+                order += sorted(ws[k], key=lambda x: len(prompts[(x[0], x[1].id)]))
+    rows = [(cat, t, c) for cat, t in order for c in conditions if (cat, t.id, c) not in done]
+
+    def requests():  # matchers made as rows are admitted (a compiled grammar per table, cached)
+        for cat, t, c in rows:
+            yield prompts[(cat, t.id)], make_matcher(t.tools, vocab, modes[cat]) if c == "with_grammar" else None
+
+    waiting: dict[tuple, int] = {}
+    for cat, t, _ in rows:
+        waiting[(cat, t.id)] = waiting.get((cat, t.id), 0) + 1
+    held: dict[tuple, list] = {}
+
+    def is_decided(i, tokens):
+        return checker.decided(vocab.decode(tokens).decode("utf-8", errors="replace"))
+
+    last = time.perf_counter()
+    with open(results_path, "a") as f:
+        for i, g in decode_stream(lm.model, vocab, requests(), params, max_rows=batch * len(conditions),
+                                  decided=is_decided):
+            now = time.perf_counter()
+            cat, t, c = rows[i]
+            mode = modes[cat]
+            held.setdefault((cat, t.id), []).append({
+                "category": cat, "id": t.id, "condition": c, "tool_choice": mode if c == "with_grammar" else "free",
+                "output": g.text, **(score(t, g.text, auto_calls(vocab, g.tokens), auto=True)
+                                     if c == "with_grammar" and mode == "auto" else score(t, g.text)),
+                "tokens": len(g.tokens), "seconds": round(g.seconds, 3),
+                "forward_passes": g.forward_passes, "passes_saved": g.passes_saved,
+                "finish_reason": g.finish_reason, "cut": g.cut, "prompt_tokens": len(prompts[(cat, t.id)]),
+                # this row's share of the wall time (the time since the previous row ended):
+                # summed over rows, the run's decoding wall time
+                "wall_share": round(now - last, 4),
+            })
+            last = now
+            waiting[(cat, t.id)] -= 1
+            if not waiting[(cat, t.id)]:  # a task's records are written together, once all are in
+                _append(f, held.pop((cat, t.id)))
+                finished[cat] += 1
+                if progress:
+                    progress(cat, finished[cat], len(all_tasks[cat]))
+    log(f"decoded in {time.perf_counter() - t_start:.0f} s")
+    wanted = {(c, t.id) for c, tasks in all_tasks.items() for t in tasks}
+    records = [r for r in read_results(results_path) if (r["category"], r["id"]) in wanted]
+    summary = report.summarise(records, settings=asdict(settings), categories=categories, limit=limit,
+                               machine=machine())
+    report.write(summary, out)
+    return summary
+
+
+def machine() -> dict:
+    import numpy
+    import torch
+
+    import railcall
+
+    return {"platform": platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "numpy": numpy.__version__, "railcall": railcall.__version__,
+            "torch_threads": torch.get_num_threads()}
