@@ -34,7 +34,7 @@ import time
 from typing import Callable, Iterable, Iterator, Sequence
 
 from railcall.bitmask import allocate_bitmask, apply_bitmask
-from railcall.decode import Generation, SamplingParams, Step, _sample
+from railcall.decode import Generation, SamplingParams, Step, sample_token
 
 
 class TransformersBatch:
@@ -281,7 +281,7 @@ def decode_stream(model, vocab, requests: Iterable[tuple], params: SamplingParam
                     legal = m.fill_bitmask(bm)
                     row_logits = row_logits.clone()
                     apply_bitmask(row_logits, bm)
-                tok, _ = _sample(row_logits, params, r.gen)
+                tok, _ = sample_token(row_logits, params, r.gen)
                 if m is not None:
                     m.consume_token(tok)
                 if tok in stops:

@@ -84,7 +84,7 @@ def _top(logp, n: int) -> list[tuple[int, float]]:
     return [(int(i), float(v)) for v, i in zip(values.tolist(), ids.tolist()) if v != float("-inf")]
 
 
-def _sample(logits, params: SamplingParams, gen):
+def sample_token(logits, params: SamplingParams, gen):
     """Pick a token from masked logits (torch, (width,)); returns (token, logprob)."""
     tok, logp = _sample_dist(logits, params, gen)
     return tok, float(logp[tok])
