@@ -69,6 +69,24 @@ class _Bits:
     def merge(self, packed: np.ndarray) -> None:
         self.base = packed.copy() if self.base is None else self.base | packed
 
+    def packed_count(self) -> tuple[np.ndarray, int]:
+        """(packed int32 bitmask, number of set bits)."""
+        if self.base is None:
+            n = sum(p.size for p in self.parts)
+            if n <= 256:
+                # Few ids (a literal's prefixes, a trie's branches): accumulate the words in a
+                # dict and write them in one assignment; numpy's ufunc.at costs more than this.
+                acc: dict[int, int] = {}
+                for p in self.parts:
+                    for i in p.tolist():
+                        acc[i >> 5] = acc.get(i >> 5, 0) | (1 << (i & 31))
+                out = np.zeros(self.words, dtype=np.uint32)
+                if acc:
+                    out[list(acc)] = list(acc.values())
+                return out.view(np.int32), sum(v.bit_count() for v in acc.values())
+        out = self.packed()
+        return out, int(np.bitwise_count(out.view(np.uint32)).sum())
+
     def packed(self) -> np.ndarray:
         out = np.zeros(self.words, dtype=np.uint32) if self.base is None else self.base.view(np.uint32).copy()
         n = sum(p.size for p in self.parts)
@@ -270,7 +288,7 @@ class CompiledGrammar:
         if hit is None:
             threads = self._sets[s]
             if len(threads) == 1:
-                packed = self._legal_bits(s).packed()
+                packed, count = self._legal_bits(s).packed_count()
             else:
                 # Threads run independently (an NFA), so a token is legal exactly when it is legal
                 # for at least one thread: the mask is the union of single-thread masks, each
@@ -278,7 +296,8 @@ class CompiledGrammar:
                 packed = self.mask(self._intern(frozenset([next(iter(threads))])))[0].copy()
                 for t in threads:
                     packed |= self.mask(self._intern(frozenset([t])))[0]
-            hit = (packed, int(np.bitwise_count(packed.view(np.uint32)).sum()))
+                count = int(np.bitwise_count(packed.view(np.uint32)).sum())
+            hit = (packed, count)
             self._masks.put(key, hit)
             self.mask_computations += 1
         self._state_mask[s] = hit
