@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from railcall.agent.builtins import calc  # safe arithmetic, shared with the agent
 from railcall.grammar.tools import Tool
 
 _P = lambda *names: {"type": "object", "properties": {n: {"type": "string"} for n in names}, "required": list(names)}  # noqa: E731
@@ -51,34 +52,6 @@ def workspace(root: Path | None = None) -> Path:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
     return root
-
-
-def calc(expr: str) -> str:
-    """Safe arithmetic: numbers, + - * / // % ** and parentheses; no names, no calls, no eval."""
-    import ast
-    import operator as op
-
-    ops = {ast.Add: op.add, ast.Sub: op.sub, ast.Mult: op.mul, ast.Div: op.truediv, ast.FloorDiv: op.floordiv,
-           ast.Mod: op.mod, ast.Pow: op.pow, ast.USub: op.neg, ast.UAdd: op.pos}
-
-    def ev(n):
-        if isinstance(n, ast.Expression):
-            return ev(n.body)
-        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool):
-            return n.value
-        if isinstance(n, ast.BinOp) and type(n.op) in ops:
-            left, right = ev(n.left), ev(n.right)
-            if isinstance(n.op, ast.Pow) and abs(right) > 100:
-                raise ValueError("exponent too large")
-            return ops[type(n.op)](left, right)
-        if isinstance(n, ast.UnaryOp) and type(n.op) in ops:
-            return ops[type(n.op)](ev(n.operand))
-        raise ValueError("only numbers and + - * / // % ** ( ) are allowed")
-
-    try:
-        return str(ev(ast.parse(expr.replace("x", "*").replace("×", "*"), mode="eval")))
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError) as e:
-        return f"error: {e}"
 
 
 def execute(call: dict, root: Path) -> str:

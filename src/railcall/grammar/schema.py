@@ -231,6 +231,18 @@ def _unsupported(ctx: _Ctx, keyword: str, pointer: str, why: str = "") -> None:
     raise SchemaError(msg + "; pass lenient=True to ignore it", pointer=pointer, keyword=keyword)
 
 
+def _handled(ctx: _Ctx, schema, pointer: str) -> dict:
+    """The keywords railcall enforces, after checking the schema's shape; an unsupported keyword
+    is an error (or, lenient, a warning); annotations are dropped."""
+    if not isinstance(schema, dict):
+        raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", pointer=pointer)
+    for k in schema:
+        if k not in HANDLED and k not in ANNOTATIONS:
+            _unsupported(ctx, k, pointer)
+    _check_shapes(schema, pointer)
+    return {k: v for k, v in schema.items() if k in HANDLED}
+
+
 def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Node:
     if depth > ctx.options.max_depth:
         raise SchemaError(f"nesting deeper than {ctx.options.max_depth} levels (SchemaOptions.max_depth)",
@@ -242,15 +254,8 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
         return ir.Ref(_any_rule(ctx))
     if schema is False:
         raise SchemaError("the schema `false` allows no value", pointer=pointer)
-    if not isinstance(schema, dict):
-        raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", pointer=pointer)
-
-    for k in schema:
-        if k not in HANDLED and k not in ANNOTATIONS:
-            _unsupported(ctx, k, pointer)
-    _check_shapes(schema, pointer)
     orig = schema
-    schema = {k: v for k, v in schema.items() if k in HANDLED}
+    schema = _handled(ctx, schema, pointer)
     if not schema:
         return ir.Ref(_any_rule(ctx))
 
@@ -802,14 +807,8 @@ def _expand(ctx: _Ctx, s, pointer: str, depth: int) -> dict:
         return {}
     if s is False:
         return {"enum": []}
-    if not isinstance(s, dict):
-        raise SchemaError(f"a schema must be an object or a boolean, not {type(s).__name__}", pointer=pointer)
-    for k in s:
-        if k not in HANDLED and k not in ANNOTATIONS:
-            _unsupported(ctx, k, pointer)
-    _check_shapes(s, pointer)
     orig = s
-    s = {k: v for k, v in s.items() if k in HANDLED}
+    s = _handled(ctx, s, pointer)
     if "$ref" in s:
         target = _expand(ctx, _resolve_ref(ctx, s["$ref"], pointer + "/$ref", orig)[1], pointer + "/$ref", depth + 1)
         rest = {k: v for k, v in s.items() if k != "$ref"}
