@@ -86,3 +86,36 @@ def gemma3_tokenizer():
 @pytest.fixture(scope="session")
 def gemma3_vocab(gemma3_tokenizer) -> Vocabulary:
     return Vocabulary.from_hf(gemma3_tokenizer, name="gemma3")
+
+
+# -- the delimiter tests (output parser, regions): four vocabularies ---------------------------
+
+
+@pytest.fixture(scope="module")
+def multi_vocab():
+    """`<think>`, `</think>`, `<tool_call>` spelled with several tokens, none a single one."""
+    from output_script import multi_token_vocab
+
+    return multi_token_vocab()
+
+
+@pytest.fixture(params=["bytes", "bpe", "multi", "smollm2"])
+def vocab(request, bytes_vocab, bpe_vocab, multi_vocab):
+    if request.param == "smollm2":
+        return request.getfixturevalue("smollm2_vocab")
+    return {"bytes": bytes_vocab, "bpe": bpe_vocab, "multi": multi_vocab}[request.param]
+
+
+# -- the server tests: one live server on loopback, shared ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def srv():
+    from server_harness import live
+
+    return live()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return srv.client()

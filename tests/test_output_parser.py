@@ -12,23 +12,11 @@ import json
 
 import pytest
 
-from output_script import Tok, detokenize, multi_token_vocab, script
+from output_script import Tok, detokenize, script
 from railcall.errors import RailcallError
 from railcall.output import Delimiters, OutputParser
 
 OPEN, CLOSE, CALL, END = Tok("<think>"), Tok("</think>"), Tok("<tool_call>"), Tok("</tool_call>")
-
-
-@pytest.fixture(scope="module")
-def multi_vocab():
-    return multi_token_vocab()
-
-
-@pytest.fixture(params=["bytes", "bpe", "multi", "smollm2"])
-def vocab(request, bytes_vocab, bpe_vocab, multi_vocab):
-    if request.param == "smollm2":
-        return request.getfixturevalue("smollm2_vocab")
-    return {"bytes": bytes_vocab, "bpe": bpe_vocab, "multi": multi_vocab}[request.param]
 
 
 def run(vocab, parts, **options):

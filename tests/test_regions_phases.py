@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from output_script import Tok, detokenize, multi_token_vocab, script
+from output_script import Tok, detokenize, script
 from railcall import Tool, Vocabulary, allocate_bitmask, compiled_grammar, schema_grammar, tool_grammar
 from railcall.bitmask import unpack_bitmask
 from railcall.errors import GrammarError
@@ -21,18 +21,6 @@ OPEN, CLOSE, CALL, END = Tok("<think>"), Tok("</think>"), Tok("<tool_call>"), To
 LITERAL = {"type": "object", "properties": {"literal": {"type": "string"}}, "required": ["literal"]}
 TOOLS = [Tool("read_file", "", {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
          Tool("calc", "", {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]})]
-
-
-@pytest.fixture(scope="module")
-def multi_vocab():
-    return multi_token_vocab()
-
-
-@pytest.fixture(params=["bytes", "bpe", "multi", "smollm2"])
-def vocab(request, bytes_vocab, bpe_vocab, multi_vocab):
-    if request.param == "smollm2":
-        return request.getfixturevalue("smollm2_vocab")
-    return {"bytes": bytes_vocab, "bpe": bpe_vocab, "multi": multi_vocab}[request.param]
 
 
 def legal(m, vocab, tid) -> bool:

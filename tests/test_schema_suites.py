@@ -9,7 +9,6 @@ import warnings
 from pathlib import Path
 
 import jsonschema
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

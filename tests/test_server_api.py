@@ -20,16 +20,6 @@ pytestmark = pytest.mark.model
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def srv():
-    return live()
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return srv.client()
-
-
 NAMED = dict(model="any", messages=ASK, tools=TOOLS, max_tokens=14, temperature=0,
              tool_choice={"type": "function", "function": {"name": "get_weather"}})
 COUNT = [{"role": "user", "content": "Count from 1 to 20."}]

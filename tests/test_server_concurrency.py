@@ -12,16 +12,11 @@ import httpx
 import jsonschema
 import pytest
 
-from server_harness import API_KEY, TOOLS, live, wait_idle
+from server_harness import API_KEY, TOOLS, wait_idle
 
 pytestmark = pytest.mark.model
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]}
-
-
-@pytest.fixture(scope="module")
-def srv():
-    return live()
 
 
 def one(srv, i: int):

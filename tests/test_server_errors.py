@@ -9,22 +9,12 @@ import httpx
 import openai
 import pytest
 
-from server_harness import API_KEY, MAX_BODY, TOOLS, live, wait_idle
+from server_harness import API_KEY, MAX_BODY, TOOLS, wait_idle
 
 pytestmark = pytest.mark.model
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
-
-
-@pytest.fixture(scope="module")
-def srv():
-    return live()
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return srv.client()
 
 
 def post(srv, body, **kw):

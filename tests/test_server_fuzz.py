@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server_harness import API_KEY, live
+from server_harness import API_KEY
 
 pytestmark = pytest.mark.model
 
@@ -88,11 +88,6 @@ def bodies(draw):
 
 
 STATUSES: collections.Counter = collections.Counter()
-
-
-@pytest.fixture(scope="module")
-def srv():
-    return live()
 
 
 @pytest.fixture

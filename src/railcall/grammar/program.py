@@ -459,7 +459,26 @@ class JNum(Instr):
         return m
 
 
-class JInt(Instr):
+class _Stepper(Instr):
+    """An instruction defined by `_next(local, byte)` (the next local, or None): stepping arrives
+    at the next local, and the allowed bytes are those of `_BYTES` that `_next` accepts."""
+
+    __slots__ = ()
+    _BYTES = b""
+
+    def _next(self, local, b):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def step(self, local, stack, b, out):
+        nl = self._next(local, b)
+        if nl is not None:
+            self.arrive(nl, stack, out)
+
+    def allowed(self, local):
+        return _byteset(b for b in self._BYTES if self._next(local, b) is not None)
+
+
+class JInt(_Stepper):
     """A JSON integer within [lo, hi] (either may be None); exact, digit by digit.
 
     local = (stage, negative, magnitude): stage 0 nothing yet, 1 after '-', 2 a lone "0",
@@ -467,6 +486,7 @@ class JInt(Instr):
     """
 
     __slots__ = ("lo", "hi")
+    _BYTES = b"-0123456789"
 
     def __init__(self, lo: int | None, hi: int | None, nxt: Instr):
         if lo is not None and hi is not None and lo > hi:
@@ -519,14 +539,6 @@ class JInt(Instr):
             return None
         m = mag * 10 + d
         return (3, neg, m) if self._feasible(neg, m, False) else None
-
-    def step(self, local, stack, b, out):
-        nl = self._next(local, b)
-        if nl is not None:
-            self.arrive(nl, stack, out)
-
-    def allowed(self, local):
-        return _byteset(b for b in b"-0123456789" if self._next(local, b) is not None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -663,7 +675,7 @@ class JPat(Instr):
 # ---------------------------------------------------------------------------------------------
 
 
-class JDec(Instr):
+class JDec(_Stepper):
     """A JSON number within decimal bounds (no exponent: a bounded number is written plainly).
 
     local = the number's text so far (str). A byte is allowed only if some completion within
@@ -673,6 +685,7 @@ class JDec(Instr):
     """
 
     __slots__ = ("lo", "hi", "xlo", "xhi", "_memo")
+    _BYTES = b"-.0123456789"
 
     def __init__(self, lo, hi, xlo: bool, xhi: bool, nxt: Instr):
         self.lo, self.hi, self.xlo, self.xhi = lo, hi, xlo, xhi
@@ -791,14 +804,6 @@ class JDec(Instr):
             return None
         nt = text + c
         return nt if self._feasible(nt) else None
-
-    def step(self, local, stack, b, out):
-        nt = self._next(local, b)
-        if nt is not None:
-            self.arrive(nt, stack, out)
-
-    def allowed(self, local):
-        return _byteset(b for b in b"-.0123456789" if self._next(local, b) is not None)
 
 
 def _dec(text: str):

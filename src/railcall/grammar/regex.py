@@ -20,6 +20,7 @@ taking the process down (`x{1000}{1000}` is an error, not a hang).
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_right
 
 from railcall.errors import GrammarError
@@ -522,8 +523,10 @@ def _trim(starts, targets, accepting, length_cap: int) -> CharDFA:
     return CharDFA(starts, targets, accepting, length_cap)
 
 
+@functools.lru_cache(maxsize=256)
 def compile_pattern(pattern: str, length_cap: int = 256) -> CharDFA:
-    """Compile a JSON Schema `pattern` (search semantics) to a CharDFA."""
+    """Compile a JSON Schema `pattern` (search semantics) to a CharDFA. Cached: the schema front
+    end checks a pattern and the compiler builds it, and the same pattern recurs across grammars."""
     if not isinstance(pattern, str):
         raise RegexError(f"a pattern must be a string, not {type(pattern).__name__}")
     return compile_ast(parse(pattern), length_cap)
