@@ -23,20 +23,23 @@ def test_quick_bench_produces_every_figure(tmp_path):
     r = CliRunner().invoke(app, ["bench", "--quick", "--out", str(out), "--data", str(DATA)])
     assert r.exit_code == 0, r.output
     report = json.loads(out.read_text())
-    assert {x["engine"] for x in report["results"]} == {"railcall", "llguidance", "xgrammar", "outlines-core"}
+    assert {x["engine"] for x in report["results"]} == {"railcall", "railcall-eager", "llguidance", "xgrammar", "outlines-core"}
     assert {x["workload"] for x in report["results"]} == {"seed3", "bfcl20"}
     for rec in report["results"]:
         for f in FIGURES + ["engine", "vocab", "workload", "note"]:
             assert f in rec
         if rec["note"] is None or "rejects" in rec["note"]:
             assert all(isinstance(rec[f], (int, float)) for f in FIGURES), rec
-    ours = [x for x in report["results"] if x["engine"] == "railcall"]
-    assert all(x["rejected_paths"] == 0 for x in ours)  # railcall accepts every valid call
+    ours = [x for x in report["results"] if x["engine"].startswith("railcall")]
+    assert len(ours) == 4 and all(x["rejected_paths"] == 0 for x in ours)  # railcall accepts every valid call
     for row in report["ratios"]:
         assert all(row[f] is not None and row[f]["ratio"] is not None for f in FIGURES if f != "peak_mem_mb")
     assert report["machine"]["engines"]["llguidance"] != "not installed"
     assert out.with_suffix(".png").stat().st_size > 1000
-    assert "railcall / best peer" in out.with_suffix(".md").read_text()
+    md = out.with_suffix(".md").read_text()
+    assert "railcall / best peer" in md and "railcall-eager / best peer" in md
+    assert {(x["engine"], x["workload"]) for x in report["ratios"]} == {
+        (e, w) for e in ("railcall", "railcall-eager") for w in ("seed3", "bfcl20")}
     (build,) = report["vocab_builds"]
     assert build["tokens"] == 49152 and build["build_cached_s"] > 0
     e2e = report["end_to_end"]

@@ -50,6 +50,48 @@ DEAD = -1
 _FINISH_ORDER = [ord(c) for c in '"?}]0'] + [ord(c) for c in "nrtu:,{["]
 
 
+# A mask entry, as cached and as `CompiledGrammar.mask` returns it, is a tuple
+#   (dense, count, words, values)
+# dense: the packed int32 bitmask, or None when the mask is sparse; then `words` (int64) are the
+# indices of its nonzero words and `values` (int32) their contents. Most masks of a tool call (a
+# literal's prefixes, a trie's branches, digits) set a few dozen words out of 1,536 (SmolLM2) or
+# 8,192 (Gemma 3): filling those is a zero fill and one scatter, and they cost a few hundred bytes
+# to keep, so a table's every state can stay cached.
+
+def _sparse_entry(acc: dict[int, int]) -> tuple:
+    words = np.fromiter(acc, dtype=np.int64, count=len(acc))
+    vals = np.fromiter(acc.values(), dtype=np.uint32, count=len(acc)).view(np.int32)
+    return None, sum(v.bit_count() for v in acc.values()), words, vals
+
+
+def entry_dense(entry: tuple, n_words: int) -> np.ndarray:
+    """The packed int32 bitmask of a mask entry (a new array when the entry is sparse)."""
+    dense, _, words, vals = entry
+    if dense is not None:
+        return dense
+    out = np.zeros(n_words, dtype=np.int32)
+    out[words] = vals
+    return out
+
+
+def entry_ids(entry: tuple, width: int) -> list[int]:
+    """The token ids of a mask entry, sorted."""
+    dense, _, words, vals = entry
+    if dense is not None:
+        return np.flatnonzero(unpack_bitmask(dense, width)).tolist()
+    ids = []
+    for w, val in sorted(zip(words.tolist(), vals.view(np.uint32).tolist())):
+        while val:
+            low = val & -val
+            ids.append(w * 32 + low.bit_length() - 1)
+            val ^= low
+    return ids
+
+
+def _entry_nbytes(value: tuple) -> int:
+    return sum(x.nbytes for x in value if isinstance(x, np.ndarray)) + 64
+
+
 class _Bits:
     """Token ids gathered from several sources, packed into a bitmask once at the end: a few ids
     go straight into their words; many go through a bool array and np.packbits."""
@@ -69,23 +111,20 @@ class _Bits:
     def merge(self, packed: np.ndarray) -> None:
         self.base = packed.copy() if self.base is None else self.base | packed
 
-    def packed_count(self) -> tuple[np.ndarray, int]:
-        """(packed int32 bitmask, number of set bits)."""
+    def entry(self) -> tuple:
+        """The collected ids as a mask entry (see `MaskEntry`): sparse when few words are set."""
         if self.base is None:
             n = sum(p.size for p in self.parts)
             if n <= 256:
                 # Few ids (a literal's prefixes, a trie's branches): accumulate the words in a
-                # dict and write them in one assignment; numpy's ufunc.at costs more than this.
+                # dict; numpy's ufunc.at costs more than this, and so does a dense array.
                 acc: dict[int, int] = {}
                 for p in self.parts:
                     for i in p.tolist():
                         acc[i >> 5] = acc.get(i >> 5, 0) | (1 << (i & 31))
-                out = np.zeros(self.words, dtype=np.uint32)
-                if acc:
-                    out[list(acc)] = list(acc.values())
-                return out.view(np.int32), sum(v.bit_count() for v in acc.values())
+                return _sparse_entry(acc)
         out = self.packed()
-        return out, int(np.bitwise_count(out.view(np.uint32)).sum())
+        return out, int(np.bitwise_count(out.view(np.uint32)).sum()), None, None
 
     def packed(self) -> np.ndarray:
         out = np.zeros(self.words, dtype=np.uint32) if self.base is None else self.base.view(np.uint32).copy()
@@ -99,6 +138,24 @@ class _Bits:
             ids = np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
             np.bitwise_or.at(out, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
         return out.view(np.int32)
+
+
+def _union(entries: list[tuple], n_words: int) -> tuple:
+    """The mask entry of the union of several entries."""
+    if all(e[0] is None for e in entries):
+        acc: dict[int, int] = {}
+        for _, _, words, vals in entries:
+            for w, v in zip(words.tolist(), vals.view(np.uint32).tolist()):
+                acc[w] = acc.get(w, 0) | v
+        if len(acc) <= 256:
+            return _sparse_entry(acc)
+    out = entry_dense(entries[0], n_words).copy()
+    for e in entries[1:]:
+        if e[0] is not None:
+            out |= e[0]
+        else:
+            out[e[2]] |= e[3]
+    return out, int(np.bitwise_count(out.view(np.uint32)).sum()), None, None
 
 
 def jstr_inside_packed(vocab: Vocabulary, sub: int, words: int) -> np.ndarray:
@@ -135,10 +192,10 @@ class MaskCache:
         with self.lock:
             if key not in self._d:
                 self._d[key] = value
-                self.used += value[0].nbytes
+                self.used += _entry_nbytes(value)
                 while self.used > self.budget and len(self._d) > 1:
                     _, old = self._d.popitem(last=False)
-                    self.used -= old[0].nbytes
+                    self.used -= _entry_nbytes(old)
 
     def __len__(self) -> int:
         return len(self._d)
@@ -197,6 +254,7 @@ class CompiledGrammar:
         self._token_next: dict[int, int] = {}
         self._masks = shared.masks  # shared by every grammar on this vocabulary
         self.mask_computations = 0
+        self.precomputed = False
         start: set = set()
         self.program.start.arrive(0, None, start)
         if not start:
@@ -278,8 +336,8 @@ class CompiledGrammar:
 
     # -- masks ----------------------------------------------------------------------------------
 
-    def mask(self, s: int) -> tuple[np.ndarray, int]:
-        """(packed int32 bitmask, number of legal tokens) for state `s`; cached."""
+    def mask(self, s: int) -> tuple:
+        """The mask entry of state `s`: (dense, count, words, values), see `entry_dense`; cached."""
         hit = self._state_mask[s]
         if hit is not None:
             return hit
@@ -288,16 +346,12 @@ class CompiledGrammar:
         if hit is None:
             threads = self._sets[s]
             if len(threads) == 1:
-                packed, count = self._legal_bits(s).packed_count()
+                hit = self._legal_bits(s).entry()
             else:
                 # Threads run independently (an NFA), so a token is legal exactly when it is legal
                 # for at least one thread: the mask is the union of single-thread masks, each
                 # cached on its own and shared by every state that contains that thread.
-                packed = self.mask(self._intern(frozenset([next(iter(threads))])))[0].copy()
-                for t in threads:
-                    packed |= self.mask(self._intern(frozenset([t])))[0]
-                count = int(np.bitwise_count(packed.view(np.uint32)).sum())
-            hit = (packed, count)
+                hit = _union([self.mask(self._intern(frozenset([t]))) for t in threads], self.words)
             self._masks.put(key, hit)
             self.mask_computations += 1
         self._state_mask[s] = hit
@@ -385,6 +439,148 @@ class CompiledGrammar:
                 keep = ~done
                 idx, pos, cur = idx[keep], pos[keep], cur[keep]
         return np.concatenate(legal) if legal else np.zeros(0, dtype=np.int64)
+
+    def _walk_ends(self, idx: np.ndarray, pos: np.ndarray, cur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Like `_walk`, and the state each surviving token ends in: (ids, states)."""
+        v = self.vocab
+        lens = v.lengths
+        B = v.byte_matrix
+        ids_out, ends_out = [], []
+        while idx.size:
+            b = B[pos, idx]
+            cur = self._delta(cur, b)
+            ok = cur >= 0
+            idx, pos, cur = idx[ok], pos[ok] + 1, cur[ok]
+            done = lens[idx] == pos
+            if done.any():
+                ids_out.append(idx[done])
+                ends_out.append(cur[done])
+                keep = ~done
+                idx, pos, cur = idx[keep], pos[keep], cur[keep]
+        if not ids_out:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate(ids_out), np.concatenate(ends_out)
+
+    def _walk_bytes(self, s: int, data: bytes, start: int, memo: dict) -> int:
+        """The state after `data[start:]` from `s` (DEAD if illegal), memoised in `memo`."""
+        if start == len(data):
+            return s
+        key = (s, data[start:])
+        n = memo.get(key)
+        if n is None:
+            n = s
+            for b in key[1]:
+                n = self.step(n, b)
+                if n < 0:
+                    break
+            memo[key] = n
+        return n
+
+    # -- precomputation -------------------------------------------------------------------------
+
+    def precompute(self, max_states: int = 50_000, small: int = 4096, per_instr_cap: int = 16,
+                   max_depth: int = 1) -> int:
+        """Compute now, rather than on first use, the mask of every state reachable at a token
+        boundary, and the (state, token) transitions between them; returns the number of states.
+
+        A breadth-first walk over tokens: from a state with at most `small` legal tokens (a
+        literal, a trie of names or keys, digits) every legal token is walked to the state it
+        ends in. A state inside a JSON string allows most of the vocabulary; from there only
+        the tokens that close the string are walked, and one ordinary character stands for the
+        rest (every count past the string's minimum shares one cached mask). What is left (a
+        state inside a free-form pattern, say) stays lazy. After this, a matcher on the grammar
+        finds every structural mask in the cache: a look-up and a copy per step.
+        """
+        v = self.vocab
+        text_ok = ~v.special & (v.lengths > 0)
+        tb = v.token_bytes
+        ends: dict[tuple[int, bytes], int] = {}  # (state, bytes) -> state: walks shared by tokens
+        seen = {self.start_state}
+        expanded = set()  # coarse keys: states that share one have the same successors' masks
+        per_instr: dict[frozenset, int] = {}
+        todo = [self.start_state]
+        head = 0
+        nxt_cache = self._token_next
+        while head < len(todo) and len(seen) < max_states:
+            s = todo[head]
+            head += 1
+            if self._only_accept[s]:
+                self.mask(s)
+                continue
+            key = self._coarse_key(s)
+            if key in expanded:
+                continue
+            threads = self._sets[s]
+            if any(t[2] is not None and t[2][3] > max_depth for t in threads):
+                continue  # deep inside a recursive value (free-form JSON, a $ref): lazy
+            kinds = frozenset(t[0] for t in threads)
+            if not all(isinstance(i, Lit) for i in kinds):
+                # A literal has as many states as bytes. A number or a string may have thousands
+                # (every value of a bounded integer), a trie as many as its keys' bytes: the
+                # first few (more for a trie of names) are walked here, the rest stay lazy.
+                k = per_instr.get(kinds, 0)
+                if k >= (per_instr_cap * 1024 if all(isinstance(i, Select) for i in kinds) else per_instr_cap):
+                    continue
+                per_instr[kinds] = k + 1
+            expanded.add(key)
+            entry = self.mask(s)
+            found: list[int] = []
+            for tid, n in self.specials(s).items():
+                nxt_cache[(s << 20) | tid] = n
+                found.append(n)
+            base = s << 20
+            lone = next(iter(threads)) if len(threads) == 1 else None
+            if entry[1] <= small and lone is not None and isinstance(lone[0], Lit):
+                # inside a literal a token's end is known without a walk: a proper prefix of
+                # what remains moves the offset; a longer token goes on from the literal's end
+                ins, off, st = lone
+                rest_len = len(ins.data) - off
+                x = None
+                for t in entry_ids(entry, self.width):
+                    if t >= v.size or not text_ok[t]:
+                        continue
+                    d = tb[t]
+                    if len(d) < rest_len:
+                        n = self._intern(frozenset([(ins, off + len(d), st)]))
+                    else:
+                        if x is None:
+                            x = self._after(ins.next, st)
+                        n = self._walk_bytes(x, d, rest_len, ends)
+                    nxt_cache[base | t] = n
+                    found.append(n)
+            elif lone is not None and isinstance(lone[0], JStr):
+                # inside a string: the tokens that close it, each from the state after the
+                # quote, grouped by what follows the quote (`"`, `",`, `"}` recur); and one
+                # ordinary character standing for every token that stays inside
+                ins, loc, st = lone
+                idx = jstr_index(v, loc & 15)
+                gid, rests = jstr_exit_groups(v, loc & 15)
+                legal = unpack_bitmask(entry_dense(entry, self.words), self.width)
+                sel = legal[idx.exit_ids]
+                ids, g = idx.exit_ids[sel], gid[sel]
+                order = np.argsort(g, kind="stable")
+                ids, g = ids[order], g[order]
+                cuts = np.flatnonzero(np.diff(g)) + 1
+                x = self._after(ins.next, st)
+                for part, k in zip(np.split(base + ids, cuts), g[np.r_[0, cuts]].tolist() if g.size else []):
+                    n = self._walk_bytes(x, rests[k], 0, ends)
+                    nxt_cache.update(dict.fromkeys(part.tolist(), n))
+                    found.append(n)
+                if loc & 15 == 0:  # between characters: one way into every substate
+                    found.extend(self._walk_bytes(s, r, 0, ends) for r in _JSTR_REACH)
+            elif entry[1] <= small:
+                for t in entry_ids(entry, self.width):
+                    if t < v.size and text_ok[t]:
+                        n = self._walk_bytes(s, tb[t], 0, ends)
+                        nxt_cache[base | t] = n
+                        found.append(n)
+            # anything else (a free-form pattern, a multi-thread state with a string) stays lazy
+            for n in found:
+                if n >= 0 and n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+        self.precomputed = True
+        return len(seen)
 
     def _after(self, ins, st) -> int:
         """The state after instruction `ins` completes, with stack `st` (DEAD if none)."""
@@ -720,9 +916,29 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
         jstr_index(vocab, sub)
         jstr_inside_packed(vocab, sub, words)
         jstr_exit_rests(vocab, sub)
+        jstr_exit_groups(vocab, sub)
     for integer in (False, True):
         for sub in range(9):
             jnum_index(vocab, sub, integer)
+
+
+def _jstr_reach() -> list[bytes]:
+    """The shortest bytes from between-characters (substate 0) into each substate of a JSON
+    string body: an ordinary character, and the inside of each escape and multi-byte character."""
+    table = JSTR_NEXT.tolist()
+    reach = {0: b""}
+    todo = [0]
+    while todo:
+        sub = todo.pop(0)
+        for b in range(256):
+            n = table[sub][b]
+            if n >= 0 and n not in reach:
+                reach[n] = reach[sub] + bytes([b])
+                todo.append(n)
+    return [b"a"] + [r for sub, r in sorted(reach.items()) if sub]
+
+
+_JSTR_REACH = _jstr_reach()
 
 
 def _prefix_upper(p: bytes) -> bytes | None:
@@ -744,6 +960,23 @@ def jstr_exit_rests(vocab: Vocabulary, sub: int) -> tuple[list[bytes], np.ndarra
         rests = [tb[t][p:] for t, p in zip(idx.exit_ids.tolist(), idx.exit_pos.tolist())]
         order = sorted(range(len(rests)), key=rests.__getitem__)
         hit = cache[sub] = ([rests[i] for i in order], np.array(order, dtype=np.int64))
+    return hit
+
+
+def jstr_exit_groups(vocab: Vocabulary, sub: int) -> tuple[np.ndarray, list[bytes]]:
+    """Per vocabulary and substate: the string-closing tokens grouped by their text after the
+    quote. (group of each entry of `jstr_index(...).exit_ids`, the text of each group)."""
+    cache = vocab._extra.setdefault("jstr_groups", {})
+    hit = cache.get(sub)
+    if hit is None:
+        keys, order = jstr_exit_rests(vocab, sub)
+        gid = np.zeros(len(keys), dtype=np.int64)
+        rests: list[bytes] = []
+        for i, k in enumerate(keys):
+            if not rests or rests[-1] != k:
+                rests.append(k)
+            gid[order[i]] = len(rests) - 1
+        hit = cache[sub] = (gid, rests)
     return hit
 
 
@@ -849,8 +1082,12 @@ class Matcher:
             row[:] = pack_ids(self.g.stop_ids, self.g.width)
             self.last_legal_count = int(self.g.stop_ids.size)
             return self.last_legal_count
-        packed, n = self.g.mask(self.state)
-        row[:] = packed
+        dense, n, words, vals = self.g.mask(self.state)
+        if dense is not None:
+            row[:] = dense
+        else:
+            row.fill(0)
+            row[words] = vals
         self.last_legal_count = n
         return n
 
@@ -1003,15 +1240,22 @@ _CACHE_LOCK = threading.Lock()
 CACHE_SIZE = 64
 
 
-def compiled_grammar(grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = 256) -> CompiledGrammar:
-    """The shared CompiledGrammar for (grammar, vocab), compiled on first use."""
+def compiled_grammar(grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = 256,
+                     precompute: bool = False) -> CompiledGrammar:
+    """The shared CompiledGrammar for (grammar, vocab), compiled on first use. `precompute`:
+    also compute every structural mask now (`CompiledGrammar.precompute`), once per grammar."""
     key = (grammar.key, vocab.key, max_string)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
-            return hit
+    if hit is not None:
+        if precompute and not hit.precomputed:
+            hit.precompute()
+        return hit
     cg = CompiledGrammar(grammar, vocab, max_string=max_string)
+    if precompute:
+        cg.precompute()
     with _CACHE_LOCK:
         _CACHE[key] = cg
         while len(_CACHE) > CACHE_SIZE:

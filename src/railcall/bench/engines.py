@@ -12,7 +12,10 @@ import json
 from railcall.bench.workloads import peer_schema
 
 NOTES = {
-    "railcall": "tool grammar; strings capped at 256 characters, required strings non-empty",
+    "railcall": "tool grammar; strings capped at 256 characters, required strings non-empty; masks computed "
+                "on first use (the default)",
+    "railcall-eager": "the same grammar compiled with precompute=True: every structural mask is computed at "
+                      "compile time, so TTFM includes that walk",
     "llguidance": "JSON schema with the same caps; accepts \\uXXXX only for control characters and no \\/",
     "xgrammar": "JSON schema with the same caps, any_whitespace=False, separators (',', ':')",
     "outlines-core": "regex from the JSON schema; free strings left unbounded (a 256-character cap makes the "
@@ -41,6 +44,7 @@ class Engine:
 
 class Railcall(Engine):
     name = "railcall"
+    precompute = False
 
     def setup(self, vocab, tokenizer_json, stop_ids):
         from railcall.grammar.tools import tool_grammar
@@ -51,7 +55,7 @@ class Railcall(Engine):
         prepare_vocabulary(vocab)
 
     def compile(self, tools):
-        return self._compiled(self._tool_grammar(tools), self.vocab)
+        return self._compiled(self._tool_grammar(tools), self.vocab, precompute=self.precompute)
 
     def matcher(self, compiled):
         return self._Matcher(compiled)
@@ -61,6 +65,11 @@ class Railcall(Engine):
 
     def consume(self, m, token):
         return m.consume_token(token)
+
+
+class RailcallEager(Railcall):
+    name = "railcall-eager"
+    precompute = True
 
 
 class LLGuidance(Engine):
@@ -154,13 +163,13 @@ class OutlinesCore(Engine):
             return False
 
 
-ENGINES = {e.name: e for e in (Railcall, LLGuidance, XGrammar, OutlinesCore)}
+ENGINES = {e.name: e for e in (Railcall, RailcallEager, LLGuidance, XGrammar, OutlinesCore)}
 
 
 def engine_version(name: str) -> str:
     import importlib.metadata
 
-    dist = {"railcall": "railcall", "llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines_core"}[name]
+    dist = {"railcall": "railcall", "railcall-eager": "railcall", "llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines_core"}[name]
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

@@ -1,0 +1,126 @@
+"""`precompute`: every structural mask computed at compile time, exactly as it would be on first use.
+
+A precomputed grammar must offer the same tokens at every step as a lazily computed one, its
+stored (state, token) transitions must be the ones a byte walk gives, and a matcher on it should
+find the masks of a valid call already there. The two grammars run on twin vocabularies (the
+same tokens, separate caches), so neither can borrow the other's masks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+
+from railcall.bench.workloads import valid_calls
+from railcall.bitmask import allocate_bitmask
+from railcall.grammar.tools import Tool, tool_grammar
+from railcall.matcher import CompiledGrammar, Matcher, compiled_grammar, entry_dense, entry_ids
+from toolgen import pick_token, random_tools
+
+
+
+def twin(vocab):
+    """The same vocabulary with empty caches."""
+    return dataclasses.replace(vocab, _extra={k: v for k, v in vocab._extra.items() if k == "encode"})
+
+
+def _walk_both(lazy: CompiledGrammar, eager: CompiledGrammar, rng: random.Random, steps: int = 60) -> int:
+    """A random walk driven by the lazy grammar's masks; both must agree at every step."""
+    a, b = Matcher(lazy), Matcher(eager)
+    bm_a, bm_b = allocate_bitmask(lazy.width), allocate_bitmask(eager.width)
+    stop = set(lazy.vocab.stop_ids)
+    n = 0
+    for _ in range(steps):
+        ca, cb = a.fill_bitmask(bm_a), b.fill_bitmask(bm_b)
+        assert ca == cb and np.array_equal(bm_a, bm_b)
+        n += 1
+        if a.is_done():
+            break
+        t = pick_token(rng, a.legal_token_ids(), lazy.vocab, stop)
+        assert a.consume_token(t) and b.consume_token(t)
+    return n
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_precomputed_masks_equal_lazy_masks(vocab, seed):
+    rng = random.Random(seed)
+    tools = random_tools(rng)
+    lazy = CompiledGrammar(tool_grammar(tools), twin(vocab))
+    eager = CompiledGrammar(tool_grammar(tools), twin(vocab))
+    assert eager.precompute() > 1 and eager.precomputed
+    steps = sum(_walk_both(lazy, eager, rng) for _ in range(4))
+    assert steps > 8
+
+
+def test_stored_transitions_are_the_byte_walk(smollm2_vocab):
+    rng = random.Random(7)
+    g = CompiledGrammar(tool_grammar(random_tools(rng, 4)), twin(smollm2_vocab))
+    g.precompute()
+    v = g.vocab
+    assert len(g._token_next) > 100
+    for key, n in rng.sample(sorted(g._token_next.items()), 400):
+        s, t = key >> 20, key & ((1 << 20) - 1)
+        walked = s
+        if v.special[t]:
+            walked = g.specials(s).get(t, -1)
+        else:
+            for byte in v.token_bytes[t]:
+                walked = g.step(walked, byte)
+                if walked < 0:
+                    break
+        assert walked == n, (v.token_text(t), s)
+        legal = entry_dense(g.mask(s), g.words)
+        assert (legal[t >> 5] >> (t & 31)) & 1  # only legal tokens are stored
+
+
+def test_valid_calls_find_their_masks_computed(smollm2_vocab, smollm2_tokenizer):
+    """After precompute, walking valid calls (strings, numbers, enums, nested objects) computes
+    no new mask: every state on the way is either precomputed or shares a precomputed mask."""
+    tools = [
+        Tool("get_weather", "", {"type": "object", "properties": {
+            "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14}}, "required": ["city"]}),
+        Tool("search", "", {"type": "object", "properties": {
+            "query": {"type": "string"}, "limit": {"type": "number"},
+            "filters": {"type": "object", "properties": {"lang": {"type": "string"}, "safe": {"type": "boolean"}}}},
+            "required": ["query"]}),
+    ]
+    g = CompiledGrammar(tool_grammar(tools), twin(smollm2_vocab))
+    g.precompute()
+    before = g.mask_computations
+    bm = allocate_bitmask(g.width)
+    texts = valid_calls(tools, 30, seed=3)
+    assert len(texts) == 30
+    for text in texts:
+        m = Matcher(g)
+        for t in smollm2_tokenizer.encode(text, add_special_tokens=False):
+            m.fill_bitmask(bm)
+            assert m.consume_token(t), text
+        m.fill_bitmask(bm)
+        assert m.is_accepting()
+    assert g.mask_computations == before
+
+
+def test_compiled_grammar_precomputes_once(bpe_vocab):
+    v = twin(bpe_vocab)
+    grammar = tool_grammar(random_tools(random.Random(3), 2))
+    g = compiled_grammar(grammar, v)
+    assert not g.precomputed
+    assert compiled_grammar(grammar, v, precompute=True) is g and g.precomputed
+    n = g.mask_computations
+    assert compiled_grammar(grammar, v, precompute=True) is g and g.mask_computations == n
+
+
+def test_entry_ids_round_trip(bpe_vocab):
+    g = CompiledGrammar(tool_grammar(random_tools(random.Random(5), 3)), twin(bpe_vocab))
+    m = Matcher(g)
+    for _ in range(10):
+        e = g.mask(m.state)
+        ids = entry_ids(e, g.width)
+        assert ids == m.legal_token_ids().tolist() and len(ids) == e[1]
+        if m.is_done():
+            break
+        m.consume_token(ids[len(ids) // 2])
