@@ -59,9 +59,9 @@ _FINISH_ORDER = [ord(c) for c in '"?}]0'] + [ord(c) for c in "nrtu:,{["]
 # to keep, so a table's every state can stay cached.
 
 def _sparse_entry(acc: dict[int, int]) -> tuple:
-    words = np.fromiter(acc, dtype=np.int64, count=len(acc))
-    vals = np.fromiter(acc.values(), dtype=np.uint32, count=len(acc)).view(np.int32)
-    return None, sum(v.bit_count() for v in acc.values()), words, vals
+    words = np.array(list(acc), dtype=np.int64)
+    vals = np.array(list(acc.values()), dtype=np.uint32).view(np.int32)
+    return None, sum(map(int.bit_count, acc.values())), words, vals
 
 
 def entry_dense(entry: tuple, n_words: int) -> np.ndarray:
@@ -89,53 +89,57 @@ def entry_ids(entry: tuple, width: int) -> list[int]:
 
 
 def _entry_nbytes(value: tuple) -> int:
-    return sum(x.nbytes for x in value if isinstance(x, np.ndarray)) + 64
+    if len(value) == 4:
+        return 64 + (value[0].nbytes if value[0] is not None else value[2].nbytes + value[3].nbytes)
+    return 64 + value[0].nbytes
 
 
 class _Bits:
     """Token ids gathered from several sources, packed into a bitmask once at the end: a few ids
-    go straight into their words; many go through a bool array and np.packbits."""
+    go straight into their words; many go through a bool array and np.packbits. Parts are
+    Python lists (a literal's few ids: no numpy call per part) or int64 arrays."""
 
-    __slots__ = ("words", "parts", "base")
+    __slots__ = ("words", "parts", "base", "n")
 
     def __init__(self, words: int):
         self.words = words
-        self.parts: list[np.ndarray] = []
+        self.parts: list = []
         self.base: np.ndarray | None = None
+        self.n = 0
 
     def add(self, ids) -> None:
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.size:
+        if not isinstance(ids, list):
+            ids = np.asarray(ids, dtype=np.int64)
+        if len(ids):
             self.parts.append(ids)
+            self.n += len(ids)
 
     def merge(self, packed: np.ndarray) -> None:
         self.base = packed.copy() if self.base is None else self.base | packed
 
     def entry(self) -> tuple:
-        """The collected ids as a mask entry (see `MaskEntry`): sparse when few words are set."""
-        if self.base is None:
-            n = sum(p.size for p in self.parts)
-            if n <= 256:
-                # Few ids (a literal's prefixes, a trie's branches): accumulate the words in a
-                # dict; numpy's ufunc.at costs more than this, and so does a dense array.
-                acc: dict[int, int] = {}
-                for p in self.parts:
-                    for i in p.tolist():
-                        acc[i >> 5] = acc.get(i >> 5, 0) | (1 << (i & 31))
-                return _sparse_entry(acc)
+        """The collected ids as a mask entry (see `entry_dense`): sparse when few are set."""
+        if self.base is None and self.n <= 256:
+            # Few ids (a literal's prefixes, a trie's branches): accumulate the words in a
+            # dict; numpy's ufunc.at costs more than this, and so does a dense array.
+            acc: dict[int, int] = {}
+            for p in self.parts:
+                for i in (p if isinstance(p, list) else p.tolist()):
+                    acc[i >> 5] = acc.get(i >> 5, 0) | (1 << (i & 31))
+            return _sparse_entry(acc)
         out = self.packed()
         return out, int(np.bitwise_count(out.view(np.uint32)).sum()), None, None
 
     def packed(self) -> np.ndarray:
         out = np.zeros(self.words, dtype=np.uint32) if self.base is None else self.base.view(np.uint32).copy()
-        n = sum(p.size for p in self.parts)
-        if n > 4096:
+        parts = [np.asarray(p, dtype=np.int64) for p in self.parts]
+        if self.n > 4096:
             bits = np.zeros(self.words * 32, dtype=bool)
-            for p in self.parts:
+            for p in parts:
                 bits[p] = True
             out |= np.packbits(bits, bitorder="little").view(np.uint32)
-        elif n:
-            ids = np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
+        elif self.n:
+            ids = np.concatenate(parts) if len(parts) > 1 else parts[0]
             np.bitwise_or.at(out, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
         return out.view(np.int32)
 
@@ -249,9 +253,10 @@ class CompiledGrammar:
         self._row_init: list[bool] = []
         self._state_mask: list[tuple | None] = []
         self._forced: dict[int, list[int]] = {}
-        # (state << 20 | token) -> the state after that text token: consume_token's fast path,
-        # a dict lookup instead of a table step per byte. Bounded; cleared when full.
-        self._token_next: dict[int, int] = {}
+        # Per state, token -> the state after it: consume_token's fast path, one dict lookup
+        # instead of a table step per byte. Bounded in total; cleared when full.
+        self._token_next: list[dict[int, int]] = []
+        self._token_next_size = 0
         self._masks = shared.masks  # shared by every grammar on this vocabulary
         self.mask_computations = 0
         self.precomputed = False
@@ -283,6 +288,7 @@ class CompiledGrammar:
             self._first.append(None)
             self._row_init.append(False)
             self._state_mask.append(None)
+            self._token_next.append({})
             self._ids[threads] = s
             return s
 
@@ -326,6 +332,12 @@ class CompiledGrammar:
         return self._accepting[s]
 
     def _coarse_key(self, s: int):
+        threads = self._sets[s]
+        if len(threads) == 1:
+            (ins, loc, st), = threads
+            if st is None:  # most states: one thread, no stack
+                return ins, ins.coarse(loc)
+
         def stack_key(st):
             if st is None:
                 return None
@@ -493,6 +505,7 @@ class CompiledGrammar:
         """
         v = self.vocab
         text_ok = ~v.special & (v.lengths > 0)
+        text_ok[[t for t in v.stop_ids if t < v.size]] = False  # a stop token is never text here
         tb = v.token_bytes
         ends: dict[tuple[int, bytes], int] = {}  # (state, bytes) -> state: walks shared by tokens
         seen = {self.start_state}
@@ -500,7 +513,7 @@ class CompiledGrammar:
         per_instr: dict[frozenset, int] = {}
         todo = [self.start_state]
         head = 0
-        nxt_cache = self._token_next
+        tn = self._token_next
         while head < len(todo) and len(seen) < max_states:
             s = todo[head]
             head += 1
@@ -526,9 +539,9 @@ class CompiledGrammar:
             entry = self.mask(s)
             found: list[int] = []
             for tid, n in self.specials(s).items():
-                nxt_cache[(s << 20) | tid] = n
+                tn[s][tid] = n
                 found.append(n)
-            base = s << 20
+            row = tn[s]
             lone = next(iter(threads)) if len(threads) == 1 else None
             if entry[1] <= small and lone is not None and isinstance(lone[0], Lit):
                 # inside a literal a token's end is known without a walk: a proper prefix of
@@ -546,8 +559,9 @@ class CompiledGrammar:
                         if x is None:
                             x = self._after(ins.next, st)
                         n = self._walk_bytes(x, d, rest_len, ends)
-                    nxt_cache[base | t] = n
-                    found.append(n)
+                    if n >= 0:
+                        row[t] = n
+                        found.append(n)
             elif lone is not None and isinstance(lone[0], JStr):
                 # inside a string: the tokens that close it, each from the state after the
                 # quote, grouped by what follows the quote (`"`, `",`, `"}` recur); and one
@@ -562,19 +576,22 @@ class CompiledGrammar:
                 ids, g = ids[order], g[order]
                 cuts = np.flatnonzero(np.diff(g)) + 1
                 x = self._after(ins.next, st)
-                for part, k in zip(np.split(base + ids, cuts), g[np.r_[0, cuts]].tolist() if g.size else []):
+                for part, k in zip(np.split(ids, cuts), g[np.r_[0, cuts]].tolist() if g.size else []):
                     n = self._walk_bytes(x, rests[k], 0, ends)
-                    nxt_cache.update(dict.fromkeys(part.tolist(), n))
-                    found.append(n)
+                    if n >= 0:
+                        row.update(dict.fromkeys(part.tolist(), n))
+                        found.append(n)
                 if loc & 15 == 0:  # between characters: one way into every substate
                     found.extend(self._walk_bytes(s, r, 0, ends) for r in _JSTR_REACH)
             elif entry[1] <= small:
                 for t in entry_ids(entry, self.width):
                     if t < v.size and text_ok[t]:
                         n = self._walk_bytes(s, tb[t], 0, ends)
-                        nxt_cache[base | t] = n
-                        found.append(n)
+                        if n >= 0:
+                            row[t] = n
+                            found.append(n)
             # anything else (a free-form pattern, a multi-thread state with a string) stays lazy
+            self._token_next_size += len(row)
             for n in found:
                 if n >= 0 and n not in seen:
                     seen.add(n)
@@ -593,15 +610,18 @@ class CompiledGrammar:
         with `p` whose rest is legal from state `x` (the state after `p`; DEAD if nothing may
         follow). False if no token starts with `p`, so no longer prefix needs looking at."""
         v = self.vocab
-        a, b = v.prefix_range(p)
-        if a == b:
-            return False
         sb, sid = v.sorted_index
+        a = bisect_left(sb, p)
+        if a == len(sb) or not sb[a].startswith(p):
+            return False
+        upper = _prefix_upper(p)
+        b = bisect_left(sb, upper, a) if upper is not None else len(sb)
         e = a
-        while e < b and len(sb[e]) == len(p):  # equal tokens sort first within the range
+        n = len(p)
+        while e < b and len(sb[e]) == n:  # equal tokens sort first within the range
             e += 1
-        if exact_ok:
-            bits.add(sid[a:e])
+        if exact_ok and e > a:
+            bits.add(sorted_ids_list(v)[a:e])
         if e < b and x >= 0:
             threads = self._sets[x]
             ins = next(iter(threads))[0] if len(threads) == 1 else None
@@ -612,18 +632,19 @@ class CompiledGrammar:
                 rest = ins.data[off:]
                 lookup, dups = v.lookup, v.duplicates
                 ids = []
-                for k in range(1, min(len(rest) - 1, v.max_token_len - len(p)) + 1):
+                for k in range(1, min(len(rest) - 1, v.max_token_len - n) + 1):
                     t = lookup.get(p + rest[:k])
                     if t is not None:
                         ids.append(t)
-                        ids.extend(dups.get(p + rest[:k], ()))
+                        if dups:
+                            ids.extend(dups.get(p + rest[:k], ()))
                 bits.add(ids)
-                if len(p) + len(rest) <= v.max_token_len:
+                if n + len(rest) <= v.max_token_len:
                     x2 = self._after(ins.next, st)
                     self._prefix_tokens(p + rest, x2, bits, exact_ok=x2 >= 0)
             else:
                 ids = sid[e:b]
-                bits.add(self._walk(ids, np.full(ids.size, len(p), dtype=np.int64), np.full(ids.size, x, dtype=np.int64)))
+                bits.add(self._walk(ids, np.full(ids.size, n, dtype=np.int64), np.full(ids.size, x, dtype=np.int64)))
         return True
 
     def _lit_legal(self, ins: Lit, off: int, st, bits: np.ndarray) -> None:
@@ -637,7 +658,8 @@ class CompiledGrammar:
             t = lookup.get(rest[:k])
             if t is not None:
                 ids.append(t)
-                ids.extend(dups.get(rest[:k], ()))
+                if dups:
+                    ids.extend(dups.get(rest[:k], ()))
         bits.add(ids)
         if len(rest) <= v.max_token_len:  # tokens spelling all of it, and maybe more
             x = self._after(ins.next, st)
@@ -908,6 +930,7 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     vocab.byte_matrix
     vocab.first_byte_index
     vocab.sorted_index
+    sorted_ids_list(vocab)
     vocab.lookup
     vocab.duplicates
     vocab.max_number_run
@@ -939,6 +962,14 @@ def _jstr_reach() -> list[bytes]:
 
 
 _JSTR_REACH = _jstr_reach()
+
+
+def sorted_ids_list(vocab: Vocabulary) -> list[int]:
+    """`vocab.sorted_index[1]` as a Python list (slices of a few ids without numpy calls)."""
+    hit = vocab._extra.get("sorted_ids_list")
+    if hit is None:
+        hit = vocab._extra["sorted_ids_list"] = vocab.sorted_index[1].tolist()
+    return hit
 
 
 def _prefix_upper(p: bytes) -> bytes | None:
@@ -1041,6 +1072,7 @@ class Matcher:
         self._states = [compiled.start_state]  # state after each consumed token
         self._stopped = -1  # index in _states where a stop token was consumed, or -1
         self._error = False
+        self._live = True  # neither stopped nor in error: consume_token's fast path applies
         self._error_at = -1
         self.error_message = ""
         self.last_legal_count = 0
@@ -1072,17 +1104,19 @@ class Matcher:
 
     def fill_bitmask(self, bitmask: np.ndarray, index: int = 0) -> int:
         """Write the legal-token bitmask into `bitmask` (row `index` if 2-D); return the count."""
+        g = self.g
         row = bitmask if bitmask.ndim == 1 else bitmask[index]
-        if row.shape[-1] != self.g.words:
+        if row.shape[-1] != g.words:
             raise MatcherError(
-                f"bitmask has {row.shape[-1]} words; this vocabulary (logits width {self.g.width}) "
-                f"needs {self.g.words} -- allocate it with allocate_bitmask({self.g.width})"
+                f"bitmask has {row.shape[-1]} words; this vocabulary (logits width {g.width}) "
+                f"needs {g.words} -- allocate it with allocate_bitmask({g.width})"
             )
-        if self._error or self._stopped >= 0:
-            row[:] = pack_ids(self.g.stop_ids, self.g.width)
-            self.last_legal_count = int(self.g.stop_ids.size)
+        if not self._live:
+            row[:] = pack_ids(g.stop_ids, g.width)
+            self.last_legal_count = int(g.stop_ids.size)
             return self.last_legal_count
-        dense, n, words, vals = self.g.mask(self.state)
+        s = self._states[-1]
+        dense, n, words, vals = g._state_mask[s] or g.mask(s)
         if dense is not None:
             row[:] = dense
         else:
@@ -1102,32 +1136,39 @@ class Matcher:
         # undoes it and the error with it.
         self._states.append(self.state)
         self._error = True
+        self._live = False
         self._error_at = len(self._states) - 1
         self.error_message = why
         return False
 
     def consume_token(self, token_id: int) -> bool:
         """Advance by one token. False (and the error state) if the grammar does not allow it."""
+        if self._live:
+            states = self._states
+            nxt = self.g._token_next[states[-1]].get(token_id)
+            if nxt is not None:  # a (state, token) pair seen before: one dict lookup
+                states.append(nxt)
+                return True
+        return self._consume_slow(token_id)
+
+    def _consume_slow(self, token_id: int) -> bool:
         if self._error:
             return False
         g = self.g
         if self._stopped >= 0:
             return self._fail(f"token {token_id} after the stop token")
-        s = self._states[-1]
-        key = (s << 20) | token_id if 0 <= token_id < (1 << 20) else None
-        nxt = g._token_next.get(key)
-        if nxt is not None:  # a (state, token) pair seen before: one dict lookup
-            self._states.append(nxt)
-            return True
+        s = s0 = self._states[-1]
         if token_id in g._stop_set:
             if g.is_accepting(s):
                 self._states.append(s)
                 self._stopped = len(self._states) - 1
+                self._live = False
                 return True
             return self._fail(f"stop token {token_id} before the grammar is complete")
         v = g.vocab
-        if not 0 <= token_id < v.size:
+        if not isinstance(token_id, (int, np.integer)) or not 0 <= token_id < v.size:
             return self._fail(f"token {token_id} is outside the vocabulary (padding)")
+        token_id = int(token_id)
         if v.special[token_id]:
             nxt = g.specials(s).get(token_id)
             if nxt is None:
@@ -1147,10 +1188,12 @@ class Matcher:
                 return self._fail(f"token {token_id} ({v.token_text(token_id)!r}) is not allowed here")
             s = nxt
         self._states.append(s)
-        if key is not None:
-            if len(g._token_next) >= TOKEN_NEXT_LIMIT:
-                g._token_next.clear()
-            g._token_next[key] = s
+        if g._token_next_size >= TOKEN_NEXT_LIMIT:
+            for row in g._token_next:
+                row.clear()
+            g._token_next_size = 0
+        g._token_next[s0][token_id] = s
+        g._token_next_size += 1
         return True
 
     def consume_tokens(self, ids: Sequence[int]) -> bool:
@@ -1177,6 +1220,7 @@ class Matcher:
         if self._error and self._error_at >= len(self._states):
             self._error = False
             self.error_message = ""
+        self._live = not self._error and self._stopped < 0
 
     def num_consumed(self) -> int:
         return len(self._states) - 1
