@@ -162,14 +162,20 @@ def _union(entries: list[tuple], n_words: int) -> tuple:
     return out, int(np.bitwise_count(out.view(np.uint32)).sum()), None, None
 
 
-def jstr_inside_packed(vocab: Vocabulary, sub: int, words: int) -> np.ndarray:
-    """The packed mask of every token that stays inside a JSON string from substate `sub`
-    (with room for any token): the bulk of every in-string mask, shared per vocabulary."""
+def jstr_inside_packed(vocab: Vocabulary, sub: int, words: int, room: int | None = None) -> np.ndarray:
+    """The packed mask of every token that stays inside a JSON string from substate `sub` and
+    adds at most `room` characters (None: any token fits): the bulk of every in-string mask,
+    shared per vocabulary. Near a string's cap each remaining room has its own mask; they are
+    kept too (at most the longest token's length of them per substate)."""
     cache = vocab._extra.setdefault("jstr_packed", {})
-    hit = cache.get(sub)
+    if room is not None and room >= vocab.max_token_len:
+        room = None
+    hit = cache.get((sub, room))
     if hit is None:
-        hit = pack_ids(jstr_index(vocab, sub).inside_ids, words * 32)
-        cache[sub] = hit
+        idx = jstr_index(vocab, sub)
+        ids = idx.inside_ids if room is None else idx.inside_ids[idx.inside_chars <= room]
+        hit = pack_ids(ids, words * 32)
+        cache[(sub, room)] = hit
     return hit
 
 
@@ -702,10 +708,7 @@ class CompiledGrammar:
         count, sub = loc >> 4, loc & 15
         idx = jstr_index(self.vocab, sub)
         room = ins.max - count
-        if room >= self.vocab.max_token_len:
-            bits.merge(jstr_inside_packed(self.vocab, sub, self.words))
-        else:
-            bits.add(idx.inside_ids[idx.inside_chars <= room])
+        bits.merge(jstr_inside_packed(self.vocab, sub, self.words, room))
         ok = (idx.exit_chars + count >= ins.min) & (idx.exit_chars <= room)
         if not ok.any():
             return
@@ -938,6 +941,9 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     for sub in range(13):
         jstr_index(vocab, sub)
         jstr_inside_packed(vocab, sub, words)
+    for room in range(vocab.max_token_len):  # between characters, near a string's cap
+        jstr_inside_packed(vocab, 0, words, room)
+    for sub in range(13):
         jstr_exit_rests(vocab, sub)
         jstr_exit_groups(vocab, sub)
     for integer in (False, True):

@@ -17,6 +17,9 @@ args hold only strings and numbers). A request without them is untouched. The sp
     mode       "required" (the default: the turn is the call), "auto" (free content; the call's
                opening starts the grammar) or "none"; reasoning, reasoning_budget: a reasoning
                region first (see docs/reasoning.md)
+    precompute compute every structural mask of the grammar when it is first compiled (once per
+               tool table and worker; see docs/engine.md): later requests with the same table
+               find every mask of a call cached
 
 Lifecycles (vLLM builds the processor once per worker, in the worker process):
 - RailcallLogitsProcessor: once per engine worker. Holds the model's Vocabulary (built from the
@@ -79,7 +82,7 @@ log = logging.getLogger("railcall.vllm")
 
 EXTRA_ARGS_KEY = "railcall"
 MODES = ("required", "auto", "none")
-_SPEC_KEYS = {"tools", "read_only", "schema", "format", "parallel", "mode", "reasoning", "reasoning_budget"}
+_SPEC_KEYS = {"tools", "read_only", "schema", "format", "parallel", "mode", "reasoning", "reasoning_budget", "precompute"}
 
 
 # -- the per-request spec ----------------------------------------------------------------------
@@ -93,6 +96,7 @@ class RequestSpec:
     mode: str = "required"
     reasoning: bool = False
     reasoning_budget: int | None = None
+    precompute: bool = False
 
 
 def _bad(what: str) -> ValueError:
@@ -173,7 +177,10 @@ def _parse_spec(text: str) -> RequestSpec:
             raise _bad(f"mode {mode!r} needs 'tools' or 'schema'")
     except RailcallError as e:
         raise _bad(str(e)) from None
-    return RequestSpec(grammar, mode, bool(d.get("reasoning")), budget)
+    precompute = d.get("precompute", False)
+    if not isinstance(precompute, bool):
+        raise _bad(f"precompute must be true or false, not {precompute!r}")
+    return RequestSpec(grammar, mode, bool(d.get("reasoning")), budget, precompute)
 
 
 # -- the per-request state ---------------------------------------------------------------------
@@ -338,7 +345,8 @@ class RailcallLogitsProcessor(LogitsProcessor):
         if spec is None:
             return None
         vocab = self._vocabulary()
-        compiled = compiled_grammar(spec.grammar, vocab) if spec.grammar is not None else None
+        compiled = (compiled_grammar(spec.grammar, vocab, precompute=spec.precompute)
+                    if spec.grammar is not None else None)
         if spec.mode == "required" and not spec.reasoning:
             matcher = Matcher(compiled)
         else:

@@ -91,3 +91,14 @@ def test_a_bad_spec_names_the_field():
         RailcallLogitsProcessor.validate_params(SamplingParams(extra_args={"railcall": {"schema": {
             "not": {"type": "string"}}}}))
     RailcallLogitsProcessor.validate_params(SamplingParams(extra_args={"railcall": '{"schema": {"type": "integer"}}'}))
+
+
+def test_precompute_in_the_spec(proc):
+    with pytest.raises(ValueError, match="precompute must be true or false"):
+        RailcallLogitsProcessor.validate_params(SamplingParams(extra_args={"railcall": {"tools": [], "precompute": "yes"}}))
+    p = SamplingParams(max_tokens=64, extra_args=railcall_args(openai_tools(WEATHER), precompute=True))
+    p._all_stop_token_ids = {2}
+    req = proc._new_request(p, [])
+    assert req.matcher.g.precomputed
+    lazy = proc._new_request(_params(MATH), [])
+    assert not lazy.matcher.g.precomputed
