@@ -124,3 +124,40 @@ def test_entry_ids_round_trip(bpe_vocab):
         if m.is_done():
             break
         m.consume_token(ids[len(ids) // 2])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_whole_token_moves_equal_byte_steps(smollm2_vocab, seed):
+    """consume_token moves a string's or a literal's thread by a whole token at once; the state
+    it reaches must be the one stepping the token's bytes reaches, and an illegal token (a
+    string past its maxLength) must still be refused."""
+    rng = random.Random(seed)
+    v = twin(smollm2_vocab)
+    g = CompiledGrammar(tool_grammar(random_tools(rng)), v)
+    stop = set(v.stop_ids)
+    for _ in range(6):
+        m = Matcher(g)
+        for _ in range(40):
+            if m.is_done():
+                break
+            ids = m.legal_token_ids()
+            illegal = np.setdiff1d(np.arange(v.size), ids)
+            probe = m.copy()
+            assert not probe.consume_token(int(illegal[rng.randrange(illegal.size)])) and probe.is_error()
+            t = pick_token(rng, ids, v, stop)
+            if not v.special[t]:
+                byte_walk = m.copy()
+                assert byte_walk.consume_bytes(v.token_bytes[t])
+                assert m.consume_token(t) and m.state == byte_walk.state
+            else:
+                assert m.consume_token(t)
+
+
+def test_a_string_at_its_cap_refuses_a_token_that_stays_inside(smollm2_vocab):
+    v = twin(smollm2_vocab)
+    tool = Tool("f", "", {"type": "object", "properties": {"s": {"type": "string", "maxLength": 3}}, "required": ["s"]})
+    g = CompiledGrammar(tool_grammar([tool]), v)
+    m = Matcher(g)
+    assert m.consume_bytes(b'{"tool":"f","args":{"s":"ab')
+    assert not m.copy().consume_token(v.lookup[b"cd"])  # would make 4 characters
+    assert m.consume_token(v.lookup[b"c"]) and m.consume_token(v.lookup[b'"}}'] if b'"}}' in v.lookup else v.lookup[b'"'])

@@ -874,6 +874,7 @@ class CompiledGrammar:
 class JStrIndex(NamedTuple):
     inside_ids: np.ndarray  # (k,) tokens that stay inside the string
     inside_chars: np.ndarray  # (k,) characters each adds
+    inside_end: np.ndarray  # (k,) the substate each ends in
     exit_ids: np.ndarray  # (e,) tokens that close the string
     exit_chars: np.ndarray  # (e,) characters before the closing quote
     exit_pos: np.ndarray  # (e,) byte offset just after the closing quote
@@ -1017,6 +1018,22 @@ def jstr_exit_groups(vocab: Vocabulary, sub: int) -> tuple[np.ndarray, list[byte
     return hit
 
 
+def jstr_moves(vocab: Vocabulary, sub: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per vocabulary and string substate, indexed by token id: the characters a token adds
+    when it stays inside the string (-1 if it does not), and the substate it ends in. Lets
+    consume_token move a string's thread by a whole token without stepping byte by byte."""
+    cache = vocab._extra.setdefault("jstr_moves", {})
+    hit = cache.get(sub)
+    if hit is None:
+        idx = jstr_index(vocab, sub)
+        chars = np.full(vocab.size, -1, dtype=np.int32)
+        end = np.zeros(vocab.size, dtype=np.int8)
+        chars[idx.inside_ids] = idx.inside_chars
+        end[idx.inside_ids] = idx.inside_end
+        hit = cache[sub] = (chars, end)
+    return hit
+
+
 def jstr_index(vocab: Vocabulary, sub: int) -> JStrIndex:
     """Per vocabulary and string substate: how each text token behaves inside a JSON string.
 
@@ -1034,7 +1051,7 @@ def jstr_index(vocab: Vocabulary, sub: int) -> JStrIndex:
     idx = np.flatnonzero(lens > 0)
     cur = np.full(idx.size, sub, dtype=np.int64)
     chars = np.zeros(idx.size, dtype=np.int64)
-    inside_ids, inside_chars, exit_ids, exit_chars, exit_pos = [], [], [], [], []
+    inside_ids, inside_chars, inside_end, exit_ids, exit_chars, exit_pos = [], [], [], [], [], []
     j = 0
     while idx.size:
         b = B[j, idx]
@@ -1052,13 +1069,14 @@ def jstr_index(vocab: Vocabulary, sub: int) -> JStrIndex:
         if done.any():
             inside_ids.append(idx[done])
             inside_chars.append(chars[done])
+            inside_end.append(cur[done])
             keep = ~done
             idx, cur, chars = idx[keep], cur[keep], chars[keep]
 
     def cat(xs):
         return np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64)
 
-    hit = JStrIndex(cat(inside_ids), cat(inside_chars), cat(exit_ids), cat(exit_chars), cat(exit_pos))
+    hit = JStrIndex(cat(inside_ids), cat(inside_chars), cat(inside_end), cat(exit_ids), cat(exit_chars), cat(exit_pos))
     cache[sub] = hit
     return hit
 
@@ -1184,6 +1202,20 @@ class Matcher:
         data = v.token_bytes[token_id]
         if not data:
             return self._fail(f"token {token_id} adds no text")
+        threads = g._sets[s]
+        if len(threads) == 1:
+            (ins, loc, st), = threads
+            if type(ins) is JStr:
+                # inside a string: a token that stays inside moves the count and the substate
+                # at once (no state per byte on the way)
+                chars, end = jstr_moves(v, loc & 15)
+                c = int(chars[token_id])
+                if c >= 0 and (loc >> 4) + c <= ins.max:
+                    s = g._intern(frozenset([(ins, ((loc >> 4) + c) << 4 | int(end[token_id]), st)]))
+                    return self._advanced(s0, token_id, s)
+            elif type(ins) is Lit and len(data) < len(ins.data) - loc and ins.data.startswith(data, loc):
+                # inside a literal: a token that spells part of the rest moves the offset
+                return self._advanced(s0, token_id, g._intern(frozenset([(ins, loc + len(data), st)])))
         table = g._table
         for b in data:
             nxt = int(table[s, b])
@@ -1193,6 +1225,11 @@ class Matcher:
             if nxt < 0:
                 return self._fail(f"token {token_id} ({v.token_text(token_id)!r}) is not allowed here")
             s = nxt
+        return self._advanced(s0, token_id, s)
+
+    def _advanced(self, s0: int, token_id: int, s: int) -> bool:
+        """Record the step s0 --token--> s (and remember it for the next matcher)."""
+        g = self.g
         self._states.append(s)
         if g._token_next_size >= TOKEN_NEXT_LIMIT:
             for row in g._token_next:
