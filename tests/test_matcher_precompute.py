@@ -17,6 +17,7 @@ import pytest
 from railcall.bench.workloads import valid_calls
 from railcall.bitmask import allocate_bitmask
 from railcall.grammar.tools import Tool, tool_grammar
+from railcall.vocab import Vocabulary
 from railcall.matcher import CompiledGrammar, Matcher, compiled_grammar, entry_dense, entry_ids
 from toolgen import pick_token, random_tools
 
@@ -161,3 +162,26 @@ def test_a_string_at_its_cap_refuses_a_token_that_stays_inside(smollm2_vocab):
     assert m.consume_bytes(b'{"tool":"f","args":{"s":"ab')
     assert not m.copy().consume_token(v.lookup[b"cd"])  # would make 4 characters
     assert m.consume_token(v.lookup[b"c"]) and m.consume_token(v.lookup[b'"}}'] if b'"}}' in v.lookup else v.lookup[b'"'])
+
+
+def test_number_masks_shared_only_where_length_cannot_matter(smollm2_vocab):
+    """Number states far from the length cap share one mask per substate; the margin is the
+    most number characters one token can add (SmolLM2 splits digits, so 1, though it has a
+    token of 64 dashes). Every mask along a number that runs into the cap equals the tokens
+    whose bytes the grammar accepts, token by token (brute force on a small vocabulary)."""
+    from railcall.matcher import number_margin
+
+    assert number_margin(smollm2_vocab) == 1
+    pieces = [bytes([b]) for b in range(32, 127)] + ["12", "345", "0.5", "e+1", "-1", "1}", "2,", '3"', "9999", "----"]
+    v = Vocabulary.from_pieces(pieces, specials=["<end>"], stop=["<end>"])
+    assert number_margin(v) == 4  # "9999"; "----" is no number
+    tool = Tool("f", "", {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]})
+    g = CompiledGrammar(tool_grammar([tool]), v)
+    m = Matcher(g)
+    assert m.consume_bytes(b'{"tool":"f","args":{"x":-')
+    for digit in b"12345678901234567890123.":
+        want = sorted(t for t in range(v.size) if not v.special[t] and v.token_bytes[t]
+                      and m.copy().consume_bytes(v.token_bytes[t]))
+        assert m.legal_token_ids().tolist() == want
+        if not m.consume_bytes(bytes([digit])):
+            break

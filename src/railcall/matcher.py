@@ -36,7 +36,7 @@ from railcall.bitmask import allocate_bitmask, bitmask_words, pack_ids, unpack_b
 from railcall.errors import MatcherError
 from railcall.grammar import ir
 from railcall.grammar.program import (
-    EXIT, JSTR_INC, JSTR_NEXT, MAX_NUMBER_CHARS, NUM_BYTES, NUM_FINAL, NUM_NEXT, Fragments, JNum, JStr, Lit, Select,
+    EXIT, JSTR_INC, JSTR_NEXT, MAX_NUMBER_CHARS, NUM_BYTES, NUM_FINAL, NUM_NEXT, Fragments, JInt, JNum, JStr, Lit, Select,
     compile_grammar,
 )
 from railcall.vocab import Vocabulary
@@ -243,7 +243,7 @@ class CompiledGrammar:
         shared = vocab_cache(vocab)
         frags = shared.fragments.get(max_string)
         if frags is None:
-            frags = shared.fragments[max_string] = Fragments(max(vocab.max_token_len, 1), max(vocab.max_number_run, 1))
+            frags = shared.fragments[max_string] = Fragments(max(vocab.max_token_len, 1), max(number_margin(vocab), 1))
         with shared.lock:
             self.program = compile_grammar(grammar, special_ids, max_string=max_string, fragments=frags)
         self.stop_ids = np.array(sorted(vocab.stop_ids), dtype=np.int64)
@@ -496,7 +496,7 @@ class CompiledGrammar:
 
     # -- precomputation -------------------------------------------------------------------------
 
-    def precompute(self, max_states: int = 50_000, small: int = 4096, per_instr_cap: int = 16,
+    def precompute(self, max_states: int = 50_000, small: int = 4096, per_instr_cap: int = 8,
                    max_depth: int = 1) -> int:
         """Compute now, rather than on first use, the mask of every state reachable at a token
         boundary, and the (state, token) transitions between them; returns the number of states.
@@ -504,14 +504,19 @@ class CompiledGrammar:
         A breadth-first walk over tokens: from a state with at most `small` legal tokens (a
         literal, a trie of names or keys, digits) every legal token is walked to the state it
         ends in. A state inside a JSON string allows most of the vocabulary; from there only
-        the tokens that close the string are walked, and one ordinary character stands for the
-        rest (every count past the string's minimum shares one cached mask). What is left (a
-        state inside a free-form pattern, say) stays lazy. After this, a matcher on the grammar
-        finds every structural mask in the cache: a look-up and a copy per step.
+        the tokens that close the string are walked, plus one way into each substate of the
+        string body (an ordinary character, an escape, each kind of multi-byte character): every
+        count past the string's minimum shares one cached mask. What is left (a state inside a
+        free-form pattern, say) stays lazy. After this, a matcher on the grammar finds every
+        structural mask in the cache: a look-up and a copy per step.
         """
         v = self.vocab
-        text_ok = ~v.special & (v.lengths > 0)
-        text_ok[[t for t in v.stop_ids if t < v.size]] = False  # a stop token is never text here
+        vsize = v.size
+        text_ok = v._extra.get("text_ok")
+        if text_ok is None:  # text tokens, as bytes of 0/1 (a stop token is never text here)
+            ok = ~v.special & (v.lengths > 0)
+            ok[[t for t in v.stop_ids if t < vsize]] = False
+            text_ok = v._extra["text_ok"] = bytes(ok.astype(np.uint8))
         tb = v.token_bytes
         ends: dict[tuple[int, bytes], int] = {}  # (state, bytes) -> state: walks shared by tokens
         seen = {self.start_state}
@@ -536,9 +541,18 @@ class CompiledGrammar:
             if not all(isinstance(i, Lit) for i in kinds):
                 # A literal has as many states as bytes. A number or a string may have thousands
                 # (every value of a bounded integer), a trie as many as its keys' bytes: the
-                # first few (more for a trie of names) are walked here, the rest stay lazy.
+                # first few are walked here, the rest stay lazy. More for a trie of names (every
+                # call starts there), for a string (13 substates: escapes, multi-byte
+                # characters) and for a bounded integer (each prefix of a value has its own
+                # mask, and computing one on first use is among the costlier ones).
                 k = per_instr.get(kinds, 0)
-                if k >= (per_instr_cap * 1024 if all(isinstance(i, Select) for i in kinds) else per_instr_cap):
+                if all(isinstance(i, Select) for i in kinds):
+                    cap = per_instr_cap * 1024
+                elif any(isinstance(i, (JInt, JStr)) for i in kinds):
+                    cap = per_instr_cap * 2
+                else:
+                    cap = per_instr_cap
+                if k >= cap:
                     continue
                 per_instr[kinds] = k + 1
             expanded.add(key)
@@ -556,7 +570,7 @@ class CompiledGrammar:
                 rest_len = len(ins.data) - off
                 x = None
                 for t in entry_ids(entry, self.width):
-                    if t >= v.size or not text_ok[t]:
+                    if t >= vsize or not text_ok[t]:
                         continue
                     d = tb[t]
                     if len(d) < rest_len:
@@ -591,7 +605,7 @@ class CompiledGrammar:
                     found.extend(self._walk_bytes(s, r, 0, ends) for r in _JSTR_REACH)
             elif entry[1] <= small:
                 for t in entry_ids(entry, self.width):
-                    if t < v.size and text_ok[t]:
+                    if t < vsize and text_ok[t]:
                         n = self._walk_bytes(s, tb[t], 0, ends)
                         if n >= 0:
                             row[t] = n
@@ -887,6 +901,24 @@ class JNumIndex(NamedTuple):
     exit_pos: np.ndarray  # (e,) the byte offset where the number ends (>= 1)
 
 
+def number_margin(vocab: Vocabulary) -> int:
+    """The most characters of a JSON number one token can add, from any point of a number: the
+    margin past which a number's masks no longer depend on its length. Tighter than the
+    longest run of number bytes in a token (SmolLM2 has a token of 64 dashes; no number holds
+    two), so that number states far from the length cap share their masks."""
+    hit = vocab._extra.get("number_margin")
+    if hit is None:
+        hit = 0
+        for integer in (False, True):
+            for sub in range(9):
+                idx = jnum_index(vocab, sub, integer)
+                for a in (idx.inside_len, idx.exit_pos):
+                    if a.size:
+                        hit = max(hit, int(a.max()))
+        vocab._extra["number_margin"] = hit
+    return hit
+
+
 def jnum_index(vocab: Vocabulary, sub: int, integer: bool) -> JNumIndex:
     """Per vocabulary, number substate and kind: how each text token continues a JSON number.
     Computed once (vectorised), shared by every grammar on this vocabulary."""
@@ -937,7 +969,7 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     sorted_ids_list(vocab)
     vocab.lookup
     vocab.duplicates
-    vocab.max_number_run
+    number_margin(vocab)
     words = (vocab.logits_width + 31) // 32
     for sub in range(13):
         jstr_index(vocab, sub)
