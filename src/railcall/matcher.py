@@ -91,7 +91,7 @@ def entry_ids(entry: tuple, width: int) -> list[int]:
 def _entry_nbytes(value: tuple) -> int:
     if len(value) == 4:
         return 64 + (value[0].nbytes if value[0] is not None else value[2].nbytes + value[3].nbytes)
-    return 64 + value[0].nbytes
+    return 64 + (value[0].nbytes if value[0] is not None else 0)
 
 
 class _Bits:
@@ -167,6 +167,11 @@ def jstr_inside_packed(vocab: Vocabulary, sub: int, words: int, room: int | None
     adds at most `room` characters (None: any token fits): the bulk of every in-string mask,
     shared per vocabulary. Near a string's cap each remaining room has its own mask; they are
     kept too (at most the longest token's length of them per substate)."""
+    return jstr_inside(vocab, sub, words, room)[0]
+
+
+def jstr_inside(vocab: Vocabulary, sub: int, words: int, room: int | None = None) -> tuple[np.ndarray, int]:
+    """(`jstr_inside_packed`, the number of tokens in it)."""
     cache = vocab._extra.setdefault("jstr_packed", {})
     if room is not None and room >= vocab.max_token_len:
         room = None
@@ -174,8 +179,7 @@ def jstr_inside_packed(vocab: Vocabulary, sub: int, words: int, room: int | None
     if hit is None:
         idx = jstr_index(vocab, sub)
         ids = idx.inside_ids if room is None else idx.inside_ids[idx.inside_chars <= room]
-        hit = pack_ids(ids, words * 32)
-        cache[(sub, room)] = hit
+        hit = cache[(sub, room)] = (pack_ids(ids, words * 32), int(ids.size))
     return hit
 
 
@@ -363,7 +367,10 @@ class CompiledGrammar:
         hit = self._masks.get(key)
         if hit is None:
             threads = self._sets[s]
-            if len(threads) == 1:
+            lone = next(iter(threads)) if len(threads) == 1 else None
+            if lone is not None and type(lone[0]) is JStr and not self._accepting[s] and not self.specials(s):
+                hit = self._jstr_entry(*lone)
+            elif lone is not None:
                 hit = self._legal_bits(s).entry()
             else:
                 # Threads run independently (an NFA), so a token is legal exactly when it is legal
@@ -442,6 +449,22 @@ class CompiledGrammar:
     def _walk(self, idx: np.ndarray, pos: np.ndarray, cur: np.ndarray) -> np.ndarray:
         """Walk tokens `idx`, each from its byte offset `pos` in state `cur`; return those that
         end alive. Shapes: all (k,) int64."""
+        if idx.size <= 48:
+            # a few tokens: byte by byte in Python costs less than numpy's per-call overhead
+            tb, table, step = self.vocab.token_bytes, self._table, self.step
+            legal = []
+            for t, p, s in zip(idx.tolist(), pos.tolist(), cur.tolist()):
+                for b in tb[t][p:]:
+                    n = int(table[s, b])
+                    if n == UNBUILT:
+                        n = step(s, b)
+                        table = self._table
+                    s = n
+                    if s < 0:
+                        break
+                else:
+                    legal.append(t)
+            return np.array(legal, dtype=np.int64)
         v = self.vocab
         lens = v.lengths
         B = v.byte_matrix
@@ -732,6 +755,33 @@ class CompiledGrammar:
         legal = self._exits_after(sub, x, idx)  # (exit_ids.size,) bool, whatever the count
         bits.add(idx.exit_ids[ok & legal])
 
+    def _jstr_entry(self, ins: JStr, loc: int, st) -> tuple:
+        """A string body's mask entry, from two cached parts: the tokens that stay inside
+        (per vocabulary, substate and room left) and the tokens that close the string and go on
+        legally after it (per substate, continuation, characters still owed and room left).
+        The two sets are disjoint, so the count is a sum."""
+        count, sub = loc >> 4, loc & 15
+        v = self.vocab
+        room = ins.max - count
+        inside, n_in = jstr_inside(v, sub, self.words, room)
+        x = self._after(ins.next, st)
+        if x < 0:
+            return inside, n_in, None, None
+        need, roomc = max(0, ins.min - count), min(room, v.max_token_len)
+        key = ("jexits", sub, self._coarse_key(x), need, roomc)
+        hit = self._masks.get(key)
+        if hit is None:
+            idx = jstr_index(v, sub)
+            ok = (idx.exit_chars >= need) & (idx.exit_chars <= roomc)
+            ids = idx.exit_ids[ok & self._exits_after(sub, x, idx)]
+            bits = _Bits(self.words)
+            bits.add(ids)
+            hit = (bits.packed() if ids.size else None, int(ids.size))
+            self._masks.put(key, hit)
+        if hit[0] is None:
+            return inside, n_in, None, None
+        return inside | hit[0], n_in + hit[1], None, None
+
     def _exits_after(self, sub: int, x: int, idx: "JStrIndex") -> np.ndarray:
         """Which string-closing tokens (from substate `sub`) go on legally in state `x` after the
         closing quote. Independent of the string's count and of which string it was, so it is
@@ -757,9 +807,7 @@ class CompiledGrammar:
     def _walk_marks(self, ids: np.ndarray, pos: np.ndarray, x: int) -> np.ndarray:
         """(k,) bool: which of tokens `ids`, each from byte `pos`, end alive from state x."""
         ok = self._walk(ids, pos, np.full(ids.size, x, dtype=np.int64))
-        mark = np.zeros(self.vocab.size, dtype=bool)
-        mark[ok] = True
-        return mark[ids]
+        return np.isin(ids, ok)
 
     def _exits_into_literal(self, sub: int, thread, idx: "JStrIndex") -> np.ndarray:
         """The string-closing tokens legal when a literal follows the quote (`","text":"`, `"}}`:
