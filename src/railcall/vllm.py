@@ -156,6 +156,9 @@ def _parse_spec(text: str) -> RequestSpec:
     budget = d.get("reasoning_budget")
     if budget is not None and (not isinstance(budget, int) or budget < 0):
         raise _bad(f"reasoning_budget must be a non-negative integer, not {budget!r}")
+    precompute = d.get("precompute", False)
+    if not isinstance(precompute, bool):
+        raise _bad(f"precompute must be true or false, not {precompute!r}")
     tools, schema = d.get("tools"), d.get("schema")
     if tools is not None and schema is not None:
         raise _bad("give 'tools' or 'schema', not both")
@@ -177,9 +180,6 @@ def _parse_spec(text: str) -> RequestSpec:
             raise _bad(f"mode {mode!r} needs 'tools' or 'schema'")
     except RailcallError as e:
         raise _bad(str(e)) from None
-    precompute = d.get("precompute", False)
-    if not isinstance(precompute, bool):
-        raise _bad(f"precompute must be true or false, not {precompute!r}")
     return RequestSpec(grammar, mode, bool(d.get("reasoning")), budget, precompute)
 
 
