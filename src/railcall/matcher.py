@@ -1177,6 +1177,7 @@ class Matcher:
         self._stopped = -1  # index in _states where a stop token was consumed, or -1
         self._error = False
         self._live = True  # neither stopped nor in error: consume_token's fast path applies
+        self._tn = compiled._token_next  # the grammar's per-state token -> state dictionaries
         self._error_at = -1
         self.error_message = ""
         self.last_legal_count = 0
@@ -1249,7 +1250,7 @@ class Matcher:
         """Advance by one token. False (and the error state) if the grammar does not allow it."""
         if self._live:
             states = self._states
-            nxt = self.g._token_next[states[-1]].get(token_id)
+            nxt = self._tn[states[-1]].get(token_id)
             if nxt is not None:  # a (state, token) pair seen before: one dict lookup
                 states.append(nxt)
                 return True
