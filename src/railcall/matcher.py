@@ -582,7 +582,8 @@ class CompiledGrammar:
             entry = self.mask(s)
             found: list[int] = []
             for tid, n in self.specials(s).items():
-                tn[s][tid] = n
+                if tid not in self._stop_set:  # consume_token decides on stop tokens itself
+                    tn[s][tid] = n
                 found.append(n)
             row = tn[s]
             lone = next(iter(threads)) if len(threads) == 1 else None
