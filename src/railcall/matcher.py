@@ -267,6 +267,7 @@ class CompiledGrammar:
         # instead of a table step per byte. Bounded in total; cleared when full.
         self._token_next: list[dict[int, int]] = []
         self._token_next_size = 0
+        self._after_memo: dict[tuple, int] = {}
         self._masks = shared.masks  # shared by every grammar on this vocabulary
         self.mask_computations = 0
         self.precomputed = False
@@ -644,10 +645,15 @@ class CompiledGrammar:
         return len(seen)
 
     def _after(self, ins, st) -> int:
-        """The state after instruction `ins` completes, with stack `st` (DEAD if none)."""
-        out: set = set()
-        ins.arrive(0, st, out)
-        return self._intern(frozenset(out)) if out else DEAD
+        """The state entered at instruction `ins` with stack `st` (DEAD if none); memoised (the
+        offsets of one literal, the states of one string, all ask for the same one)."""
+        key = (ins, st)
+        r = self._after_memo.get(key)
+        if r is None:
+            out: set = set()
+            ins.arrive(0, st, out)
+            r = self._after_memo[key] = self._intern(frozenset(out)) if out else DEAD
+        return r
 
     def _prefix_tokens(self, p: bytes, x: int, bits: "_Bits", exact_ok: bool = True) -> bool:
         """Mark the tokens that are exactly `p` (if `exact_ok`), and the longer tokens starting
