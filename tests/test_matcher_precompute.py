@@ -9,6 +9,7 @@ same tokens, separate caches), so neither can borrow the other's masks.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 
 import numpy as np
@@ -23,9 +24,26 @@ from toolgen import pick_token, random_tools
 
 
 
+_TWINS = itertools.count()
+
+
 def twin(vocab):
-    """The same vocabulary with empty caches."""
-    return dataclasses.replace(vocab, _extra={k: v for k, v in vocab._extra.items() if k == "encode"})
+    """The same vocabulary with empty caches and a key of its own (so that no compiled grammar
+    cached for the original, or for another twin, is handed back)."""
+    return dataclasses.replace(vocab, key=f"{vocab.key}-twin{next(_TWINS)}",
+                               _extra={k: v for k, v in vocab._extra.items() if k == "encode"})
+
+
+def byte_legal(m: Matcher) -> list[int]:
+    """The oracle: every token whose bytes the grammar accepts from here, one byte at a time
+    (text tokens), the special tokens the state allows, and the stop tokens once accepting."""
+    g, v = m.g, m.g.vocab
+    out = {t for t in range(v.size) if not v.special[t] and t not in g._stop_set and v.token_bytes[t]
+           and m.copy().consume_bytes(v.token_bytes[t])}
+    out |= set(g.specials(m.state))
+    if m.is_accepting():
+        out |= set(v.stop_ids)
+    return sorted(out)
 
 
 def _walk_both(lazy: CompiledGrammar, eager: CompiledGrammar, rng: random.Random, steps: int = 60) -> int:
@@ -66,7 +84,8 @@ def test_stored_transitions_are_the_byte_walk(smollm2_vocab):
     v = g.vocab
     stored = [(s, t, n) for s, row in enumerate(g._token_next) for t, n in row.items()]
     assert len(stored) > 100
-    for s, t, n in rng.sample(stored, 400):
+    assert not any(t in g._stop_set for _, t, _ in stored)
+    for s, t, n in rng.sample(stored, min(400, len(stored))):
         walked = s
         if v.special[t]:
             walked = g.specials(s).get(t, -1)
@@ -108,14 +127,17 @@ def test_valid_calls_find_their_masks_computed(smollm2_vocab, smollm2_tokenizer)
     assert g.mask_computations == before
 
 
-def test_compiled_grammar_precomputes_once(bpe_vocab):
+def test_compiled_grammar_precomputes_once(bpe_vocab, monkeypatch):
     v = twin(bpe_vocab)
     grammar = tool_grammar(random_tools(random.Random(3), 2))
     g = compiled_grammar(grammar, v)
     assert not g.precomputed
+    calls = []
+    real = CompiledGrammar.precompute
+    monkeypatch.setattr(CompiledGrammar, "precompute", lambda self, *a, **k: calls.append(self) or real(self, *a, **k))
     assert compiled_grammar(grammar, v, precompute=True) is g and g.precomputed
-    n = g.mask_computations
-    assert compiled_grammar(grammar, v, precompute=True) is g and g.mask_computations == n
+    assert compiled_grammar(grammar, v, precompute=True) is g
+    assert calls == [g]  # the LRU hit does not walk again
 
 
 def test_entry_ids_round_trip(bpe_vocab):
@@ -187,4 +209,65 @@ def test_number_masks_shared_only_where_length_cannot_matter(smollm2_vocab):
                       and m.copy().consume_bytes(v.token_bytes[t]))
         assert m.legal_token_ids().tolist() == want
         if not m.consume_bytes(bytes([digit])):
+            break
+
+
+SMALL = ([bytes([b]) for b in range(32, 127)]
+         + ['"}', '"}}', '",', '":', '":"', '","', '{"', '"]', "ab", "abc", "12", "3.5", "e+1", "-1", "1}", "2,",
+            '3"', "00", "\\n", "\\u00", "\\\"", "\u00e9", "\u20ac", "é!", "true", "null", "tr", "ue}", "[1", "]}", "},{"])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_precomputed_masks_equal_the_byte_oracle(seed):
+    """Every mask of a precomputed grammar, along random walks, is exactly the set of tokens
+    whose bytes the grammar accepts one by one (brute force over a small vocabulary with
+    quotes, escapes, digits and multi-byte characters in its tokens)."""
+    rng = random.Random(seed)
+    v = Vocabulary.from_pieces(SMALL, specials=["<end>"], stop=["<end>"])
+    g = CompiledGrammar(tool_grammar(random_tools(rng)), v)
+    g.precompute()
+    for _ in range(3):
+        m = Matcher(g)
+        for _ in range(40):
+            ids = m.legal_token_ids().tolist()
+            assert ids == byte_legal(m)
+            if m.is_done():
+                break
+            assert m.consume_token(pick_token(rng, ids, v, set(v.stop_ids)))
+
+
+def test_a_stop_token_that_is_text_is_still_a_stop():
+    """A vocabulary may stop on a token that also spells text (`"}}` here): a precomputed
+    grammar must treat it as the lazy one does, as a stop, never as the string's closing text."""
+    base = Vocabulary.from_pieces([bytes([b]) for b in range(32, 127)] + ['"}}'], specials=["<end>"], stop=["<end>"])
+    stop = base.lookup[b'"}}']
+    tool = Tool("f", "", {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]})
+    seen = []
+    for eager in (False, True):
+        v = Vocabulary(token_bytes=list(base.token_bytes), special=base.special.copy(),
+                       special_text=dict(base.special_text), stop_ids=(stop,), logits_width=base.logits_width)
+        g = CompiledGrammar(tool_grammar([tool]), v)
+        if eager:
+            g.precompute()
+        m = Matcher(g)
+        assert m.consume_bytes(b'{"tool":"f","args":{"s":"a')
+        seen.append((m.consume_token(stop), m.is_error()))
+    assert seen == [(False, True), (False, True)]
+
+
+def test_number_margin_counts_what_a_number_may_be_followed_by():
+    """Where what follows a number may itself start with a number character (`1e` then `ex`), a
+    token can add number characters and go on past the number; the margin must count those, or
+    number states near the cap would share a mask with states far from it."""
+    from railcall.grammar import ir
+    from railcall.matcher import number_margin
+
+    v = Vocabulary.from_pieces([bytes([b]) for b in range(32, 127)] + ["1.23456789ex"], specials=["<end>"], stop=["<end>"])
+    assert number_margin(v) == 11  # "1.23456789e": eleven bytes a number accepts
+    g = CompiledGrammar(ir.Grammar(ir.Seq(ir.JsonNumber(), ir.Lit("ex"))), v)
+    m = Matcher(g)
+    assert m.consume_bytes(b"1")
+    for _ in range(22):
+        assert m.legal_token_ids().tolist() == byte_legal(m)
+        if not m.consume_bytes(b"1"):
             break

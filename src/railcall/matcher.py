@@ -541,6 +541,7 @@ class CompiledGrammar:
             ok = ~v.special & (v.lengths > 0)
             ok[[t for t in v.stop_ids if t < vsize]] = False
             text_ok = v._extra["text_ok"] = bytes(ok.astype(np.uint8))
+        text_np = np.frombuffer(text_ok, dtype=np.uint8).astype(bool)
         tb = v.token_bytes
         ends: dict[tuple[int, bytes], int] = {}  # (state, bytes) -> state: walks shared by tokens
         seen = {self.start_state}
@@ -615,7 +616,7 @@ class CompiledGrammar:
                 idx = jstr_index(v, loc & 15)
                 gid, rests = jstr_exit_groups(v, loc & 15)
                 legal = unpack_bitmask(entry_dense(entry, self.words), self.width)
-                sel = legal[idx.exit_ids]
+                sel = legal[idx.exit_ids] & text_np[idx.exit_ids]
                 ids, g = idx.exit_ids[sel], gid[sel]
                 order = np.argsort(g, kind="stable")
                 ids, g = ids[order], g[order]
@@ -958,18 +959,32 @@ class JNumIndex(NamedTuple):
 
 def number_margin(vocab: Vocabulary) -> int:
     """The most characters of a JSON number one token can add, from any point of a number: the
-    margin past which a number's masks no longer depend on its length. Tighter than the
-    longest run of number bytes in a token (SmolLM2 has a token of 64 dashes; no number holds
-    two), so that number states far from the length cap share their masks."""
+    margin past which a number's masks no longer depend on its length. It counts every byte the
+    number accepts before a token leaves it, wherever it leaves (what follows a number may itself
+    start with a number character, `1e` then `ex`, say). Tighter than the longest run of number
+    bytes in a token (SmolLM2 has a token of 64 dashes; no number holds two), so that number
+    states far from the length cap share their masks."""
     hit = vocab._extra.get("number_margin")
     if hit is None:
         hit = 0
+        lens = vocab.lengths
+        B = vocab.byte_matrix
         for integer in (False, True):
-            for sub in range(9):
-                idx = jnum_index(vocab, sub, integer)
-                for a in (idx.inside_len, idx.exit_pos):
-                    if a.size:
-                        hit = max(hit, int(a.max()))
+            table = NUM_NEXT[int(integer)].astype(np.int64)
+            for sub in range(table.shape[0]):
+                idx = np.flatnonzero(lens > 0)
+                cur = np.full(idx.size, sub, dtype=np.int64)
+                j = 0
+                while idx.size:
+                    t = table[cur, B[j, idx]]
+                    go = t >= 0
+                    if not go.any():
+                        break
+                    j += 1  # some token's first j bytes all stay inside the number
+                    idx, cur = idx[go], t[go]
+                    keep = lens[idx] > j
+                    idx, cur = idx[keep], cur[keep]
+                hit = max(hit, j)
         vocab._extra["number_margin"] = hit
     return hit
 
