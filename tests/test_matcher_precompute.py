@@ -271,3 +271,32 @@ def test_number_margin_counts_what_a_number_may_be_followed_by():
         assert m.legal_token_ids().tolist() == byte_legal(m)
         if not m.consume_bytes(b"1"):
             break
+
+
+def test_a_live_table_change_walks_only_what_changed():
+    """Grammars on one vocabulary share their automaton: after a tool is added, precompute walks
+    the new tool and the new name trie, not the tools it already walked, and the new grammar's
+    masks are still exactly the byte oracle's."""
+    rng = random.Random(11)
+    v = Vocabulary.from_pieces(SMALL, specials=["<end>"], stop=["<end>"])
+    tools = random_tools(rng, 5)
+    g1 = CompiledGrammar(tool_grammar(tools), v)
+    g1.precompute()
+    first = len(g1.auto._walked)
+    extra = Tool("zz_extra", "", {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
+    g2 = CompiledGrammar(tool_grammar(tools + [extra]), v)
+    assert g2.auto is g1.auto
+    g2.precompute()
+    added = len(g2.auto._walked) - first
+    assert 0 < added < first / 2, (added, first)
+    for _ in range(6):
+        m = Matcher(g2)
+        for _ in range(40):
+            ids = m.legal_token_ids().tolist()
+            assert ids == byte_legal(m)
+            if m.is_done():
+                break
+            assert m.consume_token(pick_token(rng, ids, v, set(v.stop_ids)))
+    m = Matcher(g2)
+    assert m.consume_tokens(v.lookup[bytes([b])] for b in b'{"tool":"zz_extra","args":{"q":"x"}}')
+    assert m.is_accepting()

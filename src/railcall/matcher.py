@@ -1,9 +1,14 @@
 """CompiledGrammar (shared) and Matcher (per request): token masks from a byte grammar.
 
 Lifecycles:
+- `Automaton` is built once per vocabulary (and string cap) and shared by every grammar on it:
+  a lazily built DFA over thread sets (see grammar.program), its transition table, per-state
+  masks and token transitions. Thread sets mean the same thing in every grammar (instructions
+  are continuation-passing and shared), so grammars that share tools share their states.
+  Masks are also cached per vocabulary by a coarsened key (`MaskCache`).
 - `CompiledGrammar` is built once per (grammar, vocabulary) and shared by every request that uses
-  that grammar. It owns a lazily built DFA over thread sets (see grammar.program), its transition
-  table, and the mask cache. `compiled_grammar()` keeps an LRU of them keyed by grammar content.
+  that grammar: its compiled program and its start state in the automaton.
+  `compiled_grammar()` keeps an LRU of them keyed by grammar content.
 - `Matcher` is built per request. It holds the current DFA state, the history for rollback, and
   the error flag. It is cheap (a list and a few ints).
 
@@ -216,10 +221,12 @@ class MaskCache:
 
 
 class VocabCache:
-    """What railcall shares per vocabulary: compiled fragments (per string cap) and masks."""
+    """What railcall shares per vocabulary: compiled fragments and the automaton (per string
+    cap), and masks."""
 
     def __init__(self):
         self.fragments: dict[int, Fragments] = {}
+        self.automata: dict[int, "Automaton"] = {}  # per string cap
         self.masks = MaskCache()
         self.lock = threading.RLock()
 
@@ -234,22 +241,19 @@ def vocab_cache(vocab: Vocabulary) -> VocabCache:
 TOKEN_NEXT_LIMIT = 1 << 20
 
 
-class CompiledGrammar:
-    """A grammar bound to a vocabulary: DFA, transitions and mask cache. Shared; thread-safe for
-    concurrent matchers (state growth is serialised by a lock)."""
+class Automaton:
+    """The DFA over thread sets, its transitions and masks, shared by every grammar compiled for
+    one vocabulary (and string cap). Instructions are continuation-passing and shared between
+    grammars (grammar.program.Fragments), so a thread set means the same thing whichever grammar
+    reached it: a table that keeps most of its tools after a live change finds their states,
+    transitions and masks already built. Thread-safe for concurrent matchers (state growth is
+    serialised by a lock). Replaced by a fresh one for new grammars once it holds
+    AUTOMATON_STATES states; grammars compiled before keep theirs."""
 
-    def __init__(self, grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = 256):
-        self.grammar = grammar
+    def __init__(self, vocab: Vocabulary):
         self.vocab = vocab
         self.width = vocab.logits_width
         self.words = bitmask_words(self.width)
-        special_ids = {t: i for i, t in vocab.special_text.items()}
-        shared = vocab_cache(vocab)
-        frags = shared.fragments.get(max_string)
-        if frags is None:
-            frags = shared.fragments[max_string] = Fragments(max(vocab.max_token_len, 1), max(number_margin(vocab), 1))
-        with shared.lock:
-            self.program = compile_grammar(grammar, special_ids, max_string=max_string, fragments=frags)
         self.stop_ids = np.array(sorted(vocab.stop_ids), dtype=np.int64)
         self._stop_set = frozenset(vocab.stop_ids)
         self._lock = threading.RLock()
@@ -268,14 +272,11 @@ class CompiledGrammar:
         self._token_next: list[dict[int, int]] = []
         self._token_next_size = 0
         self._after_memo: dict[tuple, int] = {}
-        self._masks = shared.masks  # shared by every grammar on this vocabulary
+        self._masks = vocab_cache(vocab).masks  # shared by every automaton on this vocabulary
         self.mask_computations = 0
-        self.precomputed = False
-        start: set = set()
-        self.program.start.arrive(0, None, start)
-        if not start:
-            raise MatcherError("the grammar matches nothing")
-        self.start_state = self._intern(frozenset(start))
+        # what precompute walked already (by any grammar): states, and the mask keys expanded
+        self._walked: set[int] = set()
+        self._walked_keys: set = set()
 
     # -- the DFA --------------------------------------------------------------------------------
 
@@ -520,10 +521,12 @@ class CompiledGrammar:
 
     # -- precomputation -------------------------------------------------------------------------
 
-    def precompute(self, max_states: int = 50_000, small: int = 4096, per_instr_cap: int = 8,
+    def precompute(self, start: int, max_states: int = 50_000, small: int = 4096, per_instr_cap: int = 8,
                    max_depth: int = 1) -> int:
-        """Compute now, rather than on first use, the mask of every state reachable at a token
-        boundary, and the (state, token) transitions between them; returns the number of states.
+        """Compute now, rather than on first use, the mask of every state reachable from `start`
+        at a token boundary, and the (state, token) transitions between them; returns the number
+        of states reached. States an earlier walk expanded (for this grammar or another one that
+        shares them) are not walked again.
 
         A breadth-first walk over tokens: from a state with at most `small` legal tokens (a
         literal, a trie of names or keys, digits) every legal token is walked to the state it
@@ -544,15 +547,18 @@ class CompiledGrammar:
         text_np = np.frombuffer(text_ok, dtype=np.uint8).astype(bool)
         tb = v.token_bytes
         ends: dict[tuple[int, bytes], int] = {}  # (state, bytes) -> state: walks shared by tokens
-        seen = {self.start_state}
-        expanded = set()  # coarse keys: states that share one have the same successors' masks
+        seen = {start}
+        walked = self._walked
+        expanded = self._walked_keys  # coarse keys: states that share one have the same successors' masks
         per_instr: dict[frozenset, int] = {}
-        todo = [self.start_state]
+        todo = [start]
         head = 0
         tn = self._token_next
         while head < len(todo) and len(seen) < max_states:
             s = todo[head]
             head += 1
+            if s in walked:
+                continue  # expanded by an earlier walk, which also reached what follows it
             if self._only_accept[s]:
                 self.mask(s)
                 continue
@@ -581,6 +587,7 @@ class CompiledGrammar:
                     continue
                 per_instr[kinds] = k + 1
             expanded.add(key)
+            walked.add(s)
             entry = self.mask(s)
             found: list[int] = []
             for tid, n in self.specials(s).items():
@@ -642,7 +649,6 @@ class CompiledGrammar:
                 if n >= 0 and n not in seen:
                     seen.add(n)
                     todo.append(n)
-        self.precomputed = True
         return len(seen)
 
     def _after(self, ins, st) -> int:
@@ -941,6 +947,57 @@ class CompiledGrammar:
         return None
 
 
+AUTOMATON_STATES = 400_000  # states in one shared automaton before new grammars get a fresh one
+
+
+class CompiledGrammar:
+    """A grammar bound to a vocabulary: its compiled program and its start state in the
+    vocabulary's shared Automaton (which holds the states, transitions and masks; attributes
+    not found here are looked up there). Shared by every request that uses the grammar;
+    `compiled_grammar()` keeps an LRU of them keyed by grammar content."""
+
+    def __init__(self, grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = 256):
+        self.grammar = grammar
+        self.vocab = vocab
+        special_ids = {t: i for i, t in vocab.special_text.items()}
+        shared = vocab_cache(vocab)
+        with shared.lock:
+            frags = shared.fragments.get(max_string)
+            if frags is None:
+                frags = shared.fragments[max_string] = Fragments(max(vocab.max_token_len, 1),
+                                                                 max(number_margin(vocab), 1))
+            self.program = compile_grammar(grammar, special_ids, max_string=max_string, fragments=frags)
+            auto = shared.automata.get(max_string)
+            if auto is None or len(auto._sets) >= AUTOMATON_STATES:
+                auto = shared.automata[max_string] = Automaton(vocab)
+        self.auto = auto
+        self.precomputed = False
+        start: set = set()
+        self.program.start.arrive(0, None, start)
+        if not start:
+            raise MatcherError("the grammar matches nothing")
+        self.start_state = auto._intern(frozenset(start))
+        self._computations_before = auto.mask_computations
+
+    def __getattr__(self, name: str):
+        # only reached for what is not an attribute of the grammar itself: the automaton's
+        if name == "auto":
+            raise AttributeError(name)
+        return getattr(self.auto, name)
+
+    @property
+    def mask_computations(self) -> int:
+        """Masks computed in the shared automaton since this grammar was compiled."""
+        return self.auto.mask_computations - self._computations_before
+
+    def precompute(self, max_states: int = 50_000, small: int = 4096, per_instr_cap: int = 8,
+                   max_depth: int = 1) -> int:
+        """Every structural mask of this grammar now (see Automaton.precompute)."""
+        n = self.auto.precompute(self.start_state, max_states, small, per_instr_cap, max_depth)
+        self.precomputed = True
+        return n
+
+
 class JStrIndex(NamedTuple):
     inside_ids: np.ndarray  # (k,) tokens that stay inside the string
     inside_chars: np.ndarray  # (k,) characters each adds
@@ -1194,12 +1251,13 @@ class Matcher:
     """
 
     def __init__(self, compiled: CompiledGrammar):
-        self.g = compiled
+        self.compiled = compiled
+        self.g = compiled.auto  # states, transitions and masks (shared)
         self._states = [compiled.start_state]  # state after each consumed token
         self._stopped = -1  # index in _states where a stop token was consumed, or -1
         self._error = False
         self._live = True  # neither stopped nor in error: consume_token's fast path applies
-        self._tn = compiled._token_next  # the grammar's per-state token -> state dictionaries
+        self._tn = compiled.auto._token_next  # per state: token -> state (shared)
         self._error_at = -1
         self.error_message = ""
         self.last_legal_count = 0

@@ -99,6 +99,6 @@ def test_precompute_in_the_spec(proc):
     p = SamplingParams(max_tokens=64, extra_args=railcall_args(openai_tools(WEATHER), precompute=True))
     p._all_stop_token_ids = {2}
     req = proc._new_request(p, [])
-    assert req.matcher.g.precomputed
+    assert req.matcher.compiled.precomputed
     lazy = proc._new_request(_params(MATH), [])
-    assert not lazy.matcher.g.precomputed
+    assert not lazy.matcher.compiled.precomputed
