@@ -947,7 +947,7 @@ class Automaton:
         return None
 
 
-AUTOMATON_STATES = 400_000  # states in one shared automaton before new grammars get a fresh one
+AUTOMATON_STATES = 100_000  # states in one shared automaton before new grammars get a fresh one
 
 
 class CompiledGrammar:
