@@ -300,3 +300,17 @@ def test_a_live_table_change_walks_only_what_changed():
     m = Matcher(g2)
     assert m.consume_tokens(v.lookup[bytes([b])] for b in b'{"tool":"zz_extra","args":{"q":"x"}}')
     assert m.is_accepting()
+
+
+def test_a_walk_cut_short_does_not_hide_states_from_the_next():
+    """A walk stopped at max_states leaves successors unreached; a later walk on the shared
+    automaton must reach them anyway (as many states walked as on a fresh automaton)."""
+    tools = random_tools(random.Random(12), 4)
+    extra = Tool("zz_extra", "", {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    shared = Vocabulary.from_pieces(SMALL, specials=["<end>"], stop=["<end>"])
+    CompiledGrammar(tool_grammar(tools), shared).precompute(max_states=40)
+    g = CompiledGrammar(tool_grammar(tools + [extra]), shared)
+    g.precompute()
+    fresh = CompiledGrammar(tool_grammar(tools + [extra]), Vocabulary.from_pieces(SMALL, specials=["<end>"], stop=["<end>"]))
+    fresh.precompute()
+    assert len(g.auto._walked) == len(fresh.auto._walked) > 40

@@ -649,6 +649,11 @@ class Automaton:
                 if n >= 0 and n not in seen:
                     seen.add(n)
                     todo.append(n)
+        if head < len(todo):
+            # stopped at max_states: states it expanded have successors it never reached, so
+            # they must not stop a later walk
+            walked.clear()
+            expanded.clear()
         return len(seen)
 
     def _after(self, ins, st) -> int:
@@ -1396,6 +1401,8 @@ class Matcher:
             for row in g._token_next:
                 row.clear()
             g._token_next_size = 0
+            g._walked.clear()  # the rows a walk stored are gone: a later precompute walks again
+            g._walked_keys.clear()
         g._token_next[s0][token_id] = s
         g._token_next_size += 1
         return True
