@@ -34,6 +34,19 @@ def twin(vocab):
                                _extra={k: v for k, v in vocab._extra.items() if k == "encode"})
 
 
+def walk_against_oracle(g: CompiledGrammar, rng: random.Random, walks: int, steps: int = 40) -> None:
+    """Random walks through `g`: at every step the mask must be exactly `byte_legal`."""
+    v = g.vocab
+    for _ in range(walks):
+        m = Matcher(g)
+        for _ in range(steps):
+            ids = m.legal_token_ids().tolist()
+            assert ids == byte_legal(m)
+            if m.is_done():
+                break
+            assert m.consume_token(pick_token(rng, ids, v, set(v.stop_ids)))
+
+
 def byte_legal(m: Matcher) -> list[int]:
     """The oracle: every token whose bytes the grammar accepts from here, one byte at a time
     (text tokens), the special tokens the state allows, and the stop tokens once accepting."""
@@ -226,14 +239,7 @@ def test_precomputed_masks_equal_the_byte_oracle(seed):
     v = Vocabulary.from_pieces(SMALL, specials=["<end>"], stop=["<end>"])
     g = CompiledGrammar(tool_grammar(random_tools(rng)), v)
     g.precompute()
-    for _ in range(3):
-        m = Matcher(g)
-        for _ in range(40):
-            ids = m.legal_token_ids().tolist()
-            assert ids == byte_legal(m)
-            if m.is_done():
-                break
-            assert m.consume_token(pick_token(rng, ids, v, set(v.stop_ids)))
+    walk_against_oracle(g, rng, walks=3)
 
 
 def test_a_stop_token_that_is_text_is_still_a_stop():
@@ -289,14 +295,7 @@ def test_a_live_table_change_walks_only_what_changed():
     g2.precompute()
     added = len(g2.auto._walked) - first
     assert 0 < added < first / 2, (added, first)
-    for _ in range(6):
-        m = Matcher(g2)
-        for _ in range(40):
-            ids = m.legal_token_ids().tolist()
-            assert ids == byte_legal(m)
-            if m.is_done():
-                break
-            assert m.consume_token(pick_token(rng, ids, v, set(v.stop_ids)))
+    walk_against_oracle(g2, rng, walks=6)
     m = Matcher(g2)
     assert m.consume_tokens(v.lookup[bytes([b])] for b in b'{"tool":"zz_extra","args":{"q":"x"}}')
     assert m.is_accepting()

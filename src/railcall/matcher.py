@@ -104,12 +104,11 @@ class _Bits:
     go straight into their words; many go through a bool array and np.packbits. Parts are
     Python lists (a literal's few ids: no numpy call per part) or int64 arrays."""
 
-    __slots__ = ("words", "parts", "base", "n")
+    __slots__ = ("words", "parts", "n")
 
     def __init__(self, words: int):
         self.words = words
         self.parts: list = []
-        self.base: np.ndarray | None = None
         self.n = 0
 
     def add(self, ids) -> None:
@@ -119,12 +118,9 @@ class _Bits:
             self.parts.append(ids)
             self.n += len(ids)
 
-    def merge(self, packed: np.ndarray) -> None:
-        self.base = packed.copy() if self.base is None else self.base | packed
-
     def entry(self) -> tuple:
         """The collected ids as a mask entry (see `entry_dense`): sparse when few are set."""
-        if self.base is None and self.n <= 256:
+        if self.n <= 256:
             # Few ids (a literal's prefixes, a trie's branches): accumulate the words in a
             # dict; numpy's ufunc.at costs more than this, and so does a dense array.
             acc: dict[int, int] = {}
@@ -136,7 +132,7 @@ class _Bits:
         return out, int(np.bitwise_count(out.view(np.uint32)).sum()), None, None
 
     def packed(self) -> np.ndarray:
-        out = np.zeros(self.words, dtype=np.uint32) if self.base is None else self.base.view(np.uint32).copy()
+        out = np.zeros(self.words, dtype=np.uint32)
         parts = [np.asarray(p, dtype=np.int64) for p in self.parts]
         if self.n > 4096:
             bits = np.zeros(self.words * 32, dtype=bool)
@@ -167,16 +163,11 @@ def _union(entries: list[tuple], n_words: int) -> tuple:
     return out, int(np.bitwise_count(out.view(np.uint32)).sum()), None, None
 
 
-def jstr_inside_packed(vocab: Vocabulary, sub: int, words: int, room: int | None = None) -> np.ndarray:
-    """The packed mask of every token that stays inside a JSON string from substate `sub` and
-    adds at most `room` characters (None: any token fits): the bulk of every in-string mask,
-    shared per vocabulary. Near a string's cap each remaining room has its own mask; they are
-    kept too (at most the longest token's length of them per substate)."""
-    return jstr_inside(vocab, sub, words, room)[0]
-
-
 def jstr_inside(vocab: Vocabulary, sub: int, words: int, room: int | None = None) -> tuple[np.ndarray, int]:
-    """(`jstr_inside_packed`, the number of tokens in it)."""
+    """The packed mask of every token that stays inside a JSON string from substate `sub` and
+    adds at most `room` characters (None: any token fits), and how many tokens that is: the bulk
+    of every in-string mask, shared per vocabulary. Near a string's cap each remaining room has
+    its own mask; they are kept too (at most the longest token's length of them per substate)."""
     cache = vocab._extra.setdefault("jstr_packed", {})
     if room is not None and room >= vocab.max_token_len:
         room = None
@@ -370,7 +361,7 @@ class Automaton:
         if hit is None:
             threads = self._sets[s]
             lone = next(iter(threads)) if len(threads) == 1 else None
-            if lone is not None and type(lone[0]) is JStr and not self._accepting[s] and not self.specials(s):
+            if lone is not None and type(lone[0]) is JStr:  # a string body: no stop, no special
                 hit = self._jstr_entry(*lone)
             elif lone is not None:
                 hit = self._legal_bits(s).entry()
@@ -384,10 +375,6 @@ class Automaton:
         self._state_mask[s] = hit
         return hit
 
-    def legal_ids(self, s: int) -> np.ndarray:
-        """Every token id legal from state `s`, sorted (computed, not cached)."""
-        return np.flatnonzero(unpack_bitmask(self._legal_bits(s).packed(), self.width))
-
     def _legal_bits(self, s: int) -> "_Bits":
         """The legal tokens of state `s`, collected for packing."""
         bits = _Bits(self.words)
@@ -395,9 +382,7 @@ class Automaton:
         ins = None
         if len(threads) == 1:
             (ins, loc, st), = threads
-        if isinstance(ins, JStr):
-            self._jstr_legal(ins, loc, st, bits)
-        elif isinstance(ins, Lit):
+        if isinstance(ins, Lit):
             self._lit_legal(ins, loc, st, bits)
         elif isinstance(ins, Select):
             self._select_legal(ins, loc, st, bits)
@@ -482,27 +467,6 @@ class Automaton:
                 keep = ~done
                 idx, pos, cur = idx[keep], pos[keep], cur[keep]
         return np.concatenate(legal) if legal else np.zeros(0, dtype=np.int64)
-
-    def _walk_ends(self, idx: np.ndarray, pos: np.ndarray, cur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Like `_walk`, and the state each surviving token ends in: (ids, states)."""
-        v = self.vocab
-        lens = v.lengths
-        B = v.byte_matrix
-        ids_out, ends_out = [], []
-        while idx.size:
-            b = B[pos, idx]
-            cur = self._delta(cur, b)
-            ok = cur >= 0
-            idx, pos, cur = idx[ok], pos[ok] + 1, cur[ok]
-            done = lens[idx] == pos
-            if done.any():
-                ids_out.append(idx[done])
-                ends_out.append(cur[done])
-                keep = ~done
-                idx, pos, cur = idx[keep], pos[keep], cur[keep]
-        if not ids_out:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        return np.concatenate(ids_out), np.concatenate(ends_out)
 
     def _walk_bytes(self, s: int, data: bytes, start: int, memo: dict) -> int:
         """The state after `data[start:]` from `s` (DEAD if illegal), memoised in `memo`."""
@@ -759,20 +723,6 @@ class Automaton:
         if ids.size:
             bits.add(self._walk(ids, pos, np.full(ids.size, x, dtype=np.int64)))
         return True
-
-    def _jstr_legal(self, ins: JStr, loc: int, st, bits: np.ndarray) -> None:
-        count, sub = loc >> 4, loc & 15
-        idx = jstr_index(self.vocab, sub)
-        room = ins.max - count
-        bits.merge(jstr_inside_packed(self.vocab, sub, self.words, room))
-        ok = (idx.exit_chars + count >= ins.min) & (idx.exit_chars <= room)
-        if not ok.any():
-            return
-        x = self._after(ins.next, st)
-        if x < 0:
-            return
-        legal = self._exits_after(sub, x, idx)  # (exit_ids.size,) bool, whatever the count
-        bits.add(idx.exit_ids[ok & legal])
 
     def _jstr_entry(self, ins: JStr, loc: int, st) -> tuple:
         """A string body's mask entry, from two cached parts: the tokens that stay inside
@@ -1105,9 +1055,9 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     words = (vocab.logits_width + 31) // 32
     for sub in range(13):
         jstr_index(vocab, sub)
-        jstr_inside_packed(vocab, sub, words)
+        jstr_inside(vocab, sub, words)
     for room in range(vocab.max_token_len):  # between characters, near a string's cap
-        jstr_inside_packed(vocab, 0, words, room)
+        jstr_inside(vocab, 0, words, room)
     for sub in range(13):
         jstr_exit_rests(vocab, sub)
         jstr_exit_groups(vocab, sub)

@@ -897,6 +897,16 @@ class _Compiler:
         self.shared.memo.update(self.memo)  # only now: every Forward in these is resolved
         return Program(start)
 
+    def _string_max(self, node) -> int:
+        """A string node's maximum length under the string cap; an error if its range is empty."""
+        hi = self.max_string if node.max_len is None else min(node.max_len, self.max_string)
+        if node.min_len > hi:
+            raise GrammarError(
+                f"string length range is empty: minLength {node.min_len} > maxLength {hi} "
+                f"(the string cap is {self.max_string}; raise max_string to allow longer strings)"
+            )
+        return hi
+
     def compile(self, node, nxt: Instr) -> Instr:
         # Literals are keyed by value, so the punctuation after a tool's arguments is the same
         # instruction in every grammar and the arguments compiled against it can be shared.
@@ -942,22 +952,12 @@ class _Compiler:
                 self._pending.append((node.name, fwd))
             return Call(fwd, nxt)
         if isinstance(node, ir.JsonString):
-            hi = self.max_string if node.max_len is None else min(node.max_len, self.max_string)
-            if node.min_len > hi:
-                raise GrammarError(
-                    f"string length range is empty: minLength {node.min_len} > maxLength {hi} "
-                    f"(the string cap is {self.max_string}; raise max_string to allow longer strings)"
-                )
+            hi = self._string_max(node)
             body = JStr(node.min_len, hi, nxt)
             body.margin = self.shared.token_margin
             return self.compile(ir.Lit(b'"'), body)
         if isinstance(node, ir.JsonPattern):
-            hi = self.max_string if node.max_len is None else min(node.max_len, self.max_string)
-            if node.min_len > hi:
-                raise GrammarError(
-                    f"string length range is empty: minLength {node.min_len} > maxLength {hi} "
-                    f"(the string cap is {self.max_string}; raise max_string to allow longer strings)"
-                )
+            hi = self._string_max(node)
             dfa = char_dfa(node.kind, node.arg, hi)
             if not dfa.fits(0, 0, node.min_len, hi):
                 raise GrammarError(f"no string matching {node.arg!r} has a length in [{node.min_len}, {hi}]")
