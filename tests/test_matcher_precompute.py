@@ -313,3 +313,42 @@ def test_a_walk_cut_short_does_not_hide_states_from_the_next():
     fresh = CompiledGrammar(tool_grammar(tools + [extra]), Vocabulary.from_pieces(SMALL, specials=["<end>"], stop=["<end>"]))
     fresh.precompute()
     assert len(g.auto._walked) == len(fresh.auto._walked) > 40
+
+
+# Tokens that run across the joints of a call: a string's end into the next key, a key's end
+# into its value, a number into what follows.
+CROSSING = SMALL + ['a","', 'h":"', '1,"', '"},{"', 'ue,"', 'x":', '":{"', '"]}', 'e"}', '_1":']
+
+
+def test_content_keys_shared_across_tables_keep_masks_exact():
+    """Masks are cached by what a state accepts as far as a token reaches, not by which
+    instruction it is, so tools, tables and grammars share them. Twelve random tables on one
+    vocabulary (one cache): every mask along random walks is exactly the byte oracle's, and far
+    fewer masks were computed than states were met (the sharing is real)."""
+    rng = random.Random(21)
+    v = Vocabulary.from_pieces(CROSSING, specials=["<end>"], stop=["<end>"])
+    grammars = [CompiledGrammar(tool_grammar(random_tools(rng)), v) for _ in range(12)]
+    for g in grammars:
+        walk_against_oracle(g, rng, walks=4)
+    auto = grammars[0].auto
+    met = sum(e is not None for e in auto._state_mask)
+    assert auto.mask_computations < met / 2, (auto.mask_computations, met)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_content_keys_of_recursive_and_parallel_grammars_are_exact(seed):
+    """Threads with a stack (a `$ref` recursion, array items) and several threads at once (parallel
+    calls, optional keys) keyed by content still give the byte oracle's masks, with tool tables
+    compiled before them on the same vocabulary filling the cache."""
+    from railcall.grammar.schema import schema_grammar
+
+    rng = random.Random(100 + seed)
+    v = Vocabulary.from_pieces(CROSSING, specials=["<end>"], stop=["<end>"])
+    tree = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 30},
+                                                                "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                               "required": ["v"]}},
+            "$ref": "#/$defs/node"}
+    for _ in range(3):
+        walk_against_oracle(CompiledGrammar(tool_grammar(random_tools(rng)), v), rng, walks=2)
+    walk_against_oracle(CompiledGrammar(schema_grammar(tree), v), rng, walks=6, steps=60)
+    walk_against_oracle(CompiledGrammar(tool_grammar(random_tools(rng), parallel=True), v), rng, walks=4, steps=60)

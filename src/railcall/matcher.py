@@ -5,7 +5,7 @@ Lifecycles:
   a lazily built DFA over thread sets (see grammar.program), its transition table, per-state
   masks and token transitions. Thread sets mean the same thing in every grammar (instructions
   are continuation-passing and shared), so grammars that share tools share their states.
-  Masks are also cached per vocabulary by a coarsened key (`MaskCache`).
+  Masks are also cached per vocabulary by a content key (`MaskCache`).
 - `CompiledGrammar` is built once per (grammar, vocabulary) and shared by every request that uses
   that grammar: its compiled program and its start state in the automaton.
   `compiled_grammar()` keeps an LRU of them keyed by grammar content.
@@ -24,12 +24,14 @@ How a mask is computed (once per cache key, then a lookup and a copy):
   for each token, whether it stays inside the string, how many characters it adds, or where it
   closes the string. Only the tokens that close the string are walked further, through what
   follows the string.
-- Masks are cached by a coarsened key (seed 000): positions in a string past `minLength` and far
-  enough from the cap have identical masks and share one entry.
+- Masks are cached by a content key (`Automaton._ckey`): what a state accepts, as far as some
+  token reaches. Seed 000's coarsening (string positions far from the cap share a mask) is one
+  case of it; states of different tools, tables and grammars with the same key share too.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
@@ -180,7 +182,7 @@ def jstr_inside(vocab: Vocabulary, sub: int, words: int, room: int | None = None
 
 
 class MaskCache:
-    """Masks by coarsened state key, shared by every grammar on one vocabulary; an LRU bounded
+    """Masks by content key, shared by every grammar on one vocabulary; an LRU bounded
     in bytes (a SmolLM2 mask is 6 KiB, a Gemma 3 mask 32 KiB)."""
 
     def __init__(self, budget_bytes: int = 256 << 20):
@@ -220,6 +222,11 @@ class VocabCache:
         self.automata: dict[int, "Automaton"] = {}  # per string cap
         self.masks = MaskCache()
         self.lock = threading.RLock()
+        # content keys (Automaton._ckey): interned ids, never reused; memo of thread keys
+        self.content_ids: dict = {}
+        self.content_memo: dict = {}
+        self.content_next = itertools.count(1)  # 0 stands for "alive", in lookahead keys
+        self.token_ext: dict[bytes, int] = {}
 
 
 def vocab_cache(vocab: Vocabulary) -> VocabCache:
@@ -230,6 +237,14 @@ def vocab_cache(vocab: Vocabulary) -> VocabCache:
 
 
 TOKEN_NEXT_LIMIT = 1 << 20
+CONTENT_KEYS_LIMIT = 1 << 21  # interned content keys (and memo entries) per vocabulary
+
+
+def _stack_key(st):
+    if st is None:
+        return None
+    ret, rl, parent, depth = st
+    return (ret, ret.coarse(rl), _stack_key(parent), depth)
 
 
 class Automaton:
@@ -263,7 +278,10 @@ class Automaton:
         self._token_next: list[dict[int, int]] = []
         self._token_next_size = 0
         self._after_memo: dict[tuple, int] = {}
-        self._masks = vocab_cache(vocab).masks  # shared by every automaton on this vocabulary
+        vc = vocab_cache(vocab)
+        self._masks = vc.masks  # shared by every automaton on this vocabulary
+        self._cids, self._cmemo, self._cnext, self._extm = vc.content_ids, vc.content_memo, vc.content_next, vc.token_ext
+        self._jstr_ext = jstr_ext(vocab)
         self.mask_computations = 0
         # what precompute walked already (by any grammar): states, and the mask keys expanded
         self._walked: set[int] = set()
@@ -335,19 +353,196 @@ class Automaton:
         return self._accepting[s]
 
     def _coarse_key(self, s: int):
+        """A key equal for states with equal futures (the same instructions at positions that
+        coarsen alike): precompute expands one state per key."""
         threads = self._sets[s]
         if len(threads) == 1:
             (ins, loc, st), = threads
             if st is None:  # most states: one thread, no stack
                 return ins, ins.coarse(loc)
+        return frozenset((ins, ins.coarse(loc), _stack_key(st)) for ins, loc, st in threads)
 
-        def stack_key(st):
-            if st is None:
-                return None
-            ret, rl, parent, depth = st
-            return (ret, ret.coarse(rl), stack_key(parent), depth)
+    # -- content keys ---------------------------------------------------------------------------
+    # A state's mask is fixed by which byte strings no longer than the longest token it accepts,
+    # whether it accepts (stop tokens) and which special tokens it waits for. A content key
+    # describes exactly that, and only as far as some token can reach: a literal `","unit":"`
+    # whose first four bytes no token spells is keyed by `","` alone, a string by its substate,
+    # the characters it still owes or may add (up to a token's length) and the few bytes after
+    # its closing quote that a closing token can spell. States with one key have one mask,
+    # whichever instruction, tool or grammar they belong to, so a table's 15,000 states share a
+    # few hundred masks, and a state seen for the first time mostly finds its mask cached.
+    # Keys are interned to ints (per vocabulary), so keys built from keys hash in constant time.
 
-        return frozenset((ins, ins.coarse(loc), stack_key(st)) for ins, loc, st in self._sets[s])
+    def _kid(self, content) -> int:
+        k = self._cids.get(content)
+        if k is None:
+            if len(self._cids) > CONTENT_KEYS_LIMIT:  # ids are never reused: stale keys just miss
+                self._cids.clear()
+                self._cmemo.clear()
+            k = self._cids.setdefault(content, next(self._cnext))
+        return k
+
+    def _ckey(self, s: int) -> int:
+        """The content key of state `s` (see above): equal keys, equal masks."""
+        threads = self._sets[s]
+        if len(threads) == 1:
+            return self._top_key(*next(iter(threads)))
+        return self._kid(frozenset(self._top_key(*t) for t in threads))
+
+    def _top_key(self, ins, loc, st) -> int:
+        """The key of one thread at a token's start: its mask is a function of it."""
+        mk = (ins, loc, st)
+        k = self._cmemo.get(mk)
+        if k is not None:
+            return k
+        t = type(ins)
+        top = self.vocab.max_token_len
+        if t is Lit:
+            rest = ins.data[loc:]
+            j = self._token_lcp(rest)
+            if j < len(rest):  # no token spells more than rest[:j]: that is all that matters
+                content = ("L", rest[:j])
+            else:
+                content = ("L", rest, self._akey(ins.next, st, self._ext(rest)))
+        elif t is Select:
+            content = ("T", self._select_key(ins, loc, st, b""))
+        elif t is JStr:
+            count, sub = loc >> 4, loc & 15
+            need = max(0, ins.min - count)
+            after = self._akey(ins.next, st, self._jstr_ext[sub]) if need < top else None
+            content = ("S", sub, min(need, top), min(ins.max - count, top), after)
+        elif t is JNum:
+            n, sub = loc >> 4, loc & 15
+            room = min(MAX_NUMBER_CHARS - n, number_margin(self.vocab))
+            content = ("N", ins.integer, sub, room, self._akey(ins.next, st, self._num_ext(ins.next, st)))
+        elif t is JInt:
+            content = ("I", ins.lo, ins.hi, loc, self._akey(ins.next, st, self._num_ext(ins.next, st)))
+        else:
+            content = self._plain_key(ins, loc, st)
+        k = self._cmemo[mk] = self._kid(content)
+        return k
+
+    def _plain_key(self, ins, loc, st):
+        if ins.accepting:
+            return ("A",)
+        tid = ins.special(loc)
+        if tid is not None:
+            return ("P", tid)
+        return ("X", ins, ins.coarse(loc), _stack_key(st))  # the instruction itself
+
+    def _dkey(self, ins, loc, st, d: int) -> int:
+        """The key of one thread `d` bytes into a token's lookahead: what it accepts of the
+        next `d` bytes (0: only that it is alive)."""
+        if d <= 0:
+            return 0
+        mk = (ins, loc, st, d)
+        k = self._cmemo.get(mk)
+        if k is not None:
+            return k
+        t = type(ins)
+        if t is Lit:
+            rest = ins.data[loc:]
+            content = ("l", rest[:d]) if len(rest) >= d else ("l", rest, self._akey(ins.next, st, d - len(rest)))
+        elif t is Select:
+            kids, term = ins.children, ins.terminal
+            content = ("t", tuple(
+                (b, self._akey(term[c], st, d - 1) if c in term else None,
+                 self._dkey(ins, c, st, d - 1) if kids[c] else None)
+                for b, c in sorted(kids[loc].items())))
+        elif t is JStr:
+            count, sub = loc >> 4, loc & 15
+            need = max(0, ins.min - count)
+            after = self._akey(ins.next, st, d - 1) if need < d else None
+            content = ("s", sub, min(need, d), min(ins.max - count, d), after)
+        elif t is JNum:
+            n, sub = loc >> 4, loc & 15
+            content = ("n", ins.integer, sub, min(MAX_NUMBER_CHARS - n, d), self._akey(ins.next, st, d - 1))
+        elif t is JInt:
+            content = ("i", ins.lo, ins.hi, loc, self._akey(ins.next, st, d - 1))
+        else:
+            content = self._plain_key(ins, loc, st)
+        k = self._cmemo[mk] = self._kid(content)
+        return k
+
+    def _akey(self, ins, st, d: int) -> int:
+        """The key of arriving at instruction `ins` with stack `st`, `d` bytes of lookahead (the
+        set of its threads' keys; the empty set when nothing can follow)."""
+        mk = ("a", ins, st, d)
+        k = self._cmemo.get(mk)
+        if k is None:
+            out: set = set()
+            ins.arrive(0, st, out)
+            k = self._cmemo[mk] = self._kid(frozenset(self._dkey(i, l, s, d) for i, l, s in out))
+        return k
+
+    def _select_key(self, ins: Select, node: int, st, p: bytes) -> tuple:
+        """A trie of keys from `node`, where tokens are `p` so far: only branches some token
+        spells, and past a key's end only as far as a token reaches."""
+        items = []
+        kids, term = ins.children, ins.terminal
+        for b, child in sorted(kids[node].items()):
+            q = p + bytes((b,))
+            e = self._ext(q)
+            if e < 0:
+                continue  # no token starts with q: nothing down this branch is in the mask
+            cont = term.get(child)
+            tk = self._akey(cont, st, e) if cont is not None else None
+            ck = (self._select_key(ins, child, st, q) if e > 0 else 0) if kids[child] else None
+            items.append((b, tk, ck))
+        return tuple(items)
+
+    def _token_lcp(self, data: bytes) -> int:
+        """The length of the longest prefix of `data` that some token starts with (the longest
+        common prefix with one of its neighbours in the sorted vocabulary)."""
+        sb = self.vocab.sorted_index[0]
+        a = bisect_left(sb, data)
+        best = 0
+        for t in (sb[a - 1] if a else b"", sb[a] if a < len(sb) else b""):
+            n = min(len(t), len(data))
+            i = best
+            if t[:i] != data[:i]:
+                continue
+            while i < n and t[i] == data[i]:
+                i += 1
+            best = i
+        return best
+
+    def _ext(self, p: bytes) -> int:
+        """How many bytes past `p` the longest token starting with `p` spells (-1: none)."""
+        e = self._extm.get(p)
+        if e is None:
+            v = self.vocab
+            sb = v.sorted_index[0]
+            a = bisect_left(sb, p)
+            if a == len(sb) or not sb[a].startswith(p):
+                e = -1
+            else:
+                upper = _prefix_upper(p)
+                b = bisect_left(sb, upper, a) if upper is not None else len(sb)
+                if b - a <= 32:
+                    e = max(len(x) for x in sb[a:b]) - len(p)
+                else:
+                    e = int(sorted_lengths(v)[a:b].max()) - len(p)
+            if len(self._extm) > CONTENT_KEYS_LIMIT:
+                self._extm.clear()
+            self._extm[p] = e
+        return e
+
+    def _num_ext(self, ins, st) -> int:
+        """How many bytes past a number's end a token may spell: the vocabulary's longest, unless
+        what follows may itself start with a number character (then where the number ends is
+        not fixed by the token, and the whole token may lie past it)."""
+        mk = ("#", ins, st)
+        e = self._cmemo.get(mk)
+        if e is None:
+            out: set = set()
+            ins.arrive(0, st, out)
+            if any((i.allowed(l) & NUM_BYTES).any() for i, l, _ in out):
+                e = self.vocab.max_token_len - 1
+            else:
+                e = jnum_ext(self.vocab)
+            self._cmemo[mk] = e
+        return e
 
     # -- masks ----------------------------------------------------------------------------------
 
@@ -356,7 +551,7 @@ class Automaton:
         hit = self._state_mask[s]
         if hit is not None:
             return hit
-        key = self._coarse_key(s)
+        key = self._ckey(s)
         hit = self._masks.get(key)
         if hit is None:
             threads = self._sets[s]
@@ -736,13 +931,14 @@ class Automaton:
         x = self._after(ins.next, st)
         if x < 0:
             return inside, n_in, None, None
-        need, roomc = max(0, ins.min - count), min(room, v.max_token_len)
-        key = ("jexits", sub, self._coarse_key(x), need, roomc)
+        need, roomc = min(max(0, ins.min - count), v.max_token_len + 1), min(room, v.max_token_len)
+        after = self._akey(ins.next, st, self._jstr_ext[sub])  # what a closing token can reach
+        key = ("jexits", sub, after, need, roomc)
         hit = self._masks.get(key)
         if hit is None:
             idx = jstr_index(v, sub)
             ok = (idx.exit_chars >= need) & (idx.exit_chars <= roomc)
-            ids = idx.exit_ids[ok & self._exits_after(sub, x, idx)]
+            ids = idx.exit_ids[ok & self._exits_after(sub, x, idx, after)]
             bits = _Bits(self.words)
             bits.add(ids)
             hit = (bits.packed() if ids.size else None, int(ids.size))
@@ -751,12 +947,13 @@ class Automaton:
             return inside, n_in, None, None
         return inside | hit[0], n_in + hit[1], None, None
 
-    def _exits_after(self, sub: int, x: int, idx: "JStrIndex") -> np.ndarray:
+    def _exits_after(self, sub: int, x: int, idx: "JStrIndex", after: int) -> np.ndarray:
         """Which string-closing tokens (from substate `sub`) go on legally in state `x` after the
         closing quote. Independent of the string's count and of which string it was, so it is
-        cached per vocabulary by (substate, the key of `x`): every string followed by the same
-        continuation (`"}}`, `","text":"`) shares one walk."""
-        key = ("exits", sub, self._coarse_key(x))
+        cached per vocabulary by (substate, `after`: the content key of `x` as far as a closing
+        token reaches): every string followed by the same few bytes (`"}}`, `","`) shares one
+        walk."""
+        key = ("exits", sub, after)
         hit = self._masks.get(key)
         if hit is not None:
             return hit[0]
@@ -1042,6 +1239,45 @@ def jnum_index(vocab: Vocabulary, sub: int, integer: bool) -> JNumIndex:
     return hit
 
 
+def jstr_ext(vocab: Vocabulary) -> list[int]:
+    """Per string substate: the most bytes a token that closes a string from there spells after
+    the closing quote (3 on SmolLM2: `"]),`). How far a string's content key looks past it."""
+    hit = vocab._extra.get("jstr_ext")
+    if hit is None:
+        lens = vocab.lengths
+        hit = []
+        for sub in range(13):
+            idx = jstr_index(vocab, sub)
+            hit.append(int((lens[idx.exit_ids] - idx.exit_pos).max()) if idx.exit_ids.size else 0)
+        vocab._extra["jstr_ext"] = hit
+    return hit
+
+
+def jnum_ext(vocab: Vocabulary) -> int:
+    """The most bytes a token that ends a number spells after it, from any substate, where what
+    follows cannot start with a number character (0 on SmolLM2 and Gemma 3: no token holds a
+    digit and then something else)."""
+    hit = vocab._extra.get("jnum_ext")
+    if hit is None:
+        lens = vocab.lengths
+        hit = 0
+        for integer in (False, True):
+            for sub in range(9):
+                idx = jnum_index(vocab, sub, integer)
+                if idx.exit_ids.size:
+                    hit = max(hit, int((lens[idx.exit_ids] - idx.exit_pos).max()))
+        vocab._extra["jnum_ext"] = hit
+    return hit
+
+
+def sorted_lengths(vocab: Vocabulary) -> np.ndarray:
+    """The lengths of `vocab.sorted_index`'s tokens, in its order."""
+    hit = vocab._extra.get("sorted_lengths")
+    if hit is None:
+        hit = vocab._extra["sorted_lengths"] = vocab.lengths[vocab.sorted_index[1]]
+    return hit
+
+
 def prepare_vocabulary(vocab: Vocabulary) -> None:
     """Build the per-vocabulary indexes the matcher uses (byte matrix, first-byte groups, the
     JSON-string index) now rather than on the first mask that needs them. Once per vocabulary."""
@@ -1064,6 +1300,9 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     for integer in (False, True):
         for sub in range(9):
             jnum_index(vocab, sub, integer)
+    jstr_ext(vocab)
+    jnum_ext(vocab)
+    sorted_lengths(vocab)
 
 
 def _jstr_reach() -> list[bytes]:
