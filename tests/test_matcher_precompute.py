@@ -317,7 +317,8 @@ def test_a_walk_cut_short_does_not_hide_states_from_the_next():
 
 # Tokens that run across the joints of a call: a string's end into the next key, a key's end
 # into its value, a number into what follows.
-CROSSING = SMALL + ['a","', 'h":"', '1,"', '"},{"', 'ue,"', 'x":', '":{"', '"]}', 'e"}', '_1":']
+CROSSING = SMALL + ['a","', 'h":"', '1,"', '"},{"', 'ue,"', 'x":', '":{"', '"]}', 'e"}', '_1":', '},"c', '},"t', '],"p',
+                    '","u', '":"a', '},"m']
 
 
 def test_content_keys_shared_across_tables_keep_masks_exact():
@@ -352,3 +353,18 @@ def test_content_keys_of_recursive_and_parallel_grammars_are_exact(seed):
         walk_against_oracle(CompiledGrammar(tool_grammar(random_tools(rng)), v), rng, walks=2)
     walk_against_oracle(CompiledGrammar(schema_grammar(tree), v), rng, walks=6, steps=60)
     walk_against_oracle(CompiledGrammar(tool_grammar(random_tools(rng), parallel=True), v), rng, walks=4, steps=60)
+
+
+def test_a_key_looks_past_a_literal_as_far_as_a_token_reaches():
+    """After a number that ends an inner object, `}` may be followed by an optional `,"city":"`
+    in one tool and by `,"text":"` in another; the token `},"c` fits only the first. The two
+    states must not share a mask, though everything before them is alike."""
+    v = Vocabulary.from_pieces(CROSSING, specials=["<end>"], stop=["<end>"])
+    inner = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    for key in ("city", "text", "mode"):
+        tool = Tool("f", "", {"type": "object", "properties": {"o": inner, key: {"type": "string"}}, "required": ["o"]})
+        m = Matcher(CompiledGrammar(tool_grammar([tool]), v))
+        assert m.consume_bytes(b'{"tool":"f","args":{"o":{"n":1')
+        legal = m.legal_token_ids().tolist()
+        assert legal == byte_legal(m)
+        assert (v.lookup[b'},"c'] in legal) == (key == "city") and (v.lookup[b'},"t'] in legal) == (key == "text")

@@ -43,7 +43,8 @@ from railcall.bitmask import allocate_bitmask, bitmask_words, pack_ids, unpack_b
 from railcall.errors import MatcherError
 from railcall.grammar import ir
 from railcall.grammar.program import (
-    EXIT, JSTR_INC, JSTR_NEXT, MAX_NUMBER_CHARS, NUM_BYTES, NUM_FINAL, NUM_NEXT, Fragments, JInt, JNum, JStr, Lit, Select,
+    EXIT, INT, JSTR_INC, JSTR_NEXT, MAX_NUMBER_CHARS, NEG, NUM_BYTES, NUM_FINAL, NUM_NEXT, S0, ZERO, Fragments, JInt, JNum,
+    JStr, Lit, Select,
     compile_grammar,
 )
 from railcall.vocab import Vocabulary
@@ -227,6 +228,8 @@ class VocabCache:
         self.content_memo: dict = {}
         self.content_next = itertools.count(1)  # 0 stands for "alive", in lookahead keys
         self.token_ext: dict[bytes, int] = {}
+        self.costly_keys: set = set()  # threads (and continuations) whose content key costs too much
+        self.literal_keys: dict[bytes, int] = {}  # a literal's rest -> its key, or -1: depends on what follows
 
 
 def vocab_cache(vocab: Vocabulary) -> VocabCache:
@@ -237,6 +240,14 @@ def vocab_cache(vocab: Vocabulary) -> VocabCache:
 
 
 TOKEN_NEXT_LIMIT = 1 << 20
+KEY_BUDGET = 32  # lookahead nodes one content key may visit before falling back to the instruction
+
+
+class _Costly(Exception):
+    """A content key that would cost more than KEY_BUDGET to build."""
+# A bounded integer's stage (nothing yet, after "-", a lone "0", digits) as a number substate
+_JINT_SUB = (S0, NEG, ZERO, INT)
+_NUMBER_BYTES = frozenset(b"-+.eE0123456789")
 CONTENT_KEYS_LIMIT = 1 << 21  # interned content keys (and memo entries) per vocabulary
 
 
@@ -280,8 +291,11 @@ class Automaton:
         self._after_memo: dict[tuple, int] = {}
         vc = vocab_cache(vocab)
         self._masks = vc.masks  # shared by every automaton on this vocabulary
-        self._cids, self._cmemo, self._cnext, self._extm = vc.content_ids, vc.content_memo, vc.content_next, vc.token_ext
+        self._cids, self._cmemo, self._cnext = vc.content_ids, vc.content_memo, vc.content_next
+        self._extm, self._lit_memo = vc.token_ext, vc.literal_keys
         self._jstr_ext = jstr_ext(vocab)
+        self._budget = KEY_BUDGET
+        self._costly: set = vc.costly_keys
         self.mask_computations = 0
         # what precompute walked already (by any grammar): states, and the mask keys expanded
         self._walked: set[int] = set()
@@ -379,6 +393,8 @@ class Automaton:
             if len(self._cids) > CONTENT_KEYS_LIMIT:  # ids are never reused: stale keys just miss
                 self._cids.clear()
                 self._cmemo.clear()
+                self._lit_memo.clear()
+                self._costly.clear()
             k = self._cids.setdefault(content, next(self._cnext))
         return k
 
@@ -390,37 +406,96 @@ class Automaton:
         return self._kid(frozenset(self._top_key(*t) for t in threads))
 
     def _top_key(self, ins, loc, st) -> int:
-        """The key of one thread at a token's start: its mask is a function of it."""
-        mk = (ins, loc, st)
-        k = self._cmemo.get(mk)
+        """The key of one thread at a token's start: its mask is a function of it. Where the
+        lookahead would cost too much to describe (a free-form JSON value after a string: every
+        byte opens many ways), the thread is keyed by its instruction, as precompute keys it."""
+        memo = self._cmemo
+        k = memo.get((ins, loc, st))
         if k is not None:
             return k
+        if (ins, st) not in self._costly:
+            self._budget = KEY_BUDGET
+            try:
+                return self._content_key(ins, loc, st)
+            except _Costly:
+                self._costly.add((ins, st))  # its other positions would cost as much: don't try
+        k = memo[(ins, loc, st)] = self._kid(("X", ins, ins.coarse(loc), _stack_key(st)))
+        return k
+
+    def _content_key(self, ins, loc, st) -> int:
+        memo = self._cmemo
         t = type(ins)
         top = self.vocab.max_token_len
         if t is Lit:
-            rest = ins.data[loc:]
-            j = self._token_lcp(rest)
-            if j < len(rest):  # no token spells more than rest[:j]: that is all that matters
-                content = ("L", rest[:j])
-            else:
-                content = ("L", rest, self._akey(ins.next, st, self._ext(rest)))
-        elif t is Select:
-            content = ("T", self._select_key(ins, loc, st, b""))
-        elif t is JStr:
+            # Every offset of the literal is keyed on first meeting it (a call's literal is met
+            # at a few offsets): by its text, cut where no token can reach -- as far as the
+            # longest token that starts with its first two bytes, a look-up. Only the last few
+            # offsets, which some token spells whole, need a search, and what follows.
+            data, lits = ins.data, self._lit_memo
+            if (ins, None, st) not in memo:
+                memo[(ins, None, st)] = 0
+                reach, kid = prefix2_reach(self.vocab), self._kid
+                for off in range(len(data) - 1):
+                    rest = data[off:]
+                    k = lits.get(rest)  # literals of other keys and tools end alike
+                    if k is None:
+                        j = reach.get(rest[:2], 1)
+                        if j >= len(rest):
+                            continue
+                        k = lits[rest] = kid(("L", rest[:j]))
+                    if k >= 0:
+                        memo[(ins, off, st)] = k
+                k = memo.get((ins, loc, st))
+                if k is not None:
+                    return k
+            rest = data[loc:]
+            k = lits.get(rest)
+            if k is None:
+                j = self._token_lcp(rest)
+                # -1: some token spells all of it, so what follows matters too
+                k = lits[rest] = self._kid(("L", rest[:j])) if j < len(rest) else -1
+            if k < 0:
+                k = self._kid(("L", rest, self._pkey_arrive(ins.next, st, rest)))
+            memo[(ins, loc, st)] = k
+            return k
+        if t is JStr:  # keyed by the clamped counts: a string's states mostly share one
             count, sub = loc >> 4, loc & 15
-            need = max(0, ins.min - count)
-            after = self._akey(ins.next, st, self._jstr_ext[sub]) if need < top else None
-            content = ("S", sub, min(need, top), min(ins.max - count, top), after)
+            need, room = min(max(0, ins.min - count), top), min(ins.max - count, top)
+            mk = (ins, -1 - sub, need, room, st)
+            k = memo.get(mk)
+            if k is None:
+                after = self._akey(ins.next, st, self._jstr_ext[sub]) if need < top else None
+                k = memo[mk] = self._kid(("S", sub, need, room, after))
+            memo[(ins, loc, st)] = k
+            return k
+        if t is Select:
+            if ins.size(loc) > 2 * KEY_BUDGET:  # near a trie's root: one of a kind, keyed as itself
+                content = ("X", ins, loc, _stack_key(st))
+            else:
+                content = ("T", self._select_key(ins, loc, st, b""))
         elif t is JNum:
             n, sub = loc >> 4, loc & 15
             room = min(MAX_NUMBER_CHARS - n, number_margin(self.vocab))
             content = ("N", ins.integer, sub, room, self._akey(ins.next, st, self._num_ext(ins.next, st)))
-        elif t is JInt:
-            content = ("I", ins.lo, ins.hi, loc, self._akey(ins.next, st, self._num_ext(ins.next, st)))
+        elif t is JInt:  # which digits may come, as far as a token's number part reaches
+            tree = self._jint_tree(ins, loc, number_margin(self.vocab))
+            content = ("I", tree, self._akey(ins.next, st, self._num_ext(ins.next, st)))
         else:
             content = self._plain_key(ins, loc, st)
-        k = self._cmemo[mk] = self._kid(content)
+        k = memo[(ins, loc, st)] = self._kid(content)
         return k
+
+    def _jint_tree(self, ins: JInt, loc, depth: int) -> tuple:
+        """The number bytes a bounded integer accepts next, `depth` deep, each with whether the
+        integer may end there: all a token (which adds at most `depth` of them) can see of it."""
+        out = []
+        for b in b"-0123456789":
+            nl = ins._next(loc, b)
+            if nl is not None:
+                stage, neg, mag = nl
+                ends = stage >= 2 and ins._in(-mag if neg else mag)
+                out.append((b, ends, self._jint_tree(ins, nl, depth - 1) if depth > 1 else None))
+        return tuple(out)
 
     def _plain_key(self, ins, loc, st):
         if ins.accepting:
@@ -439,6 +514,9 @@ class Automaton:
         k = self._cmemo.get(mk)
         if k is not None:
             return k
+        self._budget -= 1
+        if self._budget < 0:
+            raise _Costly
         t = type(ins)
         if t is Lit:
             rest = ins.data[loc:]
@@ -464,6 +542,17 @@ class Automaton:
         k = self._cmemo[mk] = self._kid(content)
         return k
 
+    def _after_key(self, ins, st, x: int, d: int) -> int:
+        """`_akey(ins, st, d)`, or where that costs too much, a key of `x` (the state entered at
+        `ins`) by its instructions."""
+        if (ins, st, d) not in self._costly:
+            self._budget = KEY_BUDGET
+            try:
+                return self._akey(ins, st, d)
+            except _Costly:
+                self._costly.add((ins, st, d))
+        return self._kid(("C", self._coarse_key(x)))
+
     def _akey(self, ins, st, d: int) -> int:
         """The key of arriving at instruction `ins` with stack `st`, `d` bytes of lookahead (the
         set of its threads' keys; the empty set when nothing can follow)."""
@@ -475,18 +564,53 @@ class Automaton:
             k = self._cmemo[mk] = self._kid(frozenset(self._dkey(i, l, s, d) for i, l, s in out))
         return k
 
+    def _pkey_arrive(self, ins, st, p: bytes) -> int:
+        """The key of arriving at `ins` (stack `st`) inside a token that has spelled `p` so far:
+        only what tokens starting with `p` can go on to spell matters."""
+        mk = ("p", ins, st, p)
+        k = self._cmemo.get(mk)
+        if k is None:
+            out: set = set()
+            ins.arrive(0, st, out)
+            k = self._cmemo[mk] = self._kid(frozenset(self._pkey(i, l, s, p) for i, l, s in out))
+        return k
+
+    def _pkey(self, ins, loc, st, p: bytes) -> int:
+        """The key of one thread inside a token that has spelled `p`: a literal or a trie cut
+        where no token can follow; anything else as far as the longest token starting with `p`
+        reaches (`_dkey`)."""
+        e = self._ext(p)
+        if e <= 0:
+            return 0  # no token goes on past p: only that the thread is alive matters
+        t = type(ins)
+        if t is Lit:
+            self._budget -= 1
+            if self._budget < 0:
+                raise _Costly
+            rest = ins.data[loc:]
+            j = self._token_lcp(p + rest) - len(p)
+            if j < len(rest):
+                return self._kid(("pl", rest[:j]))
+            return self._kid(("pl", rest, self._pkey_arrive(ins.next, st, p + rest)))
+        if t is Select:
+            return self._kid(("pt", self._select_key(ins, loc, st, p)))
+        return self._dkey(ins, loc, st, e)
+
     def _select_key(self, ins: Select, node: int, st, p: bytes) -> tuple:
         """A trie of keys from `node`, where tokens are `p` so far: only branches some token
         spells, and past a key's end only as far as a token reaches."""
         items = []
         kids, term = ins.children, ins.terminal
+        self._budget -= 1
+        if self._budget < 0:
+            raise _Costly
         for b, child in sorted(kids[node].items()):
             q = p + bytes((b,))
             e = self._ext(q)
             if e < 0:
                 continue  # no token starts with q: nothing down this branch is in the mask
             cont = term.get(child)
-            tk = self._akey(cont, st, e) if cont is not None else None
+            tk = self._pkey_arrive(cont, st, q) if cont is not None else None
             ck = (self._select_key(ins, child, st, q) if e > 0 else 0) if kids[child] else None
             items.append((b, tk, ck))
         return tuple(items)
@@ -537,7 +661,7 @@ class Automaton:
         if e is None:
             out: set = set()
             ins.arrive(0, st, out)
-            if any((i.allowed(l) & NUM_BYTES).any() for i, l, _ in out):
+            if any(i.data[l] in _NUMBER_BYTES if type(i) is Lit else (i.allowed(l) & NUM_BYTES).any() for i, l, _ in out):
                 e = self.vocab.max_token_len - 1
             else:
                 e = jnum_ext(self.vocab)
@@ -551,7 +675,13 @@ class Automaton:
         hit = self._state_mask[s]
         if hit is not None:
             return hit
-        key = self._ckey(s)
+        threads = self._sets[s]
+        key = None
+        if len(threads) == 1:
+            for t in threads:  # a thread is its own memo key (see _top_key)
+                key = self._cmemo.get(t)
+        if key is None:
+            key = self._ckey(s)
         hit = self._masks.get(key)
         if hit is None:
             threads = self._sets[s]
@@ -582,6 +712,8 @@ class Automaton:
         elif isinstance(ins, Select):
             self._select_legal(ins, loc, st, bits)
         elif isinstance(ins, JNum) and self._jnum_legal(ins, loc, st, bits):
+            pass
+        elif isinstance(ins, JInt) and self._jint_legal(ins, loc, st, bits):
             pass
         elif any(t[0].consumes and not t[0].accepting and t[0].special(t[1]) is None for t in threads):
             bits.add(self._walk_from(s))
@@ -919,6 +1051,40 @@ class Automaton:
             bits.add(self._walk(ids, pos, np.full(ids.size, x, dtype=np.int64)))
         return True
 
+    def _jint_legal(self, ins: JInt, loc, st, bits: "_Bits") -> bool:
+        """A bounded integer: the tokens made of number bytes that it accepts, one by one (the
+        few that an integer automaton accepts at all, from the per-vocabulary number index),
+        and those that end it within its bounds and go on legally. False (use the generic walk)
+        where what follows could itself start with a number character."""
+        x = self._after(ins.next, st)
+        if x >= 0 and (self.first_bytes(x) & NUM_BYTES).any():
+            return False
+        stage = loc[0]
+        idx = jnum_index(self.vocab, _JINT_SUB[stage], True)
+        tb, step = self.vocab.token_bytes, ins._next
+
+        def run(data):
+            at = loc
+            for b in data:
+                at = step(at, b)
+                if at is None:
+                    return None
+            return at
+
+        bits.add([t for t in idx.inside_ids.tolist() if run(tb[t]) is not None])
+        if x < 0 or not idx.exit_ids.size:
+            return True
+        ids, pos = [], []
+        for t, p in zip(idx.exit_ids.tolist(), idx.exit_pos.tolist()):
+            at = run(tb[t][:p])
+            if at is not None and at[0] >= 2 and ins._in(-at[2] if at[1] else at[2]):
+                ids.append(t)
+                pos.append(p)
+        if ids:
+            bits.add(self._walk(np.array(ids, dtype=np.int64), np.array(pos, dtype=np.int64),
+                                np.full(len(ids), x, dtype=np.int64)))
+        return True
+
     def _jstr_entry(self, ins: JStr, loc: int, st) -> tuple:
         """A string body's mask entry, from two cached parts: the tokens that stay inside
         (per vocabulary, substate and room left) and the tokens that close the string and go on
@@ -932,7 +1098,7 @@ class Automaton:
         if x < 0:
             return inside, n_in, None, None
         need, roomc = min(max(0, ins.min - count), v.max_token_len + 1), min(room, v.max_token_len)
-        after = self._akey(ins.next, st, self._jstr_ext[sub])  # what a closing token can reach
+        after = self._after_key(ins.next, st, x, self._jstr_ext[sub])  # what a closing token reaches
         key = ("jexits", sub, after, need, roomc)
         hit = self._masks.get(key)
         if hit is None:
@@ -963,11 +1129,31 @@ class Automaton:
         if lit is not None and isinstance(lit[0], Lit):
             legal = self._exits_into_literal(sub, lit, idx)
         else:
-            legal = self.vocab.lengths[ids] == pos
-            rest = np.flatnonzero(~legal)
-            if rest.size:
-                legal[rest] = self._walk_marks(ids[rest], pos[rest], x)
+            legal = self._exits_by_rest(sub, x, idx)
         self._masks.put(key, (legal,))
+        return legal
+
+    def _exits_by_rest(self, sub: int, x: int, idx: "JStrIndex") -> np.ndarray:
+        """The string-closing tokens whose text after the quote state `x` accepts: each distinct
+        text walked once (they are short: a closing token spells at most `jstr_ext` bytes past
+        the quote), and only those that start with a byte `x` accepts."""
+        keys, order = jstr_exit_rests(self.vocab, sub)
+        legal = np.zeros(idx.exit_ids.size, dtype=bool)
+        legal[order[: bisect_right(keys, b"")]] = True  # the quote was the token's last byte
+        memo: dict = {}
+        hits = []
+        for byte in np.flatnonzero(self.first_bytes(x)).tolist():
+            a = bisect_left(keys, bytes((byte,)))
+            b = bisect_left(keys, bytes((byte + 1,))) if byte < 255 else len(keys)
+            prev, ok = None, False
+            for i in range(a, b):
+                if keys[i] != prev:
+                    prev = keys[i]
+                    ok = self._walk_bytes(x, prev, 0, memo) >= 0
+                if ok:
+                    hits.append(i)
+        if hits:
+            legal[order[hits]] = True
         return legal
 
     def _walk_marks(self, ids: np.ndarray, pos: np.ndarray, x: int) -> np.ndarray:
@@ -1270,6 +1456,19 @@ def jnum_ext(vocab: Vocabulary) -> int:
     return hit
 
 
+def prefix2_reach(vocab: Vocabulary) -> dict[bytes, int]:
+    """Per two-byte prefix, the length of the longest text token that starts with it (absent:
+    none does): how much of a literal can matter to a token that starts on it, in one look-up."""
+    hit = vocab._extra.get("prefix2_reach")
+    if hit is None:
+        hit = {}
+        for b in vocab.sorted_index[0]:
+            if len(b) >= 2 and hit.get(b[:2], 0) < len(b):
+                hit[b[:2]] = len(b)
+        vocab._extra["prefix2_reach"] = hit
+    return hit
+
+
 def sorted_lengths(vocab: Vocabulary) -> np.ndarray:
     """The lengths of `vocab.sorted_index`'s tokens, in its order."""
     hit = vocab._extra.get("sorted_lengths")
@@ -1303,6 +1502,7 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     jstr_ext(vocab)
     jnum_ext(vocab)
     sorted_lengths(vocab)
+    prefix2_reach(vocab)
 
 
 def _jstr_reach() -> list[bytes]:

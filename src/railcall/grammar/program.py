@@ -144,7 +144,7 @@ class Special(Instr):
 class Select(Instr):
     """One of many literal keys, as a byte trie; each key continues with its own instruction."""
 
-    __slots__ = ("children", "terminal", "_masks")
+    __slots__ = ("children", "terminal", "_masks", "_sizes")
 
     def __init__(self, keys: list[tuple[bytes, Instr]]):
         self.children: list[dict[int, int]] = [{}]
@@ -164,7 +164,18 @@ class Select(Instr):
                 raise GrammarError(f"duplicate choice {key!r}")
             self.terminal[node] = cont
         self._masks: dict[int, np.ndarray] = {}
+        self._sizes: list[int] | None = None
         self.next = None
+
+    def size(self, node: int) -> int:
+        """How many trie nodes lie below `node` (itself included)."""
+        if self._sizes is None:
+            sizes = [1] * len(self.children)
+            for n in range(len(self.children) - 1, -1, -1):  # a child's index exceeds its parent's
+                for c in self.children[n].values():
+                    sizes[n] += sizes[c]
+            self._sizes = sizes
+        return self._sizes[node]
 
     def step(self, local, stack, b, out):
         child = self.children[local].get(b)
