@@ -372,6 +372,9 @@ class RailcallLogitsProcessor(LogitsProcessor):
                 mc.tokenizer, revision=getattr(mc, "tokenizer_revision", None),
                 trust_remote_code=bool(getattr(mc, "trust_remote_code", False)))
             self.vocab = Vocabulary.from_hf(tokenizer, logits_width=self.width)
+            from railcall.matcher import prepare_vocabulary
+
+            prepare_vocabulary(self.vocab)
         return self.vocab
 
 

@@ -58,8 +58,11 @@ class ServedModel:
         from railcall.models.store import load_model
         from railcall.vocab import Vocabulary
 
+        from railcall.matcher import prepare_vocabulary
+
         lm = load_model(model)
         vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
+        prepare_vocabulary(vocab)  # the engine's indexes now, not on the first request
         return cls(lm, vocab)
 
     def backend(self):
