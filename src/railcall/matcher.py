@@ -682,8 +682,13 @@ class Automaton:
         threads = self._sets[s]
         key = None
         if len(threads) == 1:
+            memo = self._cmemo
             for t in threads:  # a thread is its own memo key (see _top_key)
-                key = self._cmemo.get(t)
+                key = memo.get(t)
+                if key is None and type(t[0]) is JStr:  # a string at a new count: by its clamps
+                    ins, loc, st = t
+                    count, top = loc >> 4, self.vocab.max_token_len
+                    key = memo.get((ins, -1 - (loc & 15), min(max(0, ins.min - count), top), min(ins.max - count, top), st))
         if key is None:
             key = self._ckey(s)
         hit = self._masks.get(key)
