@@ -229,6 +229,7 @@ class VocabCache:
         self.content_memo: dict = {}
         self.content_next = itertools.count(1)  # 0 stands for "alive", in lookahead keys
         self.token_ext: dict[bytes, int] = {}
+        self.next_bytes: dict[bytes, np.ndarray] = {}
         self.costly_keys: set = set()  # threads (and continuations) whose content key costs too much
         self.literal_keys: dict[bytes, int] = {}  # a literal's rest -> its key, or -1: depends on what follows
 
@@ -296,6 +297,7 @@ class Automaton:
         self._extm, self._lit_memo = vc.token_ext, vc.literal_keys
         self._jstr_ext = jstr_ext(vocab)
         self._reach = prefix_reach(vocab)
+        self._nextm: dict[bytes, np.ndarray] = vc.next_bytes
         self._budget = KEY_BUDGET
         self._costly: set = vc.costly_keys
         self.mask_computations = 0
@@ -443,10 +445,12 @@ class Automaton:
                     if k is None:
                         j = reach.get(rest[:2], 1)
                         if j >= len(rest):
-                            continue
-                        k = lits[rest] = kid(("L", rest[:j]))
-                    if k >= 0:
-                        memo[(ins, off, st)] = k
+                            j = self._token_lcp(rest)
+                        # -1: some token spells all of it, so what follows matters too
+                        k = lits[rest] = kid(("L", rest[:j])) if j < len(rest) else -1
+                    if k < 0:
+                        k = kid(("L", rest, self._pkey_arrive(ins.next, st, rest)))
+                    memo[(ins, off, st)] = k
                 k = memo.get((ins, loc, st))
                 if k is not None:
                     return k
@@ -471,6 +475,9 @@ class Automaton:
             memo[(ins, loc, st)] = k
             return k
         if t is Select:
+            chain = ins.chain(loc)
+            if chain is not None:  # one name left: keyed as the literal it is
+                return self._rest_key(chain[0], chain[1], st)
             if ins.size(loc) > 2 * KEY_BUDGET:  # near a trie's root: one of a kind, keyed as itself
                 content = ("X", ins, loc, _stack_key(st))
             else:
@@ -485,6 +492,17 @@ class Automaton:
         else:
             content = self._plain_key(ins, loc, st)
         k = memo[(ins, loc, st)] = self._kid(content)
+        return k
+
+    def _rest_key(self, rest: bytes, nxt, st) -> int:
+        """The key of a literal's remaining text `rest`, followed by instruction `nxt`."""
+        lits = self._lit_memo
+        k = lits.get(rest)
+        if k is None:
+            j = self._token_lcp(rest)
+            k = lits[rest] = self._kid(("L", rest[:j])) if j < len(rest) else -1
+        if k < 0:
+            k = self._kid(("L", rest, self._pkey_arrive(nxt, st, rest)))
         return k
 
     def _jint_tree(self, ins: JInt, loc, depth: int) -> tuple:
@@ -596,7 +614,33 @@ class Automaton:
             return self._kid(("pl", rest, self._pkey_arrive(ins.next, st, p + rest)))
         if t is Select:
             return self._kid(("pt", self._select_key(ins, loc, st, p)))
-        return self._dkey(ins, loc, st, e)
+        go = np.flatnonzero(self._next_bytes(p) & ins.allowed(loc)).tolist()
+        if not go:
+            return 0  # no token goes on from p with a byte this thread accepts: alive is all
+        # as far as the longest token that goes on from p with one of those bytes reaches
+        return self._dkey(ins, loc, st, 1 + max(self._ext(p + bytes((b,))) for b in go))
+
+    def _next_bytes(self, p: bytes) -> np.ndarray:
+        """(256,) bool: the bytes that follow `p` in some text token (memoised per prefix)."""
+        hit = self._nextm.get(p)
+        if hit is None:
+            v = self.vocab
+            sb, sid = v.sorted_index
+            a = bisect_left(sb, p)
+            upper = _prefix_upper(p)
+            b = bisect_left(sb, upper, a) if upper is not None else len(sb)
+            hit = np.zeros(256, dtype=bool)
+            n = len(p)
+            if b - a <= 64:
+                hit[[t[n] for t in sb[a:b] if len(t) > n]] = True
+            else:
+                ids = sid[a:b]
+                ids = ids[v.lengths[ids] > n]
+                hit[v.byte_matrix[n, ids]] = True
+            if len(self._nextm) > CONTENT_KEYS_LIMIT:
+                self._nextm.clear()
+            self._nextm[p] = hit
+        return hit
 
     def _select_key(self, ins: Select, node: int, st, p: bytes) -> tuple:
         """A trie of keys from `node`, where tokens are `p` so far: only branches some token
@@ -717,9 +761,13 @@ class Automaton:
         if len(threads) == 1:
             (ins, loc, st), = threads
         if isinstance(ins, Lit):
-            self._lit_legal(ins, loc, st, bits)
+            self._rest_legal(ins.data[loc:], ins.next, st, bits)
         elif isinstance(ins, Select):
-            self._select_legal(ins, loc, st, bits)
+            chain = ins.chain(loc)
+            if chain is not None:
+                self._rest_legal(chain[0], chain[1], st, bits)
+            else:
+                self._select_legal(ins, loc, st, bits)
         elif isinstance(ins, JNum) and self._jnum_legal(ins, loc, st, bits):
             pass
         elif isinstance(ins, JInt) and self._jint_legal(ins, loc, st, bits):
@@ -1009,11 +1057,11 @@ class Automaton:
                 bits.add(self._walk(ids, np.full(ids.size, n, dtype=np.int64), np.full(ids.size, x, dtype=np.int64)))
         return True
 
-    def _lit_legal(self, ins: Lit, off: int, st, bits: np.ndarray) -> None:
-        """A literal: the tokens that spell a prefix of what remains, and those that spell all of
-        it and go on legally. Binary searches over the sorted vocabulary, no scan."""
+    def _rest_legal(self, rest: bytes, nxt, st, bits: "_Bits") -> None:
+        """A literal's remaining text `rest`, then instruction `nxt`: the tokens that spell a
+        prefix of it, and those that spell all of it and go on legally. Look-ups and binary
+        searches over the sorted vocabulary, no scan."""
         v = self.vocab
-        rest = ins.data[off:]
         lookup, dups = v.lookup, v.duplicates
         ids = []
         for k in range(1, min(len(rest) - 1, v.max_token_len) + 1):  # tokens spelling a proper prefix
@@ -1024,7 +1072,7 @@ class Automaton:
                     ids.extend(dups.get(rest[:k], ()))
         bits.add(ids)
         if len(rest) <= v.max_token_len:  # tokens spelling all of it, and maybe more
-            x = self._after(ins.next, st)
+            x = self._after(nxt, st)
             self._prefix_tokens(rest, x, bits, exact_ok=x >= 0)
 
     def _select_legal(self, ins: Select, node: int, st, bits: "_Bits") -> None:
@@ -1807,8 +1855,17 @@ class Matcher:
                 # at once (no state per byte on the way)
                 chars, end = jstr_moves(v, loc & 15)
                 c = int(chars[token_id])
-                if c >= 0 and (loc >> 4) + c <= ins.max:
-                    s = g._intern(frozenset([(ins, ((loc >> 4) + c) << 4 | int(end[token_id]), st)]))
+                count = (loc >> 4) + c
+                if c >= 0 and count <= ins.max:
+                    sub = int(end[token_id])
+                    s = g._intern(frozenset([(ins, count << 4 | sub, st)]))
+                    if g._state_mask[s] is None and sub == loc & 15:
+                        # the same substate, owing and allowed as many characters as a token can
+                        # tell: the same mask (see Automaton._content_key), no look-up needed
+                        top, was = v.max_token_len, loc >> 4
+                        if (min(max(0, ins.min - count), top) == min(max(0, ins.min - was), top)
+                                and min(ins.max - count, top) == min(ins.max - was, top)):
+                            g._state_mask[s] = g._state_mask[s0]
                     return self._advanced(s0, token_id, s)
             elif type(ins) is Lit and len(data) < len(ins.data) - loc and ins.data.startswith(data, loc):
                 # inside a literal: a token that spells part of the rest moves the offset

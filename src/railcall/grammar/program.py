@@ -144,7 +144,7 @@ class Special(Instr):
 class Select(Instr):
     """One of many literal keys, as a byte trie; each key continues with its own instruction."""
 
-    __slots__ = ("children", "terminal", "_masks", "_sizes")
+    __slots__ = ("children", "terminal", "_masks", "_sizes", "_chains")
 
     def __init__(self, keys: list[tuple[bytes, Instr]]):
         self.children: list[dict[int, int]] = [{}]
@@ -165,7 +165,26 @@ class Select(Instr):
             self.terminal[node] = cont
         self._masks: dict[int, np.ndarray] = {}
         self._sizes: list[int] | None = None
+        self._chains: dict[int, tuple | None] = {}
         self.next = None
+
+    def chain(self, node: int) -> tuple[bytes, "Instr"] | None:
+        """Where one key alone is left below `node` (no branch, no shorter key on the way): its
+        remaining bytes and its continuation -- a literal, in effect. None otherwise."""
+        hit = self._chains.get(node, ())
+        if hit == ():
+            out, n = bytearray(), node
+            hit = None
+            while len(self.children[n]) == 1:
+                (b, n), = self.children[n].items()
+                out.append(b)
+                cont = self.terminal.get(n)
+                if cont is not None:
+                    if not self.children[n]:
+                        hit = (bytes(out), cont)
+                    break
+            self._chains[node] = hit
+        return hit
 
     def size(self, node: int) -> int:
         """How many trie nodes lie below `node` (itself included)."""
