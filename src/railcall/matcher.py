@@ -250,7 +250,8 @@ class _Costly(Exception):
 # A bounded integer's stage (nothing yet, after "-", a lone "0", digits) as a number substate
 _JINT_SUB = (S0, NEG, ZERO, INT)
 _NUMBER_BYTES = frozenset(b"-+.eE0123456789")
-CONTENT_KEYS_LIMIT = 1 << 21  # interned content keys (and memo entries) per vocabulary
+CONTENT_KEYS_LIMIT = 1 << 19  # interned content keys, and memo entries, per vocabulary (~100 MiB)
+NEXT_BYTES_LIMIT = 1 << 15  # memoised (256,) byte sets per vocabulary (~12 MiB)
 
 
 def _stack_key(st):
@@ -394,7 +395,8 @@ class Automaton:
     def _kid(self, content) -> int:
         k = self._cids.get(content)
         if k is None:
-            if len(self._cids) > CONTENT_KEYS_LIMIT:  # ids are never reused: stale keys just miss
+            if len(self._cids) > CONTENT_KEYS_LIMIT or len(self._cmemo) > 2 * CONTENT_KEYS_LIMIT:
+                # ids are never reused: keys cached under the old ones just miss
                 self._cids.clear()
                 self._cmemo.clear()
                 self._lit_memo.clear()
@@ -637,7 +639,7 @@ class Automaton:
                 ids = sid[a:b]
                 ids = ids[v.lengths[ids] > n]
                 hit[v.byte_matrix[n, ids]] = True
-            if len(self._nextm) > CONTENT_KEYS_LIMIT:
+            if len(self._nextm) > NEXT_BYTES_LIMIT:
                 self._nextm.clear()
             self._nextm[p] = hit
         return hit
