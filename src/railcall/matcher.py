@@ -737,8 +737,14 @@ class Automaton:
                     key = memo.get((ins, -1 - (loc & 15), min(max(0, ins.min - count), top), min(ins.max - count, top), st))
         if key is None:
             key = self._ckey(s)
-        hit = self._masks.get(key)
-        if hit is None:
+        cache = self._masks
+        hit = cache._d.get(key)  # MaskCache.get, inlined: the common case of a first visit
+        if hit is not None:
+            try:
+                cache._d.move_to_end(key)
+            except KeyError:
+                pass
+        else:
             threads = self._sets[s]
             lone = next(iter(threads)) if len(threads) == 1 else None
             if lone is not None and type(lone[0]) is JStr:  # a string body: no stop, no special
