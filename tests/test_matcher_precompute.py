@@ -368,3 +368,40 @@ def test_a_key_looks_past_a_literal_as_far_as_a_token_reaches():
         legal = m.legal_token_ids().tolist()
         assert legal == byte_legal(m)
         assert (v.lookup[b'},"c'] in legal) == (key == "city") and (v.lookup[b'},"t'] in legal) == (key == "text")
+
+
+def test_token_reach_and_next_bytes_match_brute_force():
+    """`_ext(p)` (how far the longest token starting with p reaches past it, -1 if none) and
+    `_next_bytes(p)` (the bytes that follow p in some token), from the per-vocabulary tables and
+    binary searches, equal a scan of every token, for prefixes of one to five bytes."""
+    v = Vocabulary.from_pieces(CROSSING, specials=["<end>"], stop=["<end>"])
+    auto = CompiledGrammar(tool_grammar(random_tools(random.Random(5))), v).auto
+    texts = [v.token_bytes[t] for t in range(v.size) if v.token_bytes[t] and not v.special[t]]
+    rng = random.Random(6)
+    probes = {t[:k] for t in texts for k in range(1, 6) if len(t) >= k} | {bytes(rng.choices(b'"{},:ab1', k=rng.randint(1, 4))) for _ in range(200)}
+    for p in probes:
+        longer = [t for t in texts if t.startswith(p)]
+        assert auto._ext(p) == (max(map(len, longer)) - len(p) if longer else -1), p
+        assert set(np.flatnonzero(auto._next_bytes(p)).tolist()) == {t[len(p)] for t in longer if len(t) > len(p)}, p
+
+
+def test_a_trie_node_with_one_key_left_is_a_literal():
+    """`Select.chain`: below a node where one key alone remains, its bytes and continuation; not
+    where a shorter key ends on the way or the trie still branches."""
+    from railcall.grammar.program import Accept, Select
+
+    end = Accept()
+    sel = Select([(b"read", end), (b"read_file", end), (b"run", end)])
+    assert sel.chain(_walk_trie(sel, b"read_")) == (b"file", end)
+    assert sel.chain(_walk_trie(sel, b"ru")) == (b"n", end)
+    assert sel.chain(_walk_trie(sel, b"r")) is None  # branches
+    assert sel.chain(_walk_trie(sel, b"rea")) is None  # "read" ends on the way
+    assert sel.chain(0) is None
+
+
+def _walk_trie(sel, key: bytes) -> int:
+    """The trie node reached by `key` from the root."""
+    n = 0
+    for b in key:
+        n = sel.children[n][b]
+    return n
