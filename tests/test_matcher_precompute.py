@@ -405,3 +405,140 @@ def _walk_trie(sel, key: bytes) -> int:
     for b in key:
         n = sel.children[n][b]
     return n
+
+
+def test_a_dead_end_past_a_literal_is_part_of_its_key():
+    """Past the recursion limit a `$ref` offers nothing, so a literal that leads into it leads
+    nowhere: a string followed by `,"b":` and a live value must not share its mask with one
+    followed by `,"b":` and a dead end, whichever depth is met first (the closing token `","b":`
+    reaches exactly to the literal's end)."""
+    from railcall.grammar.schema import schema_grammar
+
+    node = {"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"s": {"type": "string"}, "b": {"$ref": "#/$defs/n"}},
+                                             "required": ["s", "b"], "additionalProperties": False}]}
+    schema = {"$defs": {"n": node}, "$ref": "#/$defs/n"}
+    for order in ([31, 30], [30, 31]):
+        v = Vocabulary.from_pieces([bytes([b]) for b in range(32, 127)] + ['","b":'], specials=["<end>"], stop=["<end>"])
+        g = CompiledGrammar(schema_grammar(schema), v)
+        for depth in order:
+            m = Matcher(g)
+            assert m.consume_bytes(b'{"s":"x","b":' * depth + b'{"s":"x')
+            assert m.legal_token_ids().tolist() == byte_legal(m), (order, depth)
+
+
+def test_a_special_token_that_leads_nowhere_is_not_offered():
+    """A special token is offered only where something may follow it: at the recursion limit
+    `(<s>` leads nowhere, one level up it does, and the two must not share a mask."""
+    from railcall.grammar import ir
+
+    rule = ir.Alt(ir.Lit(b"x"), ir.Seq(ir.Lit(b"("), ir.Special("<s>"), ir.Ref("R"), ir.Lit(b")")))
+    grammar = ir.Grammar(ir.Ref("R"), rules=(("R", rule),))
+    for order in ([31, 30], [30, 31]):
+        v = Vocabulary.from_pieces([bytes([b]) for b in range(32, 127)], specials=["<end>", "<s>"], stop=["<end>"])
+        g = CompiledGrammar(grammar, v)
+        for depth in order:
+            m = Matcher(g)
+            for _ in range(depth):
+                assert m.consume_bytes(b"(") and m.consume_token(v.special_id("<s>"))
+            assert m.consume_bytes(b"(")
+            assert m.legal_token_ids().tolist() == byte_legal(m), (order, depth)
+
+
+def test_matchers_on_several_threads_share_one_automaton_exactly():
+    """Four threads walk random tables on one vocabulary at once, the interpreter switching
+    between them as often as it can: they share states, transitions, content keys and masks,
+    and every mask must still be exactly the byte oracle's. (A write lost to a table growing on
+    another thread is rare here; the next test forces it.)"""
+    import sys
+    import threading
+
+    v = Vocabulary.from_pieces(CROSSING, specials=["<end>"], stop=["<end>"])
+    # free-form values and patterns take the vectorised walk, which reads the table back
+    loose = {"type": "object", "properties": {"any": {}, "code": {"type": "string", "pattern": "^[a-z]+-[0-9]{2,4}$"},
+                                              "tags": {"type": "array", "items": {"type": "string", "format": "date"}}},
+             "required": ["any", "code", "tags"]}
+    tables = [random_tools(random.Random(300 + i)) + [Tool(f"loose{i}", "", loose)] for i in range(8)]
+    failures = []
+
+    def work(i):
+        rng = random.Random(i)
+        try:
+            for tools in rng.sample(tables, len(tables)):
+                walk_against_oracle(CompiledGrammar(tool_grammar(tools), v), rng, walks=4, steps=40)
+        except AssertionError as e:  # pragma: no cover - reported below
+            failures.append(e)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not failures, failures[0]
+
+
+def test_a_transition_lost_from_the_table_is_not_read_as_dead(monkeypatch):
+    """Another thread growing the transition table can lose a write (the table is copied). The
+    vectorised walk must then use the transition it just computed, never read the slot back as
+    dead: here every other write is dropped on purpose, and the masks still equal the oracle."""
+    from railcall.matcher import UNBUILT, Automaton
+
+    step = Automaton.step
+    dropped = itertools.count()
+
+    def lossy(self, s, b):
+        r = step(self, s, b)
+        if next(dropped) % 2:
+            self._table[s, b] = UNBUILT
+        return r
+
+    monkeypatch.setattr(Automaton, "step", lossy)
+    calls = itertools.count()
+    delta = Automaton._delta
+
+    def counted(self, cur, b):
+        next(calls)
+        return delta(self, cur, b)
+
+    monkeypatch.setattr(Automaton, "_delta", counted)
+    # two-letter tokens: a pattern's first mask has hundreds of candidates, so the walk is vectorised
+    pairs = [a + b for a in "abcdefghijklmnopqrstuvwxyz" for b in "abcdefghijklmnopqrstuvwxyz"]
+    v = Vocabulary.from_pieces(CROSSING + pairs, specials=["<end>"], stop=["<end>"])
+    loose = {"type": "object", "properties": {"any": {}, "code": {"type": "string", "pattern": "^[a-z]+-[0-9]{2,4}$"}},
+             "required": ["any", "code"]}
+    rng = random.Random(8)
+    g = CompiledGrammar(tool_grammar(random_tools(rng) + [Tool("loose", "", loose)]), v)
+    m = Matcher(g)
+    assert m.consume_bytes(b'{"tool":"loose","args":{"any":{"k":"v"},"code":"')
+    assert m.legal_token_ids().tolist() == byte_legal(m)
+    walk_against_oracle(g, rng, walks=8)
+    assert next(dropped) > 20 and next(calls) > 0
+
+
+def test_an_integer_key_stays_small_where_tokens_hold_long_runs_of_digits(monkeypatch):
+    """A bounded integer is keyed by the digits a token can reach, ten branches a level; with a
+    vocabulary whose tokens hold seven digits that tree would have ten million leaves, so the
+    key falls back to the instruction, and the masks stay exact."""
+    from railcall.grammar.program import JInt
+
+    steps = itertools.count()
+    nxt = JInt._next
+
+    def counted(self, local, b):
+        next(steps)
+        return nxt(self, local, b)
+
+    monkeypatch.setattr(JInt, "_next", counted)
+    v = Vocabulary.from_pieces([bytes([b]) for b in range(32, 127)] + ["0000000", "1234567", "99"], specials=["<end>"], stop=["<end>"])
+    tool = Tool("f", "", {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 10**12}},
+                          "required": ["n"]})
+    m = Matcher(CompiledGrammar(tool_grammar([tool]), v))
+    assert m.consume_bytes(b'{"tool":"f","args":{"n":')
+    for digits in (b"1", b"2", b"34"):
+        assert m.legal_token_ids().tolist() == byte_legal(m)
+        assert m.consume_bytes(digits)
+    assert next(steps) < 100_000

@@ -341,7 +341,8 @@ class Automaton:
         for ins, loc, st in self._sets[s]:
             ins.step(loc, st, b, out)
         r = self._intern(frozenset(out)) if out else DEAD
-        self._table[s, b] = r
+        with self._lock:  # _intern may swap in a grown table: a write to the old one would be lost
+            self._table[s, b] = r
         return r
 
     def specials(self, s: int) -> dict[int, int]:
@@ -510,6 +511,9 @@ class Automaton:
     def _jint_tree(self, ins: JInt, loc, depth: int) -> tuple:
         """The number bytes a bounded integer accepts next, `depth` deep, each with whether the
         integer may end there: all a token (which adds at most `depth` of them) can see of it."""
+        self._budget -= 1
+        if self._budget < 0:
+            raise _Costly  # a vocabulary with long runs of digits: ten branches a level
         out = []
         for b in b"-0123456789":
             nl = ins._next(loc, b)
@@ -523,8 +527,8 @@ class Automaton:
         if ins.accepting:
             return ("A",)
         tid = ins.special(loc)
-        if tid is not None:
-            return ("P", tid)
+        if tid is not None:  # offered only if something may follow it (a recursion may end there)
+            return ("P", tid, self._akey(ins.next, st, 0))
         return ("X", ins, ins.coarse(loc), _stack_key(st))  # the instruction itself
 
     def _dkey(self, ins, loc, st, d: int) -> int:
@@ -542,7 +546,8 @@ class Automaton:
         t = type(ins)
         if t is Lit:
             rest = ins.data[loc:]
-            content = ("l", rest[:d]) if len(rest) >= d else ("l", rest, self._akey(ins.next, st, d - len(rest)))
+            # at exactly its length, whether anything may follow still matters
+            content = ("l", rest[:d]) if len(rest) > d else ("l", rest, self._akey(ins.next, st, d - len(rest)))
         elif t is Select:
             kids, term = ins.children, ins.terminal
             content = ("t", tuple(
@@ -793,7 +798,9 @@ class Automaton:
         """Mark every byte no thread of `s` accepts as DEAD in one vectorised write, so that the
         walk only ever computes real transitions in Python (one per live byte, not 256)."""
         if not self._row_init[s]:
-            self._table[s, ~self.first_bytes(s)] = DEAD
+            dead = ~self.first_bytes(s)
+            with self._lock:
+                self._table[s, dead] = DEAD
             self._row_init[s] = True
 
     def _delta(self, cur: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -804,12 +811,16 @@ class Automaton:
             pairs = set(flat[miss].tolist())
             for st in {p >> 8 for p in pairs}:
                 self._init_row(st)
+            built = {}
             table = self._table.reshape(-1)
             for p in sorted(pairs):
                 if table[p] == UNBUILT:
-                    self.step(p >> 8, p & 255)
+                    built[p] = self.step(p >> 8, p & 255)
                     table = self._table.reshape(-1)
             nxt = self._table.reshape(-1)[flat]
+            lost = np.flatnonzero(nxt == UNBUILT)
+            if lost.size:  # never read a transition back as "unbuilt": use what step returned
+                nxt[lost] = [built.get(p) if p in built else self.step(p >> 8, p & 255) for p in flat[lost].tolist()]
         return nxt
 
     def _walk_from(self, s: int) -> np.ndarray:
