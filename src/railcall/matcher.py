@@ -434,38 +434,17 @@ class Automaton:
         t = type(ins)
         top = self.vocab.max_token_len
         if t is Lit:
-            # Every offset of the literal is keyed on first meeting it (a call's literal is met
-            # at a few offsets): by its text, cut where no token can reach -- as far as the
-            # longest token that starts with its first two bytes, a look-up. Only the last few
-            # offsets, which some token spells whole, need a search, and what follows.
-            data, lits = ins.data, self._lit_memo
+            # Every offset of the literal is keyed on first meeting it: a call's literal is met
+            # at a few offsets, each then a look-up.
+            data = ins.data
             if (ins, None, st) not in memo:
                 memo[(ins, None, st)] = 0
-                reach, kid = prefix_reach(self.vocab), self._kid
-                for off in range(len(data) - 1):
-                    rest = data[off:]
-                    k = lits.get(rest)  # literals of other keys and tools end alike
-                    if k is None:
-                        j = reach.get(rest[:2], 1)
-                        if j >= len(rest):
-                            j = self._token_lcp(rest)
-                        # -1: some token spells all of it, so what follows matters too
-                        k = lits[rest] = kid(("L", rest[:j])) if j < len(rest) else -1
-                    if k < 0:
-                        k = kid(("L", rest, self._pkey_arrive(ins.next, st, rest)))
-                    memo[(ins, off, st)] = k
+                for off in range(len(data) - 1):  # the last byte's is keyed when met
+                    memo[(ins, off, st)] = self._rest_key(data[off:], ins.next, st)
                 k = memo.get((ins, loc, st))
                 if k is not None:
                     return k
-            rest = data[loc:]
-            k = lits.get(rest)
-            if k is None:
-                j = self._token_lcp(rest)
-                # -1: some token spells all of it, so what follows matters too
-                k = lits[rest] = self._kid(("L", rest[:j])) if j < len(rest) else -1
-            if k < 0:
-                k = self._kid(("L", rest, self._pkey_arrive(ins.next, st, rest)))
-            memo[(ins, loc, st)] = k
+            k = memo[(ins, loc, st)] = self._rest_key(data[loc:], ins.next, st)
             return k
         if t is JStr:  # keyed by the clamped counts: a string's states mostly share one
             count, sub = loc >> 4, loc & 15
@@ -498,11 +477,17 @@ class Automaton:
         return k
 
     def _rest_key(self, rest: bytes, nxt, st) -> int:
-        """The key of a literal's remaining text `rest`, followed by instruction `nxt`."""
+        """The key of a literal's remaining text `rest`, followed by instruction `nxt`: the text
+        cut where no token reaches -- as far as the longest token that starts with its first two
+        bytes, a look-up, or where that is all of it, the longest prefix some token starts with
+        -- and, only if some token spells all of it, what follows as far as such tokens go."""
         lits = self._lit_memo
-        k = lits.get(rest)
+        k = lits.get(rest)  # literals of other keys and tools end alike
         if k is None:
-            j = self._token_lcp(rest)
+            j = self._reach.get(rest[:2], 1)
+            if j >= len(rest):
+                j = self._token_lcp(rest)
+            # -1: some token spells all of it, so what follows matters too
             k = lits[rest] = self._kid(("L", rest[:j])) if j < len(rest) else -1
         if k < 0:
             k = self._kid(("L", rest, self._pkey_arrive(nxt, st, rest)))
