@@ -399,6 +399,19 @@ def test_a_trie_node_with_one_key_left_is_a_literal():
     assert sel.chain(0) is None
 
 
+def count_calls(monkeypatch, cls, name: str) -> itertools.count:
+    """Count the calls of method `name` of `cls` (one `next()` per call) for this test."""
+    calls = itertools.count()
+    method = getattr(cls, name)
+
+    def counted(self, *args):
+        next(calls)
+        return method(self, *args)
+
+    monkeypatch.setattr(cls, name, counted)
+    return calls
+
+
 def _walk_trie(sel, key: bytes) -> int:
     """The trie node reached by `key` from the root."""
     n = 0
@@ -497,14 +510,7 @@ def test_a_transition_lost_from_the_table_is_not_read_as_dead(monkeypatch):
         return r
 
     monkeypatch.setattr(Automaton, "step", lossy)
-    calls = itertools.count()
-    delta = Automaton._delta
-
-    def counted(self, cur, b):
-        next(calls)
-        return delta(self, cur, b)
-
-    monkeypatch.setattr(Automaton, "_delta", counted)
+    calls = count_calls(monkeypatch, Automaton, "_delta")
     # two-letter tokens: a pattern's first mask has hundreds of candidates, so the walk is vectorised
     pairs = [a + b for a in "abcdefghijklmnopqrstuvwxyz" for b in "abcdefghijklmnopqrstuvwxyz"]
     v = Vocabulary.from_pieces(CROSSING + pairs, specials=["<end>"], stop=["<end>"])
@@ -525,14 +531,7 @@ def test_an_integer_key_stays_small_where_tokens_hold_long_runs_of_digits(monkey
     key falls back to the instruction, and the masks stay exact."""
     from railcall.grammar.program import JInt
 
-    steps = itertools.count()
-    nxt = JInt._next
-
-    def counted(self, local, b):
-        next(steps)
-        return nxt(self, local, b)
-
-    monkeypatch.setattr(JInt, "_next", counted)
+    steps = count_calls(monkeypatch, JInt, "_next")
     v = Vocabulary.from_pieces([bytes([b]) for b in range(32, 127)] + ["0000000", "1234567", "99"], specials=["<end>"], stop=["<end>"])
     tool = Tool("f", "", {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 10**12}},
                           "required": ["n"]})

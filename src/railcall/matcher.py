@@ -254,6 +254,12 @@ CONTENT_KEYS_LIMIT = 1 << 19  # interned content keys, and memo entries, per voc
 NEXT_BYTES_LIMIT = 1 << 15  # memoised (256,) byte sets per vocabulary (~12 MiB)
 
 
+def _jstr_clamps(ins: JStr, count: int, top: int) -> tuple[int, int]:
+    """A string's characters still owed and still allowed at `count`, clamped at `top` (the
+    longest token): past it no token can tell two counts apart."""
+    return min(max(0, ins.min - count), top), min(ins.max - count, top)
+
+
 def _stack_key(st):
     if st is None:
         return None
@@ -448,7 +454,7 @@ class Automaton:
             return k
         if t is JStr:  # keyed by the clamped counts: a string's states mostly share one
             count, sub = loc >> 4, loc & 15
-            need, room = min(max(0, ins.min - count), top), min(ins.max - count, top)
+            need, room = _jstr_clamps(ins, count, top)
             mk = (ins, -1 - sub, need, room, st)
             k = memo.get(mk)
             if k is None:
@@ -565,27 +571,25 @@ class Automaton:
                 self._costly.add((ins, st, d))
         return self._kid(("C", self._coarse_key(x)))
 
-    def _akey(self, ins, st, d: int) -> int:
-        """The key of arriving at instruction `ins` with stack `st`, `d` bytes of lookahead (the
-        set of its threads' keys; the empty set when nothing can follow)."""
-        mk = ("a", ins, st, d)
+    def _arrive_key(self, ins, st, how, arg) -> int:
+        """The key of arriving at instruction `ins` with stack `st`: the set of its threads'
+        keys, each `how(ins, loc, st, arg)` (the empty set when nothing can follow); memoised."""
+        mk = (how.__name__, ins, st, arg)
         k = self._cmemo.get(mk)
         if k is None:
             out: set = set()
             ins.arrive(0, st, out)
-            k = self._cmemo[mk] = self._kid(frozenset(self._dkey(i, l, s, d) for i, l, s in out))
+            k = self._cmemo[mk] = self._kid(frozenset(how(i, l, s, arg) for i, l, s in out))
         return k
 
+    def _akey(self, ins, st, d: int) -> int:
+        """Arriving at `ins`, `d` bytes of lookahead (`_dkey`)."""
+        return self._arrive_key(ins, st, self._dkey, d)
+
     def _pkey_arrive(self, ins, st, p: bytes) -> int:
-        """The key of arriving at `ins` (stack `st`) inside a token that has spelled `p` so far:
-        only what tokens starting with `p` can go on to spell matters."""
-        mk = ("p", ins, st, p)
-        k = self._cmemo.get(mk)
-        if k is None:
-            out: set = set()
-            ins.arrive(0, st, out)
-            k = self._cmemo[mk] = self._kid(frozenset(self._pkey(i, l, s, p) for i, l, s in out))
-        return k
+        """Arriving at `ins` inside a token that has spelled `p` so far: only what tokens
+        starting with `p` can go on to spell matters (`_pkey`)."""
+        return self._arrive_key(ins, st, self._pkey, p)
 
     def _pkey(self, ins, loc, st, p: bytes) -> int:
         """The key of one thread inside a token that has spelled `p`: a literal or a trie cut
@@ -618,9 +622,7 @@ class Automaton:
         if hit is None:
             v = self.vocab
             sb, sid = v.sorted_index
-            a = bisect_left(sb, p)
-            upper = _prefix_upper(p)
-            b = bisect_left(sb, upper, a) if upper is not None else len(sb)
+            a, b = v.prefix_range(p)
             hit = np.zeros(256, dtype=bool)
             n = len(p)
             if b - a <= 64:
@@ -676,17 +678,13 @@ class Automaton:
         e = self._extm.get(p)
         if e is None:
             v = self.vocab
-            sb = v.sorted_index[0]
-            a = bisect_left(sb, p)
-            if a == len(sb) or not sb[a].startswith(p):
+            a, b = v.prefix_range(p)
+            if a == b:
                 e = -1
+            elif b - a <= 32:
+                e = max(len(x) for x in v.sorted_index[0][a:b]) - len(p)
             else:
-                upper = _prefix_upper(p)
-                b = bisect_left(sb, upper, a) if upper is not None else len(sb)
-                if b - a <= 32:
-                    e = max(len(x) for x in sb[a:b]) - len(p)
-                else:
-                    e = int(sorted_lengths(v)[a:b].max()) - len(p)
+                e = int(sorted_lengths(v)[a:b].max()) - len(p)
             if len(self._extm) > CONTENT_KEYS_LIMIT:
                 self._extm.clear()
             self._extm[p] = e
@@ -723,8 +721,7 @@ class Automaton:
                 key = memo.get(t)
                 if key is None and type(t[0]) is JStr:  # a string at a new count: by its clamps
                     ins, loc, st = t
-                    count, top = loc >> 4, self.vocab.max_token_len
-                    key = memo.get((ins, -1 - (loc & 15), min(max(0, ins.min - count), top), min(ins.max - count, top), st))
+                    key = memo.get((ins, -1 - (loc & 15), *_jstr_clamps(ins, loc >> 4, self.vocab.max_token_len), st))
         if key is None:
             key = self._ckey(s)
         cache = self._masks
@@ -1866,9 +1863,8 @@ class Matcher:
                     if g._state_mask[s] is None and sub == loc & 15:
                         # the same substate, owing and allowed as many characters as a token can
                         # tell: the same mask (see Automaton._content_key), no look-up needed
-                        top, was = v.max_token_len, loc >> 4
-                        if (min(max(0, ins.min - count), top) == min(max(0, ins.min - was), top)
-                                and min(ins.max - count, top) == min(ins.max - was, top)):
+                        top = v.max_token_len
+                        if _jstr_clamps(ins, count, top) == _jstr_clamps(ins, loc >> 4, top):
                             g._state_mask[s] = g._state_mask[s0]
                     return self._advanced(s0, token_id, s)
             elif type(ins) is Lit and len(data) < len(ins.data) - loc and ins.data.startswith(data, loc):
