@@ -541,3 +541,87 @@ def test_an_integer_key_stays_small_where_tokens_hold_long_runs_of_digits(monkey
         assert m.legal_token_ids().tolist() == byte_legal(m)
         assert m.consume_bytes(digits)
     assert next(steps) < 100_000
+
+
+def test_allowed_bytes_are_what_a_step_accepts():
+    """`allowed(local)` (shared between instructions that differ only in where they continue)
+    is exactly the set of bytes `step` accepts, for literals, strings at every substate and
+    count near their bounds, numbers, and integers with bounds of either sign: asked in random
+    order, so that arrays shared by one instruction are checked against another's steps."""
+    from railcall.grammar.program import Accept, JInt, JNum, JStr, Lit
+
+    end = Accept()
+    cases = [(Lit(b'ab"{', end), loc) for loc in range(4)]
+    for lo, hi in [(0, 9), (-5, 5), (-100, -7), (3, 3), (None, 40), (-40, None), (None, None), (10, 99)]:
+        ins = JInt(lo, hi, end)
+        locals_ = {0}
+        for _ in range(3):  # every local reachable in three steps
+            nxt = set()
+            for loc in locals_:
+                for b in b"-0123456789":
+                    n = ins._next((0, False, 0) if loc == 0 else loc, b)
+                    if n is not None:
+                        nxt.add(n)
+            locals_ |= nxt
+        cases += [(ins, (0, False, 0) if loc == 0 else loc) for loc in locals_]
+    for lo, hi in [(0, 256), (1, 3), (2, 2), (0, 0)]:
+        ins = JStr(lo, hi, end)
+        cases += [(ins, count << 4 | sub) for count in range(0, 4) for sub in range(13) if count <= hi]
+    for integer in (False, True):
+        ins = JNum(integer, end)
+        cases += [(ins, n << 4 | sub) for n in (0, 3) for sub in range(9)]
+    random.Random(7).shuffle(cases)
+    for ins, loc in cases:
+        got = ins.allowed(loc)
+        assert not got.flags.writeable
+        want = set()
+        for b in range(256):
+            out: set = set()
+            ins.step(loc, None, b, out)
+            if out:
+                want.add(b)
+        assert set(np.flatnonzero(got).tolist()) == want, (ins, loc)
+
+
+def test_a_string_key_describes_exactly_what_may_follow_its_quote():
+    """A string's content key describes what follows its closing quote only as far as the texts
+    tokens spell after a quote (`quote_rests`): strings followed by `,"city":` and `,"text":`
+    share it where no token spells `","c` or `","t`, and differ where one does. Over many
+    tables on one vocabulary: equal keys mean equal sets of those texts accepted, and some
+    continuations share a key."""
+    from railcall.matcher import DEAD, quote_rests
+
+    v = Vocabulary.from_pieces(CROSSING + ['","c', '","n', 'a"],', '"]]'], specials=["<end>"], stop=["<end>"])
+    rests = quote_rests(v)
+    assert b',"c' in rests and b',"u' in rests and b',"t' not in rests
+    rng = random.Random(31)
+    grammars = [CompiledGrammar(tool_grammar(random_tools(rng)), v) for _ in range(16)]
+    for g in grammars:
+        walk_against_oracle(g, rng, walks=3)
+    # a string followed by another string (`","c` reaches into it) and by a key (`","x` doesn't);
+    # one ending an object in an array (`},{"` reaches past the `}`) and one ending an object
+    # followed by a key
+    words = {"type": "array", "items": {"type": "string"}}
+    inner = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
+    fixed = CompiledGrammar(tool_grammar([
+        Tool("arr", "", {"type": "object", "properties": {"tags": words, "x": {"type": "integer"}}, "required": ["tags"]}),
+        Tool("obj", "", {"type": "object", "properties": {"s": {"type": "string"}, "x": {"type": "integer"}}, "required": ["s"]}),
+        Tool("objs", "", {"type": "object", "properties": {"all": {"type": "array", "items": inner}}, "required": ["all"]}),
+        Tool("nest", "", {"type": "object", "properties": {"o": inner, "t": {"type": "integer"}}, "required": ["o", "t"]}),
+    ]), v)
+    for text in (b'{"tool":"arr","args":{"tags":["a","b"],"x":1}}', b'{"tool":"obj","args":{"s":"a","x":1}}',
+                 b'{"tool":"objs","args":{"all":[{"s":"a"},{"s":"b"}]}}', b'{"tool":"nest","args":{"o":{"s":"a"},"t":1}}'):
+        assert Matcher(fixed).consume_bytes(text)
+    auto = grammars[0].auto
+    seen: dict[int, frozenset] = {}
+    conts = set()
+    for threads in list(auto._sets):
+        for ins, _, st in threads:
+            if type(ins).__name__ != "JStr" or (ins.next, st) in conts:
+                continue
+            conts.add((ins.next, st))
+            x = auto._after(ins.next, st)
+            accepted = frozenset(r for r in rests if x != DEAD and auto._walk_bytes(x, r, 0, {}) != DEAD)
+            k = auto._quote_key(ins.next, st)
+            assert seen.setdefault(k, accepted) == accepted, (ins.next, accepted, seen[k])
+    assert len(conts) >= 15 and len(seen) < len(conts), (len(conts), len(seen))

@@ -302,7 +302,6 @@ class Automaton:
         self._masks = vc.masks  # shared by every automaton on this vocabulary
         self._cids, self._cmemo, self._cnext = vc.content_ids, vc.content_memo, vc.content_next
         self._extm, self._lit_memo = vc.token_ext, vc.literal_keys
-        self._jstr_ext = jstr_ext(vocab)
         self._reach = prefix_reach(vocab)
         self._nextm: dict[bytes, np.ndarray] = vc.next_bytes
         self._budget = KEY_BUDGET
@@ -458,7 +457,7 @@ class Automaton:
             mk = (ins, -1 - sub, need, room, st)
             k = memo.get(mk)
             if k is None:
-                after = self._akey(ins.next, st, self._jstr_ext[sub]) if need < top else None
+                after = self._quote_key(ins.next, st) if need < top else None
                 k = memo[mk] = self._kid(("S", sub, need, room, after))
             memo[(ins, loc, st)] = k
             return k
@@ -484,19 +483,23 @@ class Automaton:
 
     def _rest_key(self, rest: bytes, nxt, st) -> int:
         """The key of a literal's remaining text `rest`, followed by instruction `nxt`: the text
-        cut where no token reaches -- as far as the longest token that starts with its first two
-        bytes, a look-up, or where that is all of it, the longest prefix some token starts with
-        -- and, only if some token spells all of it, what follows as far as such tokens go."""
+        cut after the longest prefix some token starts with, and, only if some token spells all
+        of it, what follows as far as such tokens go."""
+        k = self._rest_cut(rest)
+        if k < 0:
+            k = self._kid(("L", rest, self._pkey_arrive(nxt, st, rest)))
+        return k
+
+    def _rest_cut(self, rest: bytes) -> int:
+        """The key of a literal's remaining text `rest` where no token spells all of it: `rest`
+        cut where no token reaches (-1 where some token spells all of it)."""
         lits = self._lit_memo
         k = lits.get(rest)  # literals of other keys and tools end alike
         if k is None:
-            j = self._reach.get(rest[:2], 1)
-            if j >= len(rest):
+            j = self._reach.get(rest[:2], 1)  # the longest token starting with its first two bytes
+            if j > 2:  # tokens go past two bytes: the longest prefix some token starts with
                 j = self._token_lcp(rest)
-            # -1: some token spells all of it, so what follows matters too
             k = lits[rest] = self._kid(("L", rest[:j])) if j < len(rest) else -1
-        if k < 0:
-            k = self._kid(("L", rest, self._pkey_arrive(nxt, st, rest)))
         return k
 
     def _jint_tree(self, ins: JInt, loc, depth: int) -> tuple:
@@ -560,16 +563,56 @@ class Automaton:
         k = self._cmemo[mk] = self._kid(content)
         return k
 
-    def _after_key(self, ins, st, x: int, d: int) -> int:
-        """`_akey(ins, st, d)`, or where that costs too much, a key of `x` (the state entered at
-        `ins`) by its instructions."""
-        if (ins, st, d) not in self._costly:
-            self._budget = KEY_BUDGET
+    def _quote_key(self, ins, st) -> int:
+        """The key of what may follow a string's closing quote (arriving at `ins` with stack
+        `st`): a token that closes a string is legal exactly when the text after its quote is,
+        and that text is one of `quote_rests`. Literals are cut after the longest prefix such a
+        text spells (`_quote_lits`), so strings followed by `,"city":` and by `,"unit":` share
+        one key where no token spells `","c` or `","u`; otherwise, which of those texts the
+        state accepts, walked. Memoised."""
+        mk = ("q", ins, st)
+        k = self._cmemo.get(mk)
+        if k is None:
+            saved, self._budget = self._budget, KEY_BUDGET  # this key may be part of another
             try:
-                return self._akey(ins, st, d)
+                k = self._quote_lits(ins, st, b"")
             except _Costly:
-                self._costly.add((ins, st, d))
-        return self._kid(("C", self._coarse_key(x)))
+                k = None
+            finally:
+                self._budget = saved
+            if k is None:
+                x = self._after(ins, st)
+                rests = quote_rests(self.vocab)
+                memo: dict = {}
+                found = [0]  # b"" sorts first: the quote was the token's last byte
+                for byte in np.flatnonzero(self.first_bytes(x)).tolist():
+                    a = bisect_left(rests, bytes((byte,)))
+                    b = bisect_left(rests, bytes((byte + 1,)), a) if byte < 255 else len(rests)
+                    found.extend(i for i in range(a, b) if self._walk_bytes(x, rests[i], 0, memo) >= 0)
+                k = self._kid(("q", tuple(found)))
+            self._cmemo[mk] = k
+        return k
+
+    def _quote_lits(self, ins, st, p: bytes) -> int:
+        """`_quote_key` for a text after a quote that has spelled `p` so far: a literal cut
+        after what such a text spells of it; anything else (a string, a number, the end) as
+        far as the longest such text reaches (`_dkey`; may raise _Costly)."""
+        out: set = set()
+        ins.arrive(0, st, out)
+        rests = quote_rests(self.vocab)
+        parts = []
+        for i, loc, s in out:
+            if type(i) is not Lit:
+                parts.append(self._kid(("qd", self._dkey(i, loc, s, quote_reach(self.vocab) - len(p)))))
+                continue
+            text = i.data[loc:]
+            j = _common_prefix(rests, p + text) - len(p)
+            if j < len(text):
+                parts.append(self._kid(("ql", text[:j])))
+            else:  # some text spells all of it: what follows matters too
+                after = self._quote_lits(i.next, s, p + text)
+                parts.append(self._kid(("ql", text, after)))
+        return self._kid(frozenset(parts))
 
     def _arrive_key(self, ins, st, how, arg) -> int:
         """The key of arriving at instruction `ins` with stack `st`: the set of its threads'
@@ -656,20 +699,8 @@ class Automaton:
         return tuple(items)
 
     def _token_lcp(self, data: bytes) -> int:
-        """The length of the longest prefix of `data` that some token starts with (the longest
-        common prefix with one of its neighbours in the sorted vocabulary)."""
-        sb = self.vocab.sorted_index[0]
-        a = bisect_left(sb, data)
-        best = 0
-        for t in (sb[a - 1] if a else b"", sb[a] if a < len(sb) else b""):
-            n = min(len(t), len(data))
-            i = best
-            if t[:i] != data[:i]:
-                continue
-            while i < n and t[i] == data[i]:
-                i += 1
-            best = i
-        return best
+        """The length of the longest prefix of `data` that some token starts with."""
+        return _common_prefix(self.vocab.sorted_index[0], data)
 
     def _ext(self, p: bytes) -> int:
         """How many bytes past `p` the longest token starting with `p` spells (-1: none)."""
@@ -736,6 +767,10 @@ class Automaton:
             lone = next(iter(threads)) if len(threads) == 1 else None
             if lone is not None and type(lone[0]) is JStr:  # a string body: no stop, no special
                 hit = self._jstr_entry(*lone)
+            elif lone is not None and type(lone[0]) is Lit:  # a literal: no stop, no special
+                bits = _Bits(self.words)
+                self._rest_legal(lone[0].data[lone[1]:], lone[0].next, lone[2], bits)
+                hit = bits.entry()
             elif lone is not None:
                 hit = self._legal_bits(s).entry()
             else:
@@ -1065,7 +1100,10 @@ class Automaton:
         v = self.vocab
         lookup, dups = v.lookup, v.duplicates
         ids = []
-        for k in range(1, min(len(rest) - 1, v.max_token_len) + 1):  # tokens spelling a proper prefix
+        end = min(len(rest) - 1, v.max_token_len)
+        if end > 8:  # a long text: no token is longer than the longest prefix tokens start with
+            end = min(end, self._token_lcp(rest))
+        for k in range(1, end + 1):  # tokens spelling a proper prefix
             t = lookup.get(rest[:k])
             if t is not None:
                 ids.append(t)
@@ -1175,7 +1213,7 @@ class Automaton:
         if x < 0:
             return inside, n_in, None, None
         need, roomc = min(max(0, ins.min - count), v.max_token_len + 1), min(room, v.max_token_len)
-        after = self._after_key(ins.next, st, x, self._jstr_ext[sub])  # what a closing token reaches
+        after = self._quote_key(ins.next, st)  # what a closing token reaches
         key = ("jexits", sub, after, need, roomc)
         hit = self._masks.get(key)
         if hit is None:
@@ -1212,8 +1250,8 @@ class Automaton:
 
     def _exits_by_rest(self, sub: int, x: int, idx: "JStrIndex") -> np.ndarray:
         """The string-closing tokens whose text after the quote state `x` accepts: each distinct
-        text walked once (they are short: a closing token spells at most `jstr_ext` bytes past
-        the quote), and only those that start with a byte `x` accepts."""
+        text walked once (they are short: see `quote_rests`), and only those that start with a
+        byte `x` accepts."""
         keys, order = jstr_exit_rests(self.vocab, sub)
         legal = np.zeros(idx.exit_ids.size, dtype=bool)
         legal[order[: bisect_right(keys, b"")]] = True  # the quote was the token's last byte
@@ -1502,17 +1540,43 @@ def jnum_index(vocab: Vocabulary, sub: int, integer: bool) -> JNumIndex:
     return hit
 
 
-def jstr_ext(vocab: Vocabulary) -> list[int]:
-    """Per string substate: the most bytes a token that closes a string from there spells after
-    the closing quote (3 on SmolLM2: `"]),`). How far a string's content key looks past it."""
-    hit = vocab._extra.get("jstr_ext")
+def _common_prefix(sorted_bytes: list[bytes], data: bytes) -> int:
+    """The length of the longest prefix of `data` that some item of `sorted_bytes` starts with
+    (the longest common prefix with one of its neighbours in the sorted order)."""
+    a = bisect_left(sorted_bytes, data)
+    best = 0
+    for t in (sorted_bytes[a - 1] if a else b"", sorted_bytes[a] if a < len(sorted_bytes) else b""):
+        n = min(len(t), len(data))
+        i = best
+        if t[:i] != data[:i]:
+            continue
+        while i < n and t[i] == data[i]:
+            i += 1
+        best = i
+    return best
+
+
+def quote_rests(vocab: Vocabulary) -> list[bytes]:
+    """Every text that follows a `"` in some text token (b"" where it ends one), sorted and
+    distinct: all that a token that closes a JSON string can spell after the quote, whether the
+    token started inside the string or before it (63 texts on SmolLM2, 325 on Gemma 3)."""
+    hit = vocab._extra.get("quote_rests")
     if hit is None:
-        lens = vocab.lengths
-        hit = []
-        for sub in range(13):
-            idx = jstr_index(vocab, sub)
-            hit.append(int((lens[idx.exit_ids] - idx.exit_pos).max()) if idx.exit_ids.size else 0)
-        vocab._extra["jstr_ext"] = hit
+        found = {b""}
+        for t in vocab.sorted_index[0]:
+            i = t.find(b'"')
+            while i >= 0:
+                found.add(t[i + 1 :])
+                i = t.find(b'"', i + 1)
+        hit = vocab._extra["quote_rests"] = sorted(found)
+    return hit
+
+
+def quote_reach(vocab: Vocabulary) -> int:
+    """The longest of `quote_rests`: how far past a quote a token can reach."""
+    hit = vocab._extra.get("quote_reach")
+    if hit is None:
+        hit = vocab._extra["quote_reach"] = max(map(len, quote_rests(vocab)))
     return hit
 
 
@@ -1584,7 +1648,7 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     for integer in (False, True):
         for sub in range(9):
             jnum_index(vocab, sub, integer)
-    jstr_ext(vocab)
+    quote_reach(vocab)
     jnum_ext(vocab)
     sorted_lengths(vocab)
     prefix_reach(vocab)

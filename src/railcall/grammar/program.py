@@ -83,7 +83,27 @@ def _byteset(bs) -> np.ndarray:
     return m
 
 
-_NONE = np.zeros(256, dtype=bool)
+def _frozen(m: np.ndarray) -> np.ndarray:
+    m.setflags(write=False)
+    return m
+
+
+_NONE = _frozen(np.zeros(256, dtype=bool))
+# The allowed bytes of instructions that differ only in where they continue are equal: shared
+# read-only arrays, so that the hundredth tool's literal or integer computes none of its own.
+_ONE_BYTE = [_frozen(_byteset([b])) for b in range(256)]
+_SHARED_ALLOWED: dict = {}
+SHARED_ALLOWED_LIMIT = 1 << 16
+
+
+def _shared_allowed(key, compute) -> np.ndarray:
+    """The allowed-bytes array under `key`, computed by `compute()` once per process."""
+    m = _SHARED_ALLOWED.get(key)
+    if m is None:
+        m = _frozen(compute())
+        if len(_SHARED_ALLOWED) < SHARED_ALLOWED_LIMIT:
+            _SHARED_ALLOWED[key] = m
+    return m
 
 
 class Accept(Instr):
@@ -98,12 +118,11 @@ class Accept(Instr):
 
 
 class Lit(Instr):
-    __slots__ = ("data", "_masks")
+    __slots__ = ("data",)
 
     def __init__(self, data: bytes, nxt: Instr):
         self.data = data
         self.next = nxt
-        self._masks = [None] * len(data)
 
     def step(self, local, stack, b, out):
         if self.data[local] == b:
@@ -113,10 +132,7 @@ class Lit(Instr):
                 out.add((self, local + 1, stack))
 
     def allowed(self, local):
-        m = self._masks[local]
-        if m is None:
-            m = self._masks[local] = _byteset([self.data[local]])
-        return m
+        return _ONE_BYTE[self.data[local]]
 
     def __repr__(self):
         return f"Lit({self.data!r})"
@@ -349,6 +365,9 @@ _JI = JSTR_INC.tolist()
 _J_NOINC = (JSTR_NEXT >= 0) & (JSTR_INC == 0)
 _J_INC = (JSTR_NEXT >= 0) & (JSTR_INC == 1)
 _J_EXIT = JSTR_NEXT == EXIT
+# per substate, by (may add a character) | (may close) << 1
+_JSTR_ALLOWED = [[_frozen(_J_NOINC[sub] | (_J_INC[sub] if f & 1 else False) | (_J_EXIT[sub] if f & 2 else False))
+                  for f in range(4)] for sub in range(len(_J_NOINC))]
 
 
 class JStr(Instr):
@@ -358,14 +377,13 @@ class JStr(Instr):
     one character, counted at its backslash; a UTF-8 character at its lead byte).
     """
 
-    __slots__ = ("min", "max", "margin", "_amask")
+    __slots__ = ("min", "max", "margin")
 
     def __init__(self, min_len: int, max_len: int, nxt: Instr):
         self.min = min_len
         self.max = max_len
         self.next = nxt
         self.margin = 0  # set by the matcher (the vocabulary's longest token, in bytes)
-        self._amask: dict[int, np.ndarray] = {}
 
     def step(self, local, stack, b, out):
         sub = local & 15
@@ -378,17 +396,8 @@ class JStr(Instr):
             self.next.arrive(0, stack, out)
 
     def allowed(self, local):
-        m = self._amask.get(local)
-        if m is None:
-            sub, count = local & 15, local >> 4
-            m = _J_NOINC[sub].copy()
-            if count < self.max:
-                m |= _J_INC[sub]
-            if count >= self.min:
-                m |= _J_EXIT[sub]
-            if len(self._amask) < 4096:
-                self._amask[local] = m
-        return m
+        sub, count = local & 15, local >> 4
+        return _JSTR_ALLOWED[sub][(count < self.max) | (count >= self.min) << 1]
 
     def coarse(self, local):
         # Seed 000's cache-key coarsening: far from the cap and past the minimum, the legal
@@ -445,18 +454,20 @@ def _num_tables():
 NUM_NEXT = _num_tables()
 NUM_FINAL = np.zeros(10, dtype=bool)  # index 9 stands for DEAD (-1) in vectorised lookups
 NUM_FINAL[list(_FINAL)] = True
-NUM_BYTES = _byteset(b"-+.eE0123456789")
+NUM_BYTES = _frozen(_byteset(b"-+.eE0123456789"))
+# per (integer, substate): the number bytes allowed next
+_NUM_ALLOWED = [[_frozen(_byteset(b for b in b"-+.eE0123456789" if _num_step(sub, b, bool(integer)) >= 0))
+                 for sub in range(9)] for integer in (0, 1)]
 
 
 class JNum(Instr):
     """Any JSON number (or integer); local = length << 4 | substate."""
 
-    __slots__ = ("integer", "_amask", "margin")
+    __slots__ = ("integer", "margin")
 
     def __init__(self, integer: bool, nxt: Instr):
         self.integer = integer
         self.next = nxt
-        self._amask = {}
         self.margin = MAX_NUMBER_CHARS  # set by the matcher: the most number bytes one token adds
 
     def coarse(self, local):
@@ -479,14 +490,9 @@ class JNum(Instr):
             self.arrive((n + 1) << 4 | t, stack, out)
 
     def allowed(self, local):
-        m = self._amask.get(local)
-        if m is None:
-            if (local >> 4) >= MAX_NUMBER_CHARS:
-                m = _NONE
-            else:
-                m = _byteset(b for b in b"-+.eE0123456789" if _num_step(local & 15, b, self.integer) >= 0)
-            self._amask[local] = m
-        return m
+        if (local >> 4) >= MAX_NUMBER_CHARS:
+            return _NONE
+        return _NUM_ALLOWED[self.integer][local & 15]
 
 
 class _Stepper(Instr):
@@ -505,7 +511,13 @@ class _Stepper(Instr):
             self.arrive(nl, stack, out)
 
     def allowed(self, local):
-        return _byteset(b for b in self._BYTES if self._next(local, b) is not None)
+        return _shared_allowed((type(self), self._params(), local),
+                               lambda: _byteset(b for b in self._BYTES if self._next(local, b) is not None))
+
+    def _params(self) -> tuple:
+        """What `_next` depends on besides `local` (instructions with equal ones share their
+        allowed bytes)."""
+        return (id(self),)
 
 
 class JInt(_Stepper):
@@ -526,6 +538,9 @@ class JInt(_Stepper):
 
     def _in(self, v: int) -> bool:
         return (self.lo is None or v >= self.lo) and (self.hi is None or v <= self.hi)
+
+    def _params(self) -> tuple:
+        return (self.lo, self.hi)
 
     def _feasible(self, neg: bool, mag: int, exact: bool) -> bool:
         """Can the prefix (sign, magnitude digits) still become an in-range integer?"""
