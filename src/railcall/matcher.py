@@ -303,6 +303,9 @@ class Automaton:
         self._cids, self._cmemo, self._cnext = vc.content_ids, vc.content_memo, vc.content_next
         self._extm, self._lit_memo = vc.token_ext, vc.literal_keys
         self._reach = prefix_reach(vocab)
+        # per string substate: whether some token closes a string from there (on SmolLM2 and
+        # Gemma 3 only between characters and after a backslash)
+        self._jstr_closes = [bool(jstr_index(vocab, sub).exit_ids.size) for sub in range(13)]
         self._nextm: dict[bytes, np.ndarray] = vc.next_bytes
         self._budget = KEY_BUDGET
         self._costly: set = vc.costly_keys
@@ -457,8 +460,12 @@ class Automaton:
             mk = (ins, -1 - sub, need, room, st)
             k = memo.get(mk)
             if k is None:
-                after = self._quote_key(ins.next, st) if need < top else None
-                k = memo[mk] = self._kid(("S", sub, need, room, after))
+                if not self._jstr_closes[sub]:  # no token closes the string from here
+                    k = self._kid(("S", sub, 0, room, None))
+                else:
+                    after = self._quote_key(ins.next, st) if need < top else None
+                    k = self._kid(("S", sub, need, room, after))
+                memo[mk] = k
             memo[(ins, loc, st)] = k
             return k
         if t is Select:
