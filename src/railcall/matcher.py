@@ -784,10 +784,31 @@ class Automaton:
                 # Threads run independently (an NFA), so a token is legal exactly when it is legal
                 # for at least one thread: the mask is the union of single-thread masks, each
                 # cached on its own and shared by every state that contains that thread.
-                hit = _union([self.mask(self._intern(frozenset([t]))) for t in threads], self.words)
+                hit = _union([self._thread_mask(t) for t in threads], self.words)
             self._masks.put(key, hit)
             self.mask_computations += 1
         self._state_mask[s] = hit
+        return hit
+
+    def _thread_mask(self, t: tuple) -> tuple:
+        """The mask entry of one thread of a state, as a state of its own would have it (cached
+        under the same key). A literal's or a string's is computed without making it a state."""
+        ins = t[0]
+        if type(ins) is not Lit and type(ins) is not JStr:
+            return self.mask(self._intern(frozenset([t])))
+        key = self._cmemo.get(t)
+        if key is None:
+            key = self._top_key(*t)
+        hit = self._masks.get(key)
+        if hit is None:
+            if type(ins) is JStr:
+                hit = self._jstr_entry(*t)
+            else:
+                bits = _Bits(self.words)
+                self._rest_legal(ins.data[t[1]:], ins.next, t[2], bits)
+                hit = bits.entry()
+            self._masks.put(key, hit)
+            self.mask_computations += 1
         return hit
 
     def _legal_bits(self, s: int) -> "_Bits":
