@@ -30,6 +30,7 @@ def test_quick_bench_produces_every_figure(tmp_path):
             assert f in rec
         if rec["note"] is None or "rejects" in rec["note"]:
             assert all(isinstance(rec[f], (int, float)) for f in FIGURES), rec
+            assert rec["walks"] == 3 and len(rec["tbm_us_p99_each_walk"]) == 3, rec
     ours = [x for x in report["results"] if x["engine"].startswith("railcall")]
     assert len(ours) == 4 and all(x["rejected_paths"] == 0 for x in ours)  # railcall accepts every valid call
     for row in report["ratios"]:

@@ -625,3 +625,20 @@ def test_a_string_key_describes_exactly_what_may_follow_its_quote():
             k = auto._quote_key(ins.next, st)
             assert seen.setdefault(k, accepted) == accepted, (ins.next, accepted, seen[k])
     assert len(conts) >= 15 and len(seen) < len(conts), (len(conts), len(seen))
+
+
+def test_clear_caches_starts_the_next_compile_cold(bpe_vocab):
+    """`clear_caches(vocab)`: the next compile of a table builds a new grammar on a new
+    automaton and computes its masks again; a grammar compiled before keeps working."""
+    from railcall.matcher import clear_caches
+
+    v = twin(bpe_vocab)
+    tools = random_tools(random.Random(3))
+    old = compiled_grammar(tool_grammar(tools), v)
+    Matcher(old).legal_token_ids()
+    assert compiled_grammar(tool_grammar(tools), v) is old
+    clear_caches(v)
+    new = compiled_grammar(tool_grammar(tools), v)
+    assert new is not old and new.auto is not old.auto and new.mask_computations == 0
+    assert Matcher(new).legal_token_ids().tolist() == Matcher(old).legal_token_ids().tolist()
+    assert new.mask_computations > 0

@@ -2075,6 +2075,16 @@ _CACHE_LOCK = threading.Lock()
 CACHE_SIZE = 64
 
 
+def clear_caches(vocab: Vocabulary) -> None:
+    """Forget the grammars compiled for `vocab`, their automata and every cached mask (the
+    vocabulary's indexes stay): the next compile starts cold. Grammars compiled before keep
+    working on what they hold."""
+    vocab._extra.pop("railcall_cache", None)
+    with _CACHE_LOCK:
+        for key in [k for k in _CACHE if k[1] == vocab.key]:
+            del _CACHE[key]
+
+
 def compiled_grammar(grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = 256,
                      precompute: bool = False) -> CompiledGrammar:
     """The shared CompiledGrammar for (grammar, vocab), compiled on first use. `precompute`:

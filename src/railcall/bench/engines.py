@@ -38,6 +38,12 @@ class Engine:
     def fill(self, m, bitmask) -> None:
         raise NotImplementedError
 
+    def fresh(self, tables, compiled) -> list:
+        """The tables ready for another cold walk: the engine's state carried from one request
+        to the next dropped. A peer's matchers keep none (each path gets a new one; what is
+        compiled is not changed by matching), so its compiled tables serve again."""
+        return list(compiled)
+
     def consume(self, m, token: int) -> bool:
         raise NotImplementedError
 
@@ -56,6 +62,13 @@ class Railcall(Engine):
 
     def compile(self, tools):
         return self._compiled(self._tool_grammar(tools), self.vocab, precompute=self.precompute)
+
+    def fresh(self, tables, compiled):
+        # masks and states are cached per vocabulary across requests: drop them, compile again
+        from railcall.matcher import clear_caches
+
+        clear_caches(self.vocab)
+        return [self.compile(tools) for tools in tables]
 
     def matcher(self, compiled):
         return self._Matcher(compiled)
