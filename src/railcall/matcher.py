@@ -1128,17 +1128,15 @@ class Automaton:
         v = self.vocab
         lookup, dups = v.lookup, v.duplicates
         ids = []
-        end = min(len(rest) - 1, v.max_token_len)
-        if end > 8:  # a long text: no token is longer than the longest prefix tokens start with
-            end = min(end, self._token_lcp(rest))
-        for k in range(1, end + 1):  # tokens spelling a proper prefix
+        j = self._token_lcp(rest)  # no token goes past the longest prefix tokens start with
+        for k in range(1, min(j, len(rest) - 1) + 1):  # tokens spelling a proper prefix
             t = lookup.get(rest[:k])
             if t is not None:
                 ids.append(t)
                 if dups:
                     ids.extend(dups.get(rest[:k], ()))
         bits.add(ids)
-        if len(rest) <= v.max_token_len:  # tokens spelling all of it, and maybe more
+        if j == len(rest):  # tokens spelling all of it, and maybe more
             x = self._after(nxt, st)
             self._prefix_tokens(rest, x, bits, exact_ok=x >= 0)
 
