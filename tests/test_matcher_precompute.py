@@ -546,11 +546,20 @@ def test_an_integer_key_stays_small_where_tokens_hold_long_runs_of_digits(monkey
 def test_allowed_bytes_are_what_a_step_accepts():
     """`allowed(local)` (shared between instructions that differ only in where they continue)
     is exactly the set of bytes `step` accepts, for literals, strings at every substate and
-    count near their bounds, numbers, and integers with bounds of either sign: asked in random
-    order, so that arrays shared by one instruction are checked against another's steps."""
-    from railcall.grammar.program import Accept, JInt, JNum, JStr, Lit
+    count near their bounds, numbers, integers with bounds of either sign and bounded decimals:
+    asked in random order, so that arrays shared by one instruction are checked against
+    another's steps."""
+    import gc
+    from decimal import Decimal
+
+    from railcall.grammar.program import Accept, JDec, JInt, JNum, JStr, Lit
 
     end = Accept()
+    for _ in range(20):  # a freed instruction's id, reused by one with other bounds, shares nothing
+        for lo, hi in ((Decimal(0), Decimal(1)), (Decimal(5), Decimal(9))):
+            assert set(np.flatnonzero(JDec(lo, hi, False, False, end).allowed("")).tolist()) == (
+                set(b"-01") if lo == 0 else set(b"56789"))
+        gc.collect()
     cases = [(Lit(b'ab"{', end), loc) for loc in range(4)]
     for lo, hi in [(0, 9), (-5, 5), (-100, -7), (3, 3), (None, 40), (-40, None), (None, None), (10, 99)]:
         ins = JInt(lo, hi, end)
@@ -570,6 +579,14 @@ def test_allowed_bytes_are_what_a_step_accepts():
     for integer in (False, True):
         ins = JNum(integer, end)
         cases += [(ins, n << 4 | sub) for n in (0, 3) for sub in range(9)]
+    D = Decimal
+    for lo, hi, xlo, xhi in [(D(0), D(1), False, False), (D(5), D(9), False, False), (D(0), D(1), True, True),
+                             (D("-2.5"), D("0.5"), False, True), (None, D(3), False, False), (D("0.25"), None, True, False)]:
+        ins = JDec(lo, hi, xlo, xhi, end)
+        texts = {""}
+        for _ in range(3):
+            texts |= {n for t in texts for b in JDec._BYTES if (n := ins._next(t, b)) is not None}
+        cases += [(ins, t) for t in texts]
     random.Random(7).shuffle(cases)
     for ins, loc in cases:
         got = ins.allowed(loc)

@@ -126,6 +126,10 @@ def run_cell(engine_name: str, vocab_name: str, workload: str, paths_per_table: 
     for _ in range(walks - 1):
         compiled = eng.fresh(wl.tables, compiled)
         runs.append(walk(compiled))
+    for k, r in enumerate(runs[1:], 2):
+        if r[2] != runs[0][2] or len(r[0]) != len(runs[0][0]):
+            raise RuntimeError(f"walk {k} of {walks} rejected {r[2]} paths where walk 1 rejected {runs[0][2]}: "
+                               "the engine's masks depend on what it had cached")
     masks = np.median([r[0] for r in runs], axis=0).tolist()
     consumes = np.median([r[1] for r in runs], axis=0).tolist() if runs[0][1] else []
     rejected = runs[0][2]

@@ -511,13 +511,16 @@ class _Stepper(Instr):
             self.arrive(nl, stack, out)
 
     def allowed(self, local):
-        return _shared_allowed((type(self), self._params(), local),
+        params = self._params()
+        if params is None:
+            return _byteset(b for b in self._BYTES if self._next(local, b) is not None)
+        return _shared_allowed((type(self), params, local),
                                lambda: _byteset(b for b in self._BYTES if self._next(local, b) is not None))
 
-    def _params(self) -> tuple:
-        """What `_next` depends on besides `local` (instructions with equal ones share their
-        allowed bytes)."""
-        return (id(self),)
+    def _params(self) -> tuple | None:
+        """All that `_next` depends on besides `local`: instructions with equal ones share their
+        allowed bytes, process-wide. None (the default): not shared."""
+        return None
 
 
 class JInt(_Stepper):
@@ -737,6 +740,9 @@ class JDec(_Stepper):
         self.next = nxt
         self._memo: dict = {}
 
+    def _params(self) -> tuple:
+        return (type(self.lo), self.lo, type(self.hi), self.hi, self.xlo, self.xhi)
+
     def arrive(self, local, stack, out):
         text = "" if local == 0 else local
         out.add((self, text, stack))
@@ -840,7 +846,7 @@ class JDec(_Stepper):
         elif c == ".":
             body = text.lstrip("-")
             ok = bool(body) and "." not in body
-        elif c.isdigit():
+        elif 0x30 <= b <= 0x39:  # an ASCII digit (str.isdigit also takes "²" and others)
             body = text.lstrip("-")
             ok = not (body == "0")  # no leading zeros
         else:
