@@ -587,16 +587,8 @@ class Automaton:
                 k = None
             finally:
                 self._budget = saved
-            if k is None:
-                x = self._after(ins, st)
-                rests = quote_rests(self.vocab)
-                memo: dict = {}
-                found = [0]  # b"" sorts first: the quote was the token's last byte
-                for byte in np.flatnonzero(self.first_bytes(x)).tolist():
-                    a = bisect_left(rests, bytes((byte,)))
-                    b = bisect_left(rests, bytes((byte + 1,)), a) if byte < 255 else len(rests)
-                    found.extend(i for i in range(a, b) if self._walk_bytes(x, rests[i], 0, memo) >= 0)
-                k = self._kid(("q", tuple(found)))
+            if k is None:  # alive here: an empty arrival would have keyed without cost
+                k = self._kid(("q", tuple(self._accepted_texts(self._after(ins, st), quote_rests(self.vocab)))))
             self._cmemo[mk] = k
         return k
 
@@ -772,12 +764,8 @@ class Automaton:
         else:
             threads = self._sets[s]
             lone = next(iter(threads)) if len(threads) == 1 else None
-            if lone is not None and type(lone[0]) is JStr:  # a string body: no stop, no special
-                hit = self._jstr_entry(*lone)
-            elif lone is not None and type(lone[0]) is Lit:  # a literal: no stop, no special
-                bits = _Bits(self.words)
-                self._rest_legal(lone[0].data[lone[1]:], lone[0].next, lone[2], bits)
-                hit = bits.entry()
+            if lone is not None and type(lone[0]) in (JStr, Lit):
+                hit = self._thread_entry(lone)
             elif lone is not None:
                 hit = self._legal_bits(s).entry()
             else:
@@ -801,26 +789,30 @@ class Automaton:
             key = self._top_key(*t)
         hit = self._masks.get(key)
         if hit is None:
-            if type(ins) is JStr:
-                hit = self._jstr_entry(*t)
-            else:
-                bits = _Bits(self.words)
-                self._rest_legal(ins.data[t[1]:], ins.next, t[2], bits)
-                hit = bits.entry()
+            hit = self._thread_entry(t)
             self._masks.put(key, hit)
             self.mask_computations += 1
         return hit
 
+    def _thread_entry(self, t: tuple) -> tuple:
+        """The mask entry of a literal's or a string's thread, computed (neither stops nor
+        waits for a special token)."""
+        ins, loc, st = t
+        if type(ins) is JStr:
+            return self._jstr_entry(ins, loc, st)
+        bits = _Bits(self.words)
+        self._rest_legal(ins.data[loc:], ins.next, st, bits)
+        return bits.entry()
+
     def _legal_bits(self, s: int) -> "_Bits":
-        """The legal tokens of state `s`, collected for packing."""
+        """The legal tokens of state `s`, collected for packing (a lone literal's or string's are
+        `_thread_entry`'s)."""
         bits = _Bits(self.words)
         threads = self._sets[s]
         ins = None
         if len(threads) == 1:
             (ins, loc, st), = threads
-        if isinstance(ins, Lit):
-            self._rest_legal(ins.data[loc:], ins.next, st, bits)
-        elif isinstance(ins, Select):
+        if isinstance(ins, Select):
             chain = ins.chain(loc)
             if chain is not None:
                 self._rest_legal(chain[0], chain[1], st, bits)
@@ -1280,12 +1272,17 @@ class Automaton:
         byte `x` accepts."""
         keys, order = jstr_exit_rests(self.vocab, sub)
         legal = np.zeros(idx.exit_ids.size, dtype=bool)
-        legal[order[: bisect_right(keys, b"")]] = True  # the quote was the token's last byte
+        legal[order[self._accepted_texts(x, keys)]] = True
+        return legal
+
+    def _accepted_texts(self, x: int, keys: list[bytes]) -> list[int]:
+        """The indices of the sorted texts `keys` that state `x` (alive) accepts: b"" always;
+        each distinct text walked once, and only those that start with a byte `x` accepts."""
+        hits = list(range(bisect_right(keys, b"")))
         memo: dict = {}
-        hits = []
         for byte in np.flatnonzero(self.first_bytes(x)).tolist():
             a = bisect_left(keys, bytes((byte,)))
-            b = bisect_left(keys, bytes((byte + 1,))) if byte < 255 else len(keys)
+            b = bisect_left(keys, bytes((byte + 1,)), a) if byte < 255 else len(keys)
             prev, ok = None, False
             for i in range(a, b):
                 if keys[i] != prev:
@@ -1293,9 +1290,7 @@ class Automaton:
                     ok = self._walk_bytes(x, prev, 0, memo) >= 0
                 if ok:
                     hits.append(i)
-        if hits:
-            legal[order[hits]] = True
-        return legal
+        return hits
 
     def _walk_marks(self, ids: np.ndarray, pos: np.ndarray, x: int) -> np.ndarray:
         """(k,) bool: which of tokens `ids`, each from byte `pos`, end alive from state x."""
