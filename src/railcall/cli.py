@@ -223,6 +223,8 @@ def serve(
                                           help="Require 'Authorization: Bearer KEY' on /v1 (or set RAILCALL_API_KEY)."),
     max_pending: int = typer.Option(32, "--max-pending", help="Requests running or queued before new ones get 429."),
     max_body: int = typer.Option(4 << 20, "--max-body", help="The largest request body in bytes (larger: 413)."),
+    max_string: int = typer.Option(256, "--max-string",
+                                   help="The most characters a generated string without maxLength may have."),
 ) -> None:
     """Serve the model over an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -231,10 +233,11 @@ def serve(
     except ImportError as e:
         _fail(RuntimeError(f"the server needs its extra: pip install 'railcall[serve]' ({e})"))
         return
-    if max_pending < 1 or max_body < 1:
-        _fail(ValueError("--max-pending and --max-body must be at least 1"))
+    if max_pending < 1 or max_body < 1 or max_string < 1:
+        _fail(ValueError("--max-pending, --max-body and --max-string must be at least 1"))
     try:
-        run_server(model, host=host, port=port, api_key=api_key or None, max_pending=max_pending, max_body=max_body)
+        run_server(model, host=host, port=port, api_key=api_key or None, max_pending=max_pending, max_body=max_body,
+                   max_string=max_string)
     except RailcallError as e:
         _fail(e)
 

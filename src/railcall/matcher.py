@@ -1872,6 +1872,8 @@ class Matcher:
             return self.last_legal_count
         s = self._states[-1]
         dense, n, words, vals = g._state_mask[s] or g.mask(s)
+        if not n and not g._accepting[s]:
+            return self._dead_end(row)
         if dense is not None:
             row[:] = dense
         else:
@@ -1879,6 +1881,21 @@ class Matcher:
             row[words] = vals
         self.last_legal_count = n
         return n
+
+    def _dead_end(self, row: np.ndarray) -> int:
+        # No token continues from here: the grammar has a value it cannot finish (compile-time
+        # checks reject the known causes). Offering nothing would let a sampler pick any token;
+        # instead the matcher enters its error state, so only stop tokens are offered. Rolling
+        # back a token leaves the dead end and clears the error.
+        self._error = True
+        self._live = False
+        self._error_at = len(self._states) - 1
+        self.error_message = ("no token can continue the output here: the grammar has a dead end "
+                              f"after {self.num_consumed()} tokens")
+        g = self.g
+        row[:] = pack_ids(g.stop_ids, g.width)
+        self.last_legal_count = int(g.stop_ids.size)
+        return self.last_legal_count
 
     def legal_token_ids(self) -> np.ndarray:
         """The legal token ids now (for tests and traces; the hot path uses fill_bitmask)."""

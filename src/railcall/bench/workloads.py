@@ -93,8 +93,8 @@ def workloads(data_dir: Path, quick: bool) -> list[Workload]:
 def peer_schema(tools: list[Tool], max_string: int | None = 256) -> dict:
     """The JSON schema whose compact serialisation (separators "," and ":", declared property
     order, no other keys) is exactly the language railcall's tool grammar accepts: railcall's
-    string rules are made explicit (`maxLength` capped at `max_string`, `minLength >= 1` for
-    required strings). `max_string=None` leaves free strings unbounded (for regex-based engines
+    string rules are made explicit (`maxLength` of `max_string` where the schema gives none,
+    `minLength >= 1` for required strings). `max_string=None` leaves free strings unbounded (for regex-based engines
     whose automaton would otherwise explode)."""
 
     def fix(s, required):
@@ -106,8 +106,8 @@ def peer_schema(tools: list[Tool], max_string: int | None = 256) -> dict:
             return s
         t = s.get("type")
         if t == "string" and "enum" not in s and "const" not in s:
-            if max_string is not None:
-                s["maxLength"] = min(s.get("maxLength", max_string), max_string)
+            if max_string is not None and "maxLength" not in s:
+                s["maxLength"] = max(max_string, s.get("minLength", 0))
             if required and s.get("maxLength", 1) >= 1:
                 s["minLength"] = max(s.get("minLength", 0), 1)
         elif t == "object":

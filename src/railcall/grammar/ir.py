@@ -50,6 +50,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Union
 
+from railcall.errors import GrammarError
+
 
 @dataclass(frozen=True)
 class Lit:
@@ -151,8 +153,14 @@ Node = Union[Lit, Seq, Alt, Select, Special, Ref, JsonString, JsonInteger, JsonN
 
 
 def json_literal(value) -> bytes:
-    """A JSON value written the way railcall's wire format writes it: compact, UTF-8 as is."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    """A JSON value written the way railcall's wire format writes it: compact, UTF-8 as is.
+    GrammarError for a value JSON cannot spell (NaN, an infinity, a lone surrogate)."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except ValueError as e:  # UnicodeEncodeError is one too
+        why = "a lone surrogate, which UTF-8 cannot encode" if isinstance(e, UnicodeEncodeError) else \
+            "NaN or an infinity, which JSON has no spelling for"
+        raise GrammarError(f"{value!r} is not a JSON value: it holds {why}") from None
 
 
 def const(value) -> Lit:

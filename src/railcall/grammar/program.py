@@ -32,6 +32,8 @@ from railcall.grammar import ir, regex
 MAX_DEPTH = 32
 # A number may not run forever either (a model can loop on digits as easily as on whitespace).
 MAX_NUMBER_CHARS = 24
+# The longest patterned string (`pattern`, `format`): its automaton tracks every length up to here.
+PATTERN_MAX_LEN = 4096
 
 
 @functools.lru_cache(maxsize=256)
@@ -921,7 +923,93 @@ def compile_grammar(grammar: ir.Grammar, special_ids: dict[str, int], *, max_str
                     fragments: Fragments | None = None) -> Program:
     """Compile IR to instructions. `special_ids` maps special-token text to ids; `fragments`
     (per vocabulary) shares compiled pieces across grammars."""
+    check_finite(grammar)
     return _Compiler(grammar, special_ids, max_string, fragments or Fragments(1, 1)).run()
+
+
+_NEVER = float("inf")
+
+
+def _ref_depth(node, depth: dict) -> float:
+    """How many `Ref`s deep the shortest value of `node` nests, given each rule's in `depth`
+    (absent: not known to have a finite value yet); inf where it has none. Only references can
+    make a node unwritable: everything else the compiler checks as it builds it."""
+    t = type(node)
+    if t is ir.Ref:
+        return 1 + depth.get(node.name, _NEVER)
+    if t is ir.Seq:
+        return max((_ref_depth(x, depth) for x in node.items), default=0)
+    if t is ir.Alt:
+        return min((_ref_depth(x, depth) for x in node.items), default=_NEVER)
+    if t is ir.Select:
+        return min((_ref_depth(v, depth) for _, v in node.choices), default=_NEVER)
+    if t is ir.JsonArray:
+        parts = [_ref_depth(x, depth) for x in node.prefix]
+        if node.item is not None and node.min_items > len(node.prefix):
+            parts.append(_ref_depth(node.item, depth))
+        return max(parts, default=0)
+    if t is ir.JsonObject:
+        return max((_ref_depth(v, depth) for _, v, required in node.properties if required), default=0)
+    return 0
+
+
+def _children(node):
+    t = type(node)
+    if t is ir.Seq or t is ir.Alt:
+        return node.items
+    if t is ir.Select:
+        return [v for _, v in node.choices]
+    if t is ir.JsonArray:
+        return [*node.prefix, *([node.item] if node.item is not None else [])]
+    if t is ir.JsonObject:
+        return [v for _, v, _ in node.properties] + [x for pair in node.extras for x in pair]
+    return ()
+
+
+def _reachable_rules(grammar: ir.Grammar, rules: dict) -> list[str]:
+    """The rules a value of the grammar can enter, in the order first met."""
+    seen: dict[str, None] = {}
+    todo = [grammar.start]
+    while todo:
+        node = todo.pop()
+        if type(node) is ir.Ref:
+            if node.name not in seen and node.name in rules:
+                seen[node.name] = None
+                todo.append(rules[node.name])
+            continue
+        todo.extend(_children(node))
+    return list(seen)
+
+
+def check_finite(grammar: ir.Grammar) -> None:
+    """Raise GrammarError if the grammar has no finite value, or none within MAX_DEPTH nested
+    references: such a grammar would compile into a matcher that walks into a dead end (a
+    schema whose required property refers back to itself, a `$ref` cycle with no way out)."""
+    if not grammar.rules:
+        return
+    rules = dict(grammar.rules)
+    depth: dict[str, float] = {}
+    changed = True
+    while changed:  # a least fixpoint: depths only fall, from "none known"
+        changed = False
+        for name, node in rules.items():
+            d = _ref_depth(node, depth)
+            if d < depth.get(name, _NEVER):
+                depth[name] = d
+                changed = True
+    stuck = [n for n in _reachable_rules(grammar, rules) if n not in depth]
+    if stuck:  # a value the grammar lets a model start but never finish: a dead end
+        shown = ", ".join(repr(n.removeprefix("ref:")) for n in sorted(stuck)[:5]) + (" ..." if len(stuck) > 5 else "")
+        raise GrammarError(
+            f"the grammar has no finite value for {shown}: it can only be written by containing "
+            f"{'itself' if len(stuck) == 1 else 'one another'} (a reference cycle with no way out, such as "
+            f"a required property that refers back to its own schema); make one link of the cycle "
+            f"optional or give it a non-recursive alternative")
+    top = _ref_depth(grammar.start, depth)
+    if top > MAX_DEPTH:
+        raise GrammarError(
+            f"the shortest value of the grammar nests references {int(top)} deep; railcall allows "
+            f"{MAX_DEPTH}: shorten the chain of required recursive properties")
 
 
 class _Compiler:
@@ -948,14 +1036,22 @@ class _Compiler:
         self.shared.memo.update(self.memo)  # only now: every Forward in these is resolved
         return Program(start)
 
-    def _string_max(self, node) -> int:
-        """A string node's maximum length under the string cap; an error if its range is empty."""
-        hi = self.max_string if node.max_len is None else min(node.max_len, self.max_string)
+    def _string_max(self, node, pattern: bool = False) -> int:
+        """A string node's maximum length: its maxLength where the schema gives one (a patterned
+        string's at most PATTERN_MAX_LEN), else the string cap `max_string` (seed 000's
+        MAX_STRING: a model must not be able to write one string forever), raised to minLength
+        where that asks for more."""
+        if node.max_len is None:
+            hi = max(self.max_string, node.min_len)
+        else:
+            hi = node.max_len
+        if pattern and hi > PATTERN_MAX_LEN:
+            if node.min_len > PATTERN_MAX_LEN:
+                raise GrammarError(f"a patterned string of at least {node.min_len} characters is longer than "
+                                   f"railcall checks a pattern over ({PATTERN_MAX_LEN}): lower minLength")
+            hi = PATTERN_MAX_LEN
         if node.min_len > hi:
-            raise GrammarError(
-                f"string length range is empty: minLength {node.min_len} > maxLength {hi} "
-                f"(the string cap is {self.max_string}; raise max_string to allow longer strings)"
-            )
+            raise GrammarError(f"string length range is empty: minLength {node.min_len} > maxLength {hi}")
         return hi
 
     def compile(self, node, nxt: Instr) -> Instr:
@@ -1008,7 +1104,7 @@ class _Compiler:
             body.margin = self.shared.token_margin
             return self.compile(ir.Lit(b'"'), body)
         if isinstance(node, ir.JsonPattern):
-            hi = self._string_max(node)
+            hi = self._string_max(node, pattern=True)
             dfa = char_dfa(node.kind, node.arg, hi)
             if not dfa.fits(0, 0, node.min_len, hi):
                 raise GrammarError(f"no string matching {node.arg!r} has a length in [{node.min_len}, {hi}]")

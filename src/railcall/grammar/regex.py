@@ -357,6 +357,12 @@ class _NFA:
         return frozenset(out)
 
 
+def _surrogates_only(starts: list[int], i: int) -> bool:
+    """Is the i-th interval of a state's sorted interval `starts` made of surrogates only?"""
+    end = starts[i + 1] - 1 if i + 1 < len(starts) else MAX_UNICODE
+    return SURROGATES[0] <= starts[i] and end <= SURROGATES[1]
+
+
 class CharDFA:
     """A deterministic automaton over code points. Built once per pattern; immutable; shared.
 
@@ -375,7 +381,10 @@ class CharDFA:
         n = len(starts)
         self.length_cap = length_cap
         lengths = [1 if accepting[k] else 0 for k in range(n)]
-        succ = [sorted({t for t in targets[k] if t >= 0}) for k in range(n)]
+        # a transition only on surrogates (a pattern with a lone "\ud800") leads nowhere: no
+        # UTF-8 text holds one, so it does not count towards what a state can still reach
+        succ = [sorted({t for i, t in enumerate(targets[k]) if t >= 0 and not _surrogates_only(starts[k], i)})
+                for k in range(n)]
         full = (1 << (length_cap + 1)) - 1
         changed = True
         rounds = 0

@@ -119,8 +119,9 @@ class SchemaOptions:
         every type, no non-empty rule for required strings.
     whitespace: 0 writes compact JSON; n > 0 allows up to n whitespace bytes around each
         structural character (never unbounded, so a model cannot loop on whitespace).
-    max_enum, max_depth, max_pattern, time_budget_s: limits that keep a hostile schema from
-        taking the process down, each a clear error.
+    max_enum, max_depth, max_pattern, max_min_items, time_budget_s: limits that keep a hostile
+        schema from taking the process down, each a clear error (max_min_items: the largest
+        minItems accepted; an array that long could not be finished within any token budget).
     """
 
     required_nonempty: bool = True
@@ -130,6 +131,7 @@ class SchemaOptions:
     max_enum: int = 100_000
     max_depth: int = 64
     max_pattern: int = 4_096
+    max_min_items: int = 4_096
     time_budget_s: float = 10.0
 
 
@@ -392,7 +394,10 @@ def _enum(ctx: _Ctx, schema: dict, pointer: str) -> ir.Node:
             spelled.append(int(v))
         elif isinstance(v, int) and not isinstance(v, bool):
             spelled.append(float(v))
-    return ir.enum(spelled)
+    try:
+        return ir.enum(spelled)
+    except GrammarError as e:
+        raise SchemaError(str(e), pointer=pointer, keyword="const" if "const" in schema else "enum") from None
 
 
 def _json_equal(a, b) -> bool:
@@ -542,6 +547,10 @@ def _array(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
     hi = _int_kw(schema, "maxItems", pointer)
     if hi is not None and lo > hi:
         raise SchemaError(f"minItems {lo} > maxItems {hi}: no array fits", pointer=pointer, keyword="minItems")
+    if lo > ctx.options.max_min_items:
+        raise SchemaError(f"minItems {lo} asks for more items than railcall writes in one array "
+                          f"(at most {ctx.options.max_min_items}, SchemaOptions.max_min_items): lower minItems",
+                          pointer=pointer, keyword="minItems")
     if item is None and lo > len(prefix):
         raise SchemaError(f"minItems {lo} but only {len(prefix)} items are allowed", pointer=pointer, keyword="minItems")
     return ir.JsonArray(item, lo, hi, prefix, ctx.options.whitespace)

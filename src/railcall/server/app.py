@@ -154,9 +154,13 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return bytes(data)
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON value (JSON has no NaN or infinities)")
+
+
 def _parse(body: bytes) -> ChatCompletionRequest:
     try:
-        obj = json.loads(body)
+        obj = json.loads(body, parse_constant=_no_constant)
     except (ValueError, RecursionError) as e:
         raise RequestError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(obj, dict):
@@ -233,6 +237,9 @@ async def _complete(request: Request, job, asm: Assembler, plan: Plan, cid: str,
     finally:
         watcher.cancel()
         job.cancel()
+    failed = _grammar_failure(gen)
+    if failed is not None:
+        raise failed
     asm.finish(gen)
     message = asm.message()
     choice = {"index": 0, "message": message, "finish_reason": _finish_reason(gen, asm),
@@ -243,6 +250,18 @@ async def _complete(request: Request, job, asm: Assembler, plan: Plan, cid: str,
         choice["token_ids"] = list(gen.tokens)
         out["prompt_token_ids"] = list(plan.prompt)
     return out
+
+
+def _grammar_failure(gen) -> RequestError | None:
+    """The error to answer instead of an output the grammar could not finish (a dead end, or a
+    cut answer with no completion): never a broken call or answer with a normal finish_reason."""
+    if not gen.grammar_error:
+        return None
+    return RequestError(
+        f"the output could not be completed under the request's tools or response_format: "
+        f"{gen.grammar_error}. The schema describes a value railcall cannot finish (nested too deep, "
+        f"or longer than max_tokens allows); simplify the schema or raise max_tokens",
+        code="grammar_dead_end")
 
 
 def _generation_failed(value) -> RequestError:
@@ -284,6 +303,12 @@ async def _stream(job, asm: Assembler, plan: Plan, cid: str, created: int, model
                 return
             else:
                 gen = value
+                failed = _grammar_failure(gen)
+                if failed is not None:
+                    asm.cancel()
+                    yield sse.event(error_body(str(failed), failed.type, failed.param, failed.code))
+                    yield sse.DONE
+                    return
                 for delta in asm.finish(gen):
                     yield make(delta)
                 yield make({}, _finish_reason(gen, asm))
@@ -314,11 +339,14 @@ def _openapi(app: FastAPI) -> dict:
 
 
 def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY, log_level: str = "info") -> None:
-    """Load `model` and serve it until interrupted (what `railcall serve` runs)."""
+          max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY, max_string: int = 256,
+          log_level: str = "info") -> None:
+    """Load `model` and serve it until interrupted (what `railcall serve` runs). `max_string`:
+    the most characters a generated string whose schema gives no maxLength may have."""
     import uvicorn
 
     served = ServedModel.load(model)
+    served.max_string = max_string
     app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 

@@ -44,6 +44,7 @@ class ServedModel:
         self.name = name or lm.name
         cfg = lm.model.config
         self.context_length = int(getattr(cfg, "max_position_embeddings", 0) or 2048)
+        self.max_string = 256  # the most characters of a generated string without maxLength
         self.native = has_native_tools(self.tokenizer) and vocab.special_id("<tool_call>") is not None
         self.call_format = "hermes" if self.native else "json"
         self.keys = ("name", "arguments") if self.native else ("tool", "args")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from railcall.decode import SamplingParams
-from railcall.errors import GrammarError, RequestError, SchemaError
+from railcall.errors import GrammarError, MatcherError, RequestError, SchemaError
 from railcall.grammar import ir
 from railcall.grammar.schema import SchemaOptions, schema_to_ir
 from railcall.grammar.tools import Tool, ToolGrammarBuilder
@@ -126,8 +126,8 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
     compiled = None
     if grammar is not None:
         try:
-            compiled = compiled_grammar(grammar, served.vocab)
-        except GrammarError as e:
+            compiled = compiled_grammar(grammar, served.vocab, max_string=getattr(served, "max_string", 256))
+        except (GrammarError, MatcherError) as e:
             where = "tools" if kind in ("tools", "auto") else "response_format"
             raise RequestError(f"the answer grammar could not be compiled: {e}", param=where) from None
     return Plan(prompt=prompt, params=params, kind=kind, mode=mode, tool_choice=parser_choice, grammar=compiled, tools=tools if calling else [],

@@ -1,0 +1,207 @@
+"""A grammar never leaves a model at a point where no token is legal: schemas with no finite value
+are refused when compiled, with an error that names the cause; what no compile-time check can see
+puts the matcher into its error state (only stop tokens offered) instead of an empty mask; and the
+server answers such an output with an error, never with a broken call and a normal finish."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from railcall.bitmask import allocate_bitmask, unpack_bitmask
+from railcall.decode import SamplingParams, generate
+from railcall.errors import GrammarError, RequestError, SchemaError
+from railcall.grammar import ir
+from railcall.grammar.schema import schema_grammar
+from railcall.grammar.tools import Tool, tool_grammar
+from railcall.matcher import Matcher, compiled_grammar
+from railcall.server import app as server_app
+from railcall.server.output import Assembler
+from test_server_output import Scripted, ids_of, plan_for, served_for
+
+CYCLE = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+         "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"]}
+
+
+def compile_schema(schema, vocab):
+    return compiled_grammar(schema_grammar(schema), vocab)
+
+
+@pytest.mark.parametrize("schema, names", [
+    (CYCLE, ["'#/$defs/a'", "'#/$defs/b'"]),
+    ({"$ref": "#"}, ["'#'"]),
+    ({"type": "object", "properties": {"c": {"$ref": "#"}}, "required": ["c"]}, ["'#'"]),
+    # optional, but a model that starts it can never finish it
+    ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}},
+     ["'#/$defs/a'"]),
+    ({"type": "array", "items": {"$ref": "#"}, "minItems": 1}, ["'#'"]),
+])
+def test_a_schema_with_no_finite_value_is_refused(bytes_vocab, schema, names):
+    with pytest.raises(GrammarError) as e:
+        compile_schema(schema, bytes_vocab)
+    msg = str(e.value)
+    assert "no finite value" in msg and all(n in msg for n in names) and "optional" in msg
+
+
+@pytest.mark.parametrize("schema, text", [
+    ({"type": "object", "properties": {"c": {"$ref": "#"}}}, b'{"c":{"c":{}}}'),  # optional recursion
+    ({"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["kids"]},
+     b'{"kids":[{"kids":[]}]}'),  # a tree: the empty array ends it
+    ({"type": "object", "properties": {"v": {}}, "required": ["v"]}, b'{"v":[[1],{"a":null}]}'),  # any JSON
+    ({"anyOf": [{"$ref": "#"}, {"type": "integer"}]}, b"7"),  # a cycle with a way out
+])
+def test_recursive_schemas_with_a_way_out_compile(bytes_vocab, schema, text):
+    m = Matcher(compile_schema(schema, bytes_vocab))
+    assert m.consume_bytes(text) and m.is_accepting()
+
+
+def test_references_nested_past_the_depth_limit_are_refused(bytes_vocab):
+    chain = tuple((f"r{i}", ir.Seq(ir.Lit(b"["), ir.Ref(f"r{i + 1}"), ir.Lit(b"]"))) for i in range(40))
+    g = ir.Grammar(ir.Ref("r0"), chain + (("r40", ir.Lit(b"x")),))
+    with pytest.raises(GrammarError, match="41 deep; railcall allows 32"):
+        compiled_grammar(g, bytes_vocab)
+    ok = ir.Grammar(ir.Ref("r10"), chain + (("r40", ir.Lit(b"x")),))  # 31 deep: within the limit
+    m = Matcher(compiled_grammar(ok, bytes_vocab))
+    assert m.consume_bytes(b"[" * 30 + b"x" + b"]" * 30) and m.is_accepting()
+
+
+@pytest.mark.parametrize("pattern", ["^\ud800$", "^[\ud800-\udfff]+$"])
+def test_a_pattern_only_surrogates_can_match_is_refused(bytes_vocab, pattern):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}, "required": ["a"]}
+    with pytest.raises(GrammarError, match="no string matching"):
+        compile_schema(schema, bytes_vocab)
+
+
+def test_a_pattern_with_an_optional_surrogate_keeps_its_other_strings(bytes_vocab):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^a\ud800?$"}}, "required": ["a"]}
+    m = Matcher(compile_schema(schema, bytes_vocab))
+    assert m.consume_bytes(b'{"a":"a"}') and m.is_accepting()
+
+
+@pytest.mark.parametrize("schema", [{"const": float("nan")}, {"enum": [1, float("inf")]},
+                                    {"const": {"x": [float("-inf")]}}, {"enum": ["a\ud800"]}])
+def test_constants_json_cannot_spell_are_refused(schema):
+    with pytest.raises(SchemaError, match="is not a JSON value"):
+        schema_grammar(schema)
+
+
+@pytest.mark.parametrize("body", [b'{"model":"m","messages":[],"temperature":NaN}',
+                                  b'{"model":"m","messages":[],"temperature":-Infinity}'])
+def test_a_request_body_with_nan_is_refused(body):
+    with pytest.raises(RequestError, match="not valid JSON.*NaN"):
+        server_app._parse(body)
+
+
+def test_min_items_beyond_the_limit_is_refused():
+    with pytest.raises(SchemaError, match="minItems 100000000 .*at most 4096"):
+        schema_grammar({"type": "array", "minItems": 100_000_000})
+
+
+def test_explicit_max_length_is_honoured_past_the_string_cap(bytes_vocab):
+    tools = [Tool("f", "", {"type": "object", "properties": {"long": {"type": "string", "maxLength": 300},
+                                                              "free": {"type": "string"}},
+                            "required": ["long", "free"]})]
+    cg = compiled_grammar(tool_grammar(tools), bytes_vocab)  # the cap for strings without maxLength: 256
+
+    def accepts(n_long, n_free):
+        m = Matcher(cg)
+        return m.consume_bytes(b'{"tool":"f","args":{"long":"' + b"x" * n_long + b'","free":"' + b"y" * n_free
+                               + b'"}}') and m.is_accepting()
+
+    assert accepts(300, 256)
+    assert not accepts(301, 1) and not accepts(1, 257)
+
+
+def test_min_length_past_the_cap_raises_it_for_that_string(bytes_vocab):
+    schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 300}}, "required": ["s"]}
+    m = Matcher(compile_schema(schema, bytes_vocab))
+    assert m.consume_bytes(b'{"s":"' + b"z" * 300 + b'"}') and m.is_accepting()
+
+
+# -- a dead end the compile-time checks cannot see ---------------------------------------------------
+# An optional branch that nests references: entered deep enough, its next reference is refused at
+# the depth limit. The grammar has a finite value ("b"), so it compiles.
+
+def deep_optional(vocab):
+    chain = tuple((f"r{i}", ir.Seq(ir.Lit(b"["), ir.Ref(f"r{i + 1}"), ir.Lit(b"]"))) for i in range(40))
+    g = ir.Grammar(ir.Alt(ir.Seq(ir.Lit(b"a"), ir.Ref("r0")), ir.Lit(b"b")), chain + (("r40", ir.Lit(b"x")),))
+    return compiled_grammar(g, vocab)
+
+
+def legal_ids(m, vocab):
+    bm = allocate_bitmask(vocab.logits_width)
+    n = m.fill_bitmask(bm)
+    ids = np.flatnonzero(unpack_bitmask(bm, vocab.logits_width)).tolist()
+    assert n == len(ids)
+    return ids
+
+
+def test_a_dead_end_offers_only_stop_tokens_and_says_so(bytes_vocab):
+    m = Matcher(deep_optional(bytes_vocab))
+    steps = 0
+    while not m.is_error():
+        ids = legal_ids(m, bytes_vocab)
+        assert ids, "an empty mask"
+        if m.is_error():
+            break
+        assert m.consume_token(bytes_vocab.lookup[b"a" if steps == 0 else b"["])
+        steps += 1
+    assert legal_ids(m, bytes_vocab) == sorted(bytes_vocab.stop_ids)
+    assert m.is_done() and "dead end" in m.error_message and m.forced_tokens() == []
+    m.rollback(1)  # back out of it: the error goes, the brackets before it are still legal
+    assert not m.is_error() and m.error_message == ""
+    assert bytes_vocab.lookup[b"["] in legal_ids(m, bytes_vocab)
+
+
+def test_generate_stops_at_a_dead_end_with_a_grammar_error(bytes_vocab):
+    m = Matcher(deep_optional(bytes_vocab))
+    g = generate(Scripted(bytes_vocab, ids_of(bytes_vocab, "a" + "[" * 40)), bytes_vocab, [1], m,
+                 SamplingParams(max_tokens=60))
+    assert "dead end" in g.grammar_error
+    assert all(s.legal for s in g.steps)  # no token was ever drawn from an empty mask
+    assert g.text.startswith("a[") and "x" not in g.text
+
+
+def dead_end_gen(bytes_vocab):
+    return SimpleNamespace(tokens=ids_of(bytes_vocab, '{"x"'), text='{"x"', stop_string=None, finish_reason="stop",
+                           grammar_error="no token can continue the output here: the grammar has a dead end after 3 tokens")
+
+
+def test_the_server_answers_a_dead_end_with_an_error(bytes_vocab):
+    async def complete():
+        job = SimpleNamespace(events=asyncio.Queue(), cancel=lambda: None)
+        await job.events.put(("done", dead_end_gen(bytes_vocab)))
+
+        class Request:
+            async def receive(self):
+                await asyncio.Event().wait()
+
+        plan = SimpleNamespace(logprobs=False, return_token_ids=False, prompt=[1])
+        asm = Assembler(served_for(bytes_vocab), plan_for("required"))
+        return await server_app._complete(Request(), job, asm, plan, "id", 0, "m")
+
+    with pytest.raises(RequestError) as e:
+        asyncio.run(complete())
+    assert e.value.status == 400 and e.value.code == "grammar_dead_end" and "dead end" in str(e.value)
+    assert "simplify the schema or raise max_tokens" in str(e.value)
+
+
+def test_the_server_streams_a_dead_end_as_an_error_event(bytes_vocab):
+    async def stream():
+        job = SimpleNamespace(events=asyncio.Queue(), cancel=lambda: None)
+        await job.events.put(("done", dead_end_gen(bytes_vocab)))
+        plan = SimpleNamespace(logprobs=False, return_token_ids=False, include_usage=False, prompt=[1])
+        asm = Assembler(served_for(bytes_vocab), plan_for("required"))
+        return [e async for e in server_app._stream(job, asm, plan, "id", 0, "m")]
+
+    events = asyncio.run(stream())
+    payloads = [e.decode() if isinstance(e, bytes) else e for e in events]
+    errors = [p for p in payloads if '"error"' in p]
+    assert len(errors) == 1 and "grammar_dead_end" in errors[0]
+    assert not any('"finish_reason": "stop"' in p or '"finish_reason":"stop"' in p for p in payloads)
+    assert "[DONE]" in payloads[-1]
