@@ -10,7 +10,9 @@ Writes go to a temporary file in the target's own folder (same file system), are
 fsynced, and are then renamed over the target with `os.replace`, which is atomic on POSIX: a
 reader, or a process killed at any instant, sees the old file or the new one, never half of
 one. The temporary names start with `.railcall-tmp-` so the file listing never offers them and a
-leftover from a killed writer can be swept (`sweep_temp`).
+leftover from a killed writer can be swept (`sweep_temp`). The new file takes the old one's
+permission bits, and a symlink is written through (its target is replaced, the link kept): a
+rename alone would make a 0600 file 0644, drop a script's +x, and turn a link into a copy.
 
 Lifecycle: a Workspace is made once per agent session; it holds nothing but its root.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from pathlib import Path, PurePosixPath
 
 STATE_DIR = ".railcall"
@@ -31,13 +34,24 @@ class PathRefused(ValueError):
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write `data` to `path` so that it is replaced whole or not at all."""
+    """Write `data` to `path` so that it is replaced whole or not at all.
+
+    A symlink is written through: its final target is the file replaced (the link stays a link).
+    An existing file keeps its permission bits (a private 0600 file stays private, a script keeps
+    +x); a new one is created 0644, less the umask. The owner is not carried over: the new file
+    belongs to whoever writes it."""
     if isinstance(data, str):
         data = data.encode("utf-8")
-    path = Path(path)
+    path = Path(os.path.realpath(path))  # follows every link, existing or dangling
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = None
     tmp = path.parent / f"{TMP_PREFIX}{path.name}-{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)  # after the open, so the umask does not narrow it
         view = memoryview(data)
         while view:
             n = os.write(fd, view[:CHUNK])
