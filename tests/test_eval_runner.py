@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from railcall.eval import report
 from railcall.eval.runner import CONDITIONS, read_results
 
@@ -81,3 +83,16 @@ def test_report_command_renders_a_run_folder(tmp_path):
     assert s["settings"]["max_tokens"] == 192 and (tmp_path / "eval.png").is_file()
     r = CliRunner().invoke(app, ["eval", "report", str(tmp_path / "nothing")])
     assert r.exit_code == 2 and "no results" in r.output
+
+
+def test_report_files_are_replaced_whole(tmp_path, disk_full):
+    """A write that fails half-way (a full disk) leaves the previous summary, table and chart."""
+    s = report.summarise([rec("c", 0, "with_grammar", True, True, True)], settings={}, categories=["c"])
+    report.write(s, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert set(before) == {"summary.json", "table.md", "eval.png"}
+    s2 = report.summarise([rec("d", 0, "with_grammar", False, False, False)], settings={}, categories=["d"])
+    disk_full()
+    with pytest.raises(OSError):
+        report.write(s2, tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -194,6 +194,7 @@ def coverage(
     """JSON Schema coverage on the official test suite, railcall and llguidance side by side."""
     from pathlib import Path
 
+    from railcall.atomic import atomic_write
     from railcall.bench import coverage as cov
 
     if not (Path(data) / "draft2020-12").is_dir():
@@ -210,7 +211,7 @@ def coverage(
     console.print(table)
     cmd = "railcall coverage" + ("" if peers else " --no-peers")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(cov.markdown(results, cmd))
+    atomic_write(Path(out), cov.markdown(results, cmd))
     console.print(f"wrote {out} (per-keyword table)")
 
 

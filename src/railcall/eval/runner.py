@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from railcall.atomic import atomic_write
 from railcall.eval import bfcl, checker
 
 CONDITIONS = ("with_grammar", "without_grammar")
@@ -173,7 +174,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path = Path(bfcl.DEFAULT
     elif results_path.exists():
         results_path.replace(out / "results.jsonl.old")
         log(f"started afresh; the previous results are in {out / 'results.jsonl.old'}")
-    run_path.write_text(json.dumps({"settings": asdict(settings), "machine": machine()}, indent=1))
+    atomic_write(run_path, json.dumps({"settings": asdict(settings), "machine": machine()}, indent=1))
     done = {(r["category"], r["id"], r["condition"]) for r in read_results(results_path, repair=True)}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     t_start = time.perf_counter()
