@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from railcall import __version__
-from railcall.errors import RailcallError
+from railcall.errors import PolicyError, RailcallError
 
 app = typer.Typer(
     name="railcall",
@@ -254,17 +254,18 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
 
     from railcall.agent import Agent, Approver, Policy, load_policies
     from railcall.decode import SamplingParams
+    from railcall.errors import GrammarError
 
     if approve is not None and approve not in ("ask", "auto", "deny"):
         _fail(ValueError(f"--approve must be ask, auto or deny, not {approve!r}"))
     try:
-        chosen = Policy()
+        chosen, source = Policy(), "--policy"
         if policy and policy != "default":
             path = Path(policies) if policies else Path(workspace) / ".railcall" / "policies.json"
             named = load_policies(path)
             if policy not in named:
                 raise ValueError(f"no policy {policy!r} in {path}; it has: {', '.join(named) or 'none'}")
-            chosen = named[policy]
+            chosen, source = named[policy], str(path)
         if read_only:
             chosen = chosen.with_(read_only=True, name=chosen.name + "+read-only")
         if approve:
@@ -274,9 +275,25 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
             workspace, lm, policy=chosen, approver=Approver(ask), max_steps=max_steps,
             params=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed),
             trace=trace or Path(workspace) / ".railcall" / "trace.jsonl", on_step=_show_step)
+        _check_policy_tools(chosen, agent.table.names(), source)
+        try:
+            agent.view()  # a narrowing this table cannot apply (an argument a tool lacks) fails here, not mid-task
+        except GrammarError as e:
+            raise PolicyError(f"{source}: {e}") from None
     except (RailcallError, ValueError, FileNotFoundError) as e:
         _fail(e)
     return agent
+
+
+def _check_policy_tools(policy, tools: list[str], source: str) -> None:
+    """A tool name the agent does not have is a typo, not a rule: "deny": ["write_flie"] would
+    deny nothing. (A library caller's table may gain tools later; the CLI's is fixed.)"""
+    named = {"allow": policy.allow or (), "deny": policy.deny, "args": policy.args, "approve_tools": policy.approve_tools}
+    for field, names in named.items():
+        unknown = sorted(set(names) - set(tools))
+        if unknown:
+            raise PolicyError(f"{source}: policy {policy.name!r}: {field!r} names {', '.join(unknown)}, which the "
+                              f"agent does not have; its tools: {', '.join(tools)}")
 
 
 def _show_step(rec: dict) -> None:
