@@ -451,7 +451,8 @@ def eval_report(
     from railcall.eval import report
 
     try:
-        summary = report.from_folder(Path(out))
+        summary = report.from_folder(Path(out), warn=lambda m: console.print(f"warning: {m}", style="yellow",
+                                                                             markup=False, highlight=False))
     except (FileNotFoundError, ValueError) as e:
         _fail(e)
         return

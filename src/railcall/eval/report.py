@@ -52,13 +52,14 @@ def summarise(records: list[dict], *, settings: dict, categories: list[str], lim
     }
 
 
-def from_folder(out: Path) -> dict:
-    """The summary of whatever a run folder holds (a finished or an interrupted run)."""
-    from railcall.eval.runner import read_results
+def from_folder(out: Path, warn=None) -> dict:
+    """The summary of whatever a run folder holds (a finished or an interrupted run). A line of
+    results.jsonl that is not a usable record is skipped, and `warn` told which and why."""
+    from railcall.eval.runner import read_results, read_run
 
     out = Path(out)
-    run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
-    records = read_results(out / "results.jsonl")
+    run = read_run(out / "run.json") if (out / "run.json").is_file() else {}
+    records = read_results(out / "results.jsonl", warn=warn)
     if not records:
         raise FileNotFoundError(f"no results in {out / 'results.jsonl'}")
     cats = list(dict.fromkeys(r["category"] for r in records))
