@@ -145,3 +145,57 @@ def test_report_command_on_malformed_files_says_what_and_where(tmp_path):
         r = CliRunner().invoke(app, ["eval", "report", str(tmp_path)])
         out = " ".join(r.output.split())
         assert r.exit_code == 2 and f"error: {tmp_path / 'run.json'}" in out.replace("cannot read ", ""), out
+
+
+def test_a_fresh_run_never_replaces_an_earlier_ones_results(tmp_path, monkeypatch, smollm2_tokenizer):
+    """Rerunning without --resume keeps what the folder held as results.jsonl.old.N / run.json.old.N
+    (N counting up); an interrupted rerun that wrote nothing leaves no empty backup behind."""
+    import types
+
+    import railcall.batch
+    from railcall.models import store
+
+    lm = types.SimpleNamespace(tokenizer=smollm2_tokenizer, name="stub",
+                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(smollm2_tokenizer))))
+    monkeypatch.setattr(store, "load_model", lambda model=None: lm)
+
+    def interrupted(*a, **k):  # Ctrl-C as decoding starts: nothing decoded, no model run
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(railcall.batch, "decode_stream", interrupted)
+
+    def rerun():
+        with pytest.raises(KeyboardInterrupt):
+            run_bfcl(["simple_python"], tmp_path, data=DATA, limit=2)
+
+    first = "".join(json.dumps(rec("simple_python", i, c, True, True, True)) + "\n" for i in range(3) for c in CONDITIONS)
+    (tmp_path / "results.jsonl").write_text(first)
+    (tmp_path / "run.json").write_text('{"settings": {"model": "first"}}')
+    (tmp_path / "results.jsonl.old").write_text("from an older railcall\n")
+    rerun()
+    rerun()
+    assert (tmp_path / "results.jsonl.old.1").read_text() == first
+    assert (tmp_path / "run.json.old.1").read_text() == '{"settings": {"model": "first"}}'
+    assert (tmp_path / "results.jsonl.old").read_text() == "from an older railcall\n"
+    second = first.replace("true", "false")
+    (tmp_path / "results.jsonl").write_text(second)
+    rerun()
+    rerun()
+    assert (tmp_path / "results.jsonl.old.1").read_text() == first
+    assert (tmp_path / "results.jsonl.old.2").read_text() == second
+    assert sorted(p.name for p in tmp_path.glob("*.old*")) == [
+        "results.jsonl.old", "results.jsonl.old.1", "results.jsonl.old.2", "run.json.old.1", "run.json.old.2"]
+
+
+def test_report_files_are_replaced_whole(tmp_path, disk_full):
+    """A write that fails half-way (a full disk) leaves the previous summary, table and chart."""
+    s = report.summarise([rec("c", 0, "with_grammar", True, True, True)], settings={}, categories=["c"])
+    report.write(s, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert set(before) == {"summary.json", "table.md", "eval.png"}
+    s2 = report.summarise([rec("d", 0, "with_grammar", False, False, False)], settings={}, categories=["d"])
+    disk_full()
+    with pytest.raises(OSError):
+        report.write(s2, tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -398,7 +398,9 @@ def eval_bfcl(
     no_grammar: bool = typer.Option(False, "--no-grammar", help="Only the run without the grammar."),
     model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
     out: str = typer.Option("eval-out/bfcl", "--out", help="The folder for results.jsonl, summary.json, table.md and eval.png."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks. "
+                                "Without it, results already in --out are kept as results.jsonl.old.N (and run.json.old.N), "
+                                "N one more than the last: never overwritten."),
     data: str = typer.Option("../shared/data/bfcl", "--data", help="The BFCL data folder."),
     max_tokens: int = typer.Option(192, "--max-tokens", help="Token ceiling per reply, the same for every category."),
     batch: int = typer.Option(16, "--batch", help="Tasks decoded together (each gives one row per condition)."),

@@ -19,7 +19,9 @@ others end (`railcall.batch.decode_stream`), in file order, a window of `batch` 
 category in turn: an interrupted run holds the first N tasks of every category. Results: one JSON line per (task, condition) in
 `results.jsonl`, a task's lines appended and flushed once both are in, so an interrupted run
 loses only the tasks in flight; `resume=True` skips what is there (a torn last line is mended
-or cut off, `read_results`) and refuses to mix settings (`run.json` holds them).
+or cut off, `read_results`) and refuses to mix settings (`run.json` holds them). A fresh run
+in a folder that holds results keeps them as results.jsonl.old.N (`set_aside`), never replacing
+an earlier one.
 """
 
 from __future__ import annotations
@@ -176,6 +178,25 @@ def read_run(path: Path) -> dict:
     return run
 
 
+def set_aside(out: Path) -> Path | None:
+    """Keep a previous run's results.jsonl and run.json before a fresh run in `out`: they become
+    results.jsonl.old.N and run.json.old.N, N one more than any before, so no earlier run is
+    ever replaced (results.jsonl.old, from older railcall, is left as it is). An empty results
+    file holds nothing to keep and is removed. Returns where the results went (None: nowhere)."""
+    results = out / "results.jsonl"
+    if results.stat().st_size == 0:
+        results.unlink()
+        return None
+    used = [int(p.name.rsplit(".", 1)[1]) for name in ("results.jsonl", "run.json")
+            for p in out.glob(f"{name}.old.*") if p.name.rsplit(".", 1)[1].isdigit()]
+    n = max(used, default=0) + 1
+    if (out / "run.json").is_file():
+        os.replace(out / "run.json", out / f"run.json.old.{n}")
+    kept = out / f"results.jsonl.old.{n}"
+    os.replace(results, kept)
+    return kept
+
+
 def _append(f, records: list[dict]) -> None:
     # one write of whole lines per task, flushed and synced: a kill leaves at most a torn last line,
     # which the next run's read_results(repair=True) mends before it appends
@@ -228,8 +249,9 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path = Path(bfcl.DEFAULT
             diff = {k: (before.get(k), v) for k, v in asdict(settings).items() if before.get(k) != v}
             raise ValueError(f"--resume: {out} was run with other settings {diff}; use another --out")
     elif results_path.exists():
-        results_path.replace(out / "results.jsonl.old")
-        log(f"started afresh; the previous results are in {out / 'results.jsonl.old'}")
+        kept = set_aside(out)
+        log(f"started afresh; the previous results are in {kept}" if kept else
+            "started afresh (the previous results file was empty)")
     atomic_write(run_path, json.dumps({"settings": asdict(settings), "machine": machine()}, indent=1))
     done = {(r["category"], r["id"], r["condition"]) for r in read_results(results_path, repair=True, warn=log)}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
