@@ -47,6 +47,21 @@ def tiny_bpe_tokenizer():
     return tok
 
 
+@pytest.fixture()
+def disk_full(monkeypatch):
+    """A function that fills the disk: every os.write after it writes half its bytes, then fails
+    as a full disk does (ENOSPC)."""
+    import errno
+
+    real = os.write
+
+    def half_then_full(fd, data):
+        real(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    return lambda: monkeypatch.setattr(os, "write", half_then_full)
+
+
 @pytest.fixture(scope="session")
 def bytes_vocab() -> Vocabulary:
     return byte_level_vocab()

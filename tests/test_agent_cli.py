@@ -88,9 +88,32 @@ def test_chat_reads_tasks_and_approvals_from_stdin(ws):
 
 def test_agent_package_surface():
     assert railcall.agent.__all__ == [
-        "Agent", "AgentModel", "Approver", "Decision", "Episode", "PathRefused", "Policy", "Skill", "SkillError",
-        "SkillStore", "ToolTable", "View", "Workspace", "atomic_write", "load_policies", "view",
+        "Agent", "AgentModel", "Approver", "Decision", "Episode", "PathRefused", "Policy", "PolicyError", "Skill",
+        "SkillError", "SkillStore", "ToolTable", "View", "Workspace", "atomic_write", "load_policies", "view",
     ]
     code = "import sys, railcall.agent; print(sorted(m for m in ('torch', 'transformers', 'pydantic') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("policies, says", [
+    ({"p": 5}, "policy 'p' is the number 5; expected an object"),
+    ({"p": {"deny": "write_file"}}, """'deny' is the string "write_file"; expected a list of tool names"""),
+    ({"p": {"allow": 5}}, "'allow' is the number 5"),
+    ({"p": {"read_only": "false"}}, """'read_only' is the string "false"; expected true or false"""),
+    ({"p": {"args": [1]}}, "'args' is the list [1]"),
+    ({"p": {"args": {"read_file": {"path": 5}}}}, "'args.read_file.path' is the number 5"),
+    ({"p": {"args": {"read_file": {"path": {"glob": 5}}}}}, "'args.read_file.path.glob' is the number 5"),
+    ({"p": {"args": {"read_file": {"nope": ["x"]}}}}, "narrows arguments ['nope'] that tool 'read_file' does not have"),
+    ({"p": {"args": {"calc": {"expr": {"glob": "*"}}}}}, "calc.expr has no enumerated domain"),
+    ({"p": {"deny": ["write_flie"]}}, "'deny' names write_flie, which the agent does not have; its tools: list_dir"),
+])
+def test_a_bad_policies_file_is_an_error_not_a_traceback(ws, policies, says):
+    root, replies = ws
+    path = root / "pol.json"
+    path.write_text(json.dumps(policies))
+    for command in (["agent", "x"], ["chat"]):
+        r = runner.invoke(cli.app, [*command, "-w", str(root), "--policy", "p", "--policies", str(path)], input="")
+        assert r.exit_code == 2, (r.output, r.exception)
+        text = " ".join(r.output.split())
+        assert text.startswith("error:") and says in text, r.output

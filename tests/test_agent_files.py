@@ -158,3 +158,28 @@ def test_atomic_write_cleans_up_after_an_error(tmp_path, monkeypatch):
 def test_workspace_must_exist(tmp_path):
     with pytest.raises(FileNotFoundError, match="--workspace"):
         Workspace(tmp_path / "nope")
+
+
+def test_atomic_write_keeps_the_mode_and_writes_through_a_symlink(tmp_path):
+    import stat
+
+    secret, script, real = tmp_path / "secret.txt", tmp_path / "run.sh", tmp_path / "sub" / "real.txt"
+    secret.write_text("token")
+    secret.chmod(0o600)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    real.parent.mkdir()
+    real.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    for p, mode in ((secret, 0o600), (script, 0o755)):
+        atomic_write(p, "new")
+        assert p.read_text() == "new" and stat.S_IMODE(p.stat().st_mode) == mode
+    atomic_write(link, "through")
+    assert link.is_symlink() and real.read_text() == "through"
+    assert not list(tmp_path.rglob(TMP_PREFIX + "*"))
+    # a dangling link is written through too: its target is created
+    dangling = tmp_path / "later.txt"
+    dangling.symlink_to(tmp_path / "sub" / "made.txt")
+    atomic_write(dangling, "x")
+    assert dangling.is_symlink() and (tmp_path / "sub" / "made.txt").read_text() == "x"

@@ -10,7 +10,7 @@ import pytest
 from railcall.agent.loop import name_position
 from railcall.agent.policy import Approver, Policy, load_policies, view
 from railcall.agent.table import ToolTable
-from railcall.errors import GrammarError
+from railcall.errors import GrammarError, PolicyError
 from railcall.matcher import Matcher, compiled_grammar
 
 FILES = ["docs/a.md", "docs/b.md", "secret.txt"]
@@ -94,8 +94,8 @@ def test_named_policy_allow_list_and_narrowed_domains():
     assert "read_file" not in v2.names and "required argument" in v2.left_out["read_file"]
     with pytest.raises(GrammarError, match="does not have"):
         view(table, Policy(args={"read_file": {"nope": ["x"]}}))
-    with pytest.raises(GrammarError, match="cannot narrow"):
-        view(table, Policy(args={"read_dir": {"depth": {"pattern": "x"}}}))
+    with pytest.raises(PolicyError, match="cannot narrow"):
+        Policy(args={"read_dir": {"depth": {"pattern": "x"}}})
 
 
 def test_deny_list_and_empty_view():
@@ -116,7 +116,7 @@ def test_policies_file(tmp_path):
     path.write_text(json.dumps({"bad": {"read_onyl": True}}))
     with pytest.raises(ValueError, match="unknown keys"):
         load_policies(path)
-    with pytest.raises(ValueError, match="not one of"):
+    with pytest.raises(ValueError, match="expected one of ask, auto, deny"):
         Policy(approve="maybe")
 
 
@@ -143,3 +143,49 @@ def test_approval_gate_modes():
         raise EOFError
 
     assert not Approver(eof).decide(Policy(), write, {}).approved
+
+
+@pytest.mark.parametrize("policy, field, found", [
+    ({"deny": "write_file"}, "'deny'", 'the string "write_file"; expected a list of tool names, e.g. ["write_file"]'),
+    ({"allow": "read_file"}, "'allow'", 'the string "read_file"; expected a list of tool names'),
+    ({"allow": 5}, "'allow'", "the number 5; expected a list of tool names"),
+    ({"deny": ["write_file", 3]}, "'deny'", 'the list ["write_file", 3]; expected a list of tool names'),
+    ({"deny": None}, "'deny'", "null; expected a list of tool names"),
+    ({"read_only": "false"}, "'read_only'", 'the string "false"; expected true or false'),
+    ({"read_only": 1}, "'read_only'", "the number 1; expected true or false"),
+    ({"approve": ["auto"]}, "'approve'", 'the list ["auto"]; expected one of ask, auto, deny'),
+    ({"approve_tools": ["write_file"]}, "'approve_tools'", "the list"),
+    ({"approve_tools": {"write_file": "yes"}}, "'approve_tools.write_file'", 'the string "yes"'),
+    ({"args": [1]}, "'args'", "the list [1]; expected an object"),
+    ({"args": {"read_file": ["x"]}}, "'args.read_file'", 'the list ["x"]; expected an object'),
+    ({"args": {"read_file": {"path": 5}}}, "'args.read_file.path'", "the number 5; expected a list of values"),
+    ({"args": {"read_file": {"path": {"glob": 5}}}}, "'args.read_file.path.glob'", "the number 5"),
+    ({"args": {"read_file": {"path": {"enum": "a"}}}}, "'args.read_file.path.enum'", 'the string "a"'),
+    ({"args": {"read_dir": {"depth": {"maximum": "2"}}}}, "'args.read_dir.depth.maximum'", "expected a number"),
+    ({"args": {"read_dir": {"path": {"maxLength": -1}}}}, "'args.read_dir.path.maxLength'", "a whole number >= 0"),
+])
+def test_a_wrongly_typed_policy_field_is_refused_by_name(tmp_path, policy, field, found):
+    path = tmp_path / "policies.json"
+    path.write_text(json.dumps({"p": policy}))
+    with pytest.raises(PolicyError) as e:
+        load_policies(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: policy 'p': {field} is ") and found in msg, msg
+
+
+def test_a_policies_file_of_the_wrong_shape_is_refused(tmp_path):
+    path = tmp_path / "policies.json"
+    path.write_text(json.dumps({"p": 5}))
+    with pytest.raises(PolicyError, match=r"policy 'p' is the number 5; expected an object with any of the keys"):
+        load_policies(path)
+    path.write_text(json.dumps([{"deny": ["write_file"]}]))
+    with pytest.raises(PolicyError, match="expected an object of named policies"):
+        load_policies(path)
+    path.write_text('{"p": {"deny": ["write_file"]')
+    with pytest.raises(PolicyError, match="cannot read policies from"):
+        load_policies(path)
+    # what a right file means, for contrast: deny and read_only are read as written
+    path.write_text(json.dumps({"p": {"deny": ["write_file"], "read_only": False}}))
+    p = load_policies(path)["p"]
+    assert p.deny == {"write_file"} and p.read_only is False
+    assert "write_file" not in view(make_table(), p).names and "wipe_disk" in view(make_table(), p).names

@@ -46,3 +46,20 @@ def test_quick_bench_produces_every_figure(tmp_path):
     e2e = report["end_to_end"]
     assert e2e["ms_per_token_with_grammar"] > 0 and 0 < e2e["forward_passes_saved_share"] < 1
     assert all(x["sampled_paths"] > 0 for x in report["results"] if x["engine"] == "railcall")
+
+
+def test_report_files_are_replaced_whole(tmp_path, disk_full):
+    """A write that fails half-way (a full disk) leaves the previous report files as they were."""
+    from railcall.bench.run import write_report
+
+    report = {"machine": {"processor": "cpu", "cpu_count": 2, "python": "3", "numpy": "2", "engines": {}},
+              "results": [{"engine": "railcall", "vocab": "smollm2", "workload": "seed3", "tbm_us_p50": 9.0,
+                           "tbm_us_p99": 20.0, "ttfm_cold_us_p50": 300.0}], "ratios": []}
+    out = tmp_path / "bench.json"
+    write_report(report, out)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert set(before) == {"bench.json", "bench.md", "bench.png"}
+    disk_full()
+    with pytest.raises(OSError):
+        write_report({**report, "quick": True}, out)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

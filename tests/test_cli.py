@@ -32,3 +32,26 @@ def test_demo_without_the_model_package_says_how_to_install(monkeypatch, tmp_pat
 def test_demo_with_a_missing_model_path(tmp_path):
     r = runner.invoke(app, ["demo", "--model", str(tmp_path / "nope.gguf")])
     assert r.exit_code == 2 and "not found" in r.output
+
+
+def test_coverage_report_is_replaced_whole(tmp_path, disk_full):
+    """A write that fails half-way (a full disk) leaves the previous coverage report as it was."""
+    import json
+
+    suite = tmp_path / "jsts" / "draft2020-12"
+    suite.mkdir(parents=True)
+    (suite / "type.json").write_text(json.dumps([{"description": "integer", "schema": {"type": "integer"},
+                                                  "tests": [{"description": "1", "data": 1, "valid": True},
+                                                            {"description": "a", "data": "a", "valid": False}]}]))
+    out = tmp_path / "coverage.md"
+    args = ["coverage", "--data", str(tmp_path / "jsts"), "--out", str(out), "--no-peers"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    before = out.read_bytes()
+    assert b"type" in before
+    out.write_bytes(before + b"<!-- the previous run -->\n")
+    disk_full()
+    r = runner.invoke(app, args)
+    assert isinstance(r.exception, OSError)
+    assert out.read_bytes() == before + b"<!-- the previous run -->\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".railcall-tmp-")] == []

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
+import pytest
+
 from railcall.eval import report
-from railcall.eval.runner import CONDITIONS, read_results
+from railcall.eval.runner import CONDITIONS, _append, read_results, run_bfcl
+
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bfcl"
 
 
 def rec(cat, i, cond, parse, valid, ast, tokens=10):
@@ -25,10 +32,44 @@ def test_a_torn_last_line_is_dropped_and_cut_off(tmp_path):
         f.write(json.dumps(rec("a", 1, "with_grammar", True, True, False)) + "\n")
     assert len(read_results(p)) == 3
     assert read_results(tmp_path / "missing.jsonl") == []
-    # a bad line in the middle (a file edited by hand) is skipped, not the end of the file
+    # a bad line in the middle (a file edited by hand) is skipped and reported, not the end of the file
     lines = p.read_text().splitlines()
     p.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
-    assert len(read_results(p, repair=True)) == 3 and "{not json" in p.read_text()
+    warnings = []
+    assert len(read_results(p, repair=True, warn=warnings.append)) == 3 and "{not json" in p.read_text()
+    assert warnings == [f"{p} line 2: does not parse (Expecting property name enclosed in double quotes: "
+                        "line 1 column 2 (char 1)); skipped"]
+
+
+def test_a_last_line_torn_just_before_its_newline_is_mended(tmp_path):
+    """The record is whole but its newline never reached the disk: resume keeps it and writes the
+    newline, so the next append starts a line of its own (joined, both records were lost)."""
+    p = tmp_path / "results.jsonl"
+    a, b, c = (rec("x", i, "with_grammar", True, True, True) for i in range(3))
+    p.write_text(json.dumps(a) + "\n" + json.dumps(b))
+    assert read_results(p) == [a, b] and not p.read_text().endswith("\n")  # reading alone never writes
+    assert read_results(p, repair=True) == [a, b] and p.read_text().endswith("\n")
+    with open(p, "a") as f:
+        _append(f, [c])
+    warnings = []
+    assert read_results(p, warn=warnings.append) == [a, b, c] and warnings == []
+
+
+def test_a_record_the_summary_cannot_use_is_reported_and_skipped(tmp_path):
+    p = tmp_path / "results.jsonl"
+    good = rec("x", 0, "with_grammar", True, True, True)
+    bad = [{"category": "simple"}, [1, 2], {**good, "tokens": "12"}, {**good, "parse": 1},
+           {**good, "condition": "other"}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in [good, *bad]))
+    warnings = []
+    assert read_results(p, warn=warnings.append) == [good]
+    assert [w.split(": ", 1)[1] for w in warnings] == [
+        "not a results record (no 'id', 'condition', 'parse', 'valid', 'ast', 'tokens', 'seconds', 'cut'); skipped",
+        "not a results record (not a JSON object but list); skipped",
+        """not a results record ('tokens' is "12", not a whole number); skipped""",
+        "not a results record ('parse' is 1, not true or false); skipped",
+        "not a results record (condition 'other' is not one of with_grammar, without_grammar); skipped"]
+    assert warnings[0].startswith(f"{p} line 2: ")
 
 
 def test_summary_fields_table_and_chart(tmp_path):
@@ -81,3 +122,80 @@ def test_report_command_renders_a_run_folder(tmp_path):
     assert s["settings"]["max_tokens"] == 192 and (tmp_path / "eval.png").is_file()
     r = CliRunner().invoke(app, ["eval", "report", str(tmp_path / "nothing")])
     assert r.exit_code == 2 and "no results" in r.output
+
+
+def test_report_command_on_malformed_files_says_what_and_where(tmp_path):
+    from typer.testing import CliRunner
+
+    from railcall.cli import app
+
+    good = rec("multiple", 0, "with_grammar", True, True, True)
+    (tmp_path / "results.jsonl").write_text(json.dumps({"category": "simple"}) + "\n" + json.dumps(good) + "\n")
+    r = CliRunner().invoke(app, ["eval", "report", str(tmp_path)])
+    assert r.exit_code == 0, (r.output, r.exception)
+    out = " ".join(r.output.split())
+    assert f"warning: {tmp_path / 'results.jsonl'} line 1: not a results record (no 'id'" in out
+    assert json.loads((tmp_path / "summary.json").read_text())["throughput"]["rows"] == 1
+    (tmp_path / "results.jsonl").write_text(json.dumps({"category": "simple"}) + "\n")
+    r = CliRunner().invoke(app, ["eval", "report", str(tmp_path)])
+    assert r.exit_code == 2 and "error: no results in" in " ".join(r.output.split()), (r.output, r.exception)
+    (tmp_path / "results.jsonl").write_text(json.dumps(good) + "\n")
+    for broken in ("{", "[]", '{"settings": 5}'):
+        (tmp_path / "run.json").write_text(broken)
+        r = CliRunner().invoke(app, ["eval", "report", str(tmp_path)])
+        out = " ".join(r.output.split())
+        assert r.exit_code == 2 and f"error: {tmp_path / 'run.json'}" in out.replace("cannot read ", ""), out
+
+
+def test_a_fresh_run_never_replaces_an_earlier_ones_results(tmp_path, monkeypatch, smollm2_tokenizer):
+    """Rerunning without --resume keeps what the folder held as results.jsonl.old.N / run.json.old.N
+    (N counting up); an interrupted rerun that wrote nothing leaves no empty backup behind."""
+    import types
+
+    import railcall.batch
+    from railcall.models import store
+
+    lm = types.SimpleNamespace(tokenizer=smollm2_tokenizer, name="stub",
+                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(smollm2_tokenizer))))
+    monkeypatch.setattr(store, "load_model", lambda model=None: lm)
+
+    def interrupted(*a, **k):  # Ctrl-C as decoding starts: nothing decoded, no model run
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(railcall.batch, "decode_stream", interrupted)
+
+    def rerun():
+        with pytest.raises(KeyboardInterrupt):
+            run_bfcl(["simple_python"], tmp_path, data=DATA, limit=2)
+
+    first = "".join(json.dumps(rec("simple_python", i, c, True, True, True)) + "\n" for i in range(3) for c in CONDITIONS)
+    (tmp_path / "results.jsonl").write_text(first)
+    (tmp_path / "run.json").write_text('{"settings": {"model": "first"}}')
+    (tmp_path / "results.jsonl.old").write_text("from an older railcall\n")
+    rerun()
+    rerun()
+    assert (tmp_path / "results.jsonl.old.1").read_text() == first
+    assert (tmp_path / "run.json.old.1").read_text() == '{"settings": {"model": "first"}}'
+    assert (tmp_path / "results.jsonl.old").read_text() == "from an older railcall\n"
+    second = first.replace("true", "false")
+    (tmp_path / "results.jsonl").write_text(second)
+    rerun()
+    rerun()
+    assert (tmp_path / "results.jsonl.old.1").read_text() == first
+    assert (tmp_path / "results.jsonl.old.2").read_text() == second
+    assert sorted(p.name for p in tmp_path.glob("*.old*")) == [
+        "results.jsonl.old", "results.jsonl.old.1", "results.jsonl.old.2", "run.json.old.1", "run.json.old.2"]
+
+
+def test_report_files_are_replaced_whole(tmp_path, disk_full):
+    """A write that fails half-way (a full disk) leaves the previous summary, table and chart."""
+    s = report.summarise([rec("c", 0, "with_grammar", True, True, True)], settings={}, categories=["c"])
+    report.write(s, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert set(before) == {"summary.json", "table.md", "eval.png"}
+    s2 = report.summarise([rec("d", 0, "with_grammar", False, False, False)], settings={}, categories=["d"])
+    disk_full()
+    with pytest.raises(OSError):
+        report.write(s2, tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -131,3 +131,36 @@ def test_embedded_model_loads_from_cache_fast():
     assert lm.load_seconds > 0  # the figure `railcall demo` prints; its speed is not a test
     manifest = json.loads((lm.folder / store.MANIFEST).read_text())
     assert "model.safetensors" in manifest["files"]
+
+
+def test_a_file_that_is_not_a_gguf_is_refused_before_any_conversion(tmp_path, home):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"garbage")
+    with pytest.raises(ModelError, match=r"bad.gguf is not a GGUF file \(it does not start with 'GGUF'\)"):
+        store.resolve_source(str(bad))
+    from typer.testing import CliRunner
+
+    from railcall.cli import app
+
+    for command in ("info", "demo"):
+        r = CliRunner().invoke(app, [command, "--model", str(bad)])
+        assert r.exit_code == 2 and "error:" in r.output and "is not a GGUF file" in r.output, (r.output, r.exception)
+    assert not home.exists() or not any(home.rglob("*"))
+
+
+def test_a_conversion_that_fails_is_a_model_error_and_leaves_no_cache(home, fake_gguf):
+    def unreadable(gguf, out):
+        (out / "config.json").write_text("{}")  # half-way when the reader gives up
+        raise ValueError("GGUF tensor data is truncated")
+
+    with pytest.raises(ModelError, match=r"cannot convert .*tiny.gguf \(GGUF tensor data is truncated\); "
+                                         r"--model expects a complete GGUF model file"):
+        store.ensure_converted(fake_gguf, converter=unreadable, log=lambda m: None)
+    assert list((home / "models").iterdir()) == []
+
+    def interrupted(gguf, out):
+        raise KeyboardInterrupt  # not a conversion error: it goes through as it is
+
+    with pytest.raises(KeyboardInterrupt):
+        store.ensure_converted(fake_gguf, converter=interrupted, log=lambda m: None)
+    assert list((home / "models").iterdir()) == []

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from railcall import __version__
-from railcall.errors import RailcallError
+from railcall.errors import PolicyError, RailcallError
 
 app = typer.Typer(
     name="railcall",
@@ -194,6 +194,7 @@ def coverage(
     """JSON Schema coverage on the official test suite, railcall and llguidance side by side."""
     from pathlib import Path
 
+    from railcall.atomic import atomic_write
     from railcall.bench import coverage as cov
 
     if not (Path(data) / "draft2020-12").is_dir():
@@ -210,7 +211,7 @@ def coverage(
     console.print(table)
     cmd = "railcall coverage" + ("" if peers else " --no-peers")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(cov.markdown(results, cmd))
+    atomic_write(Path(out), cov.markdown(results, cmd))
     console.print(f"wrote {out} (per-keyword table)")
 
 
@@ -256,17 +257,18 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
 
     from railcall.agent import Agent, Approver, Policy, load_policies
     from railcall.decode import SamplingParams
+    from railcall.errors import GrammarError
 
     if approve is not None and approve not in ("ask", "auto", "deny"):
         _fail(ValueError(f"--approve must be ask, auto or deny, not {approve!r}"))
     try:
-        chosen = Policy()
+        chosen, source = Policy(), "--policy"
         if policy and policy != "default":
             path = Path(policies) if policies else Path(workspace) / ".railcall" / "policies.json"
             named = load_policies(path)
             if policy not in named:
                 raise ValueError(f"no policy {policy!r} in {path}; it has: {', '.join(named) or 'none'}")
-            chosen = named[policy]
+            chosen, source = named[policy], str(path)
         if read_only:
             chosen = chosen.with_(read_only=True, name=chosen.name + "+read-only")
         if approve:
@@ -276,9 +278,25 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
             workspace, lm, policy=chosen, approver=Approver(ask), max_steps=max_steps,
             params=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed),
             trace=trace or Path(workspace) / ".railcall" / "trace.jsonl", on_step=_show_step)
+        _check_policy_tools(chosen, agent.table.names(), source)
+        try:
+            agent.view()  # a narrowing this table cannot apply (an argument a tool lacks) fails here, not mid-task
+        except GrammarError as e:
+            raise PolicyError(f"{source}: {e}") from None
     except (RailcallError, ValueError, FileNotFoundError) as e:
         _fail(e)
     return agent
+
+
+def _check_policy_tools(policy, tools: list[str], source: str) -> None:
+    """A tool name the agent does not have is a typo, not a rule: "deny": ["write_flie"] would
+    deny nothing. (A library caller's table may gain tools later; the CLI's is fixed.)"""
+    named = {"allow": policy.allow or (), "deny": policy.deny, "args": policy.args, "approve_tools": policy.approve_tools}
+    for field, names in named.items():
+        unknown = sorted(set(names) - set(tools))
+        if unknown:
+            raise PolicyError(f"{source}: policy {policy.name!r}: {field!r} names {', '.join(unknown)}, which the "
+                              f"agent does not have; its tools: {', '.join(tools)}")
 
 
 def _show_step(rec: dict) -> None:
@@ -383,7 +401,9 @@ def eval_bfcl(
     no_grammar: bool = typer.Option(False, "--no-grammar", help="Only the run without the grammar."),
     model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
     out: str = typer.Option("eval-out/bfcl", "--out", help="The folder for results.jsonl, summary.json, table.md and eval.png."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks. "
+                                "Without it, results already in --out are kept as results.jsonl.old.N (and run.json.old.N), "
+                                "N one more than the last: never overwritten."),
     data: str = typer.Option("../shared/data/bfcl", "--data", help="The BFCL data folder."),
     max_tokens: int = typer.Option(192, "--max-tokens", help="Token ceiling per reply, the same for every category."),
     batch: int = typer.Option(16, "--batch", help="Tasks decoded together (each gives one row per condition)."),
@@ -436,7 +456,8 @@ def eval_report(
     from railcall.eval import report
 
     try:
-        summary = report.from_folder(Path(out))
+        summary = report.from_folder(Path(out), warn=lambda m: console.print(f"warning: {m}", style="yellow",
+                                                                             markup=False, highlight=False))
     except (FileNotFoundError, ValueError) as e:
         _fail(e)
         return

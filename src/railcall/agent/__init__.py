@@ -16,8 +16,9 @@ from railcall.agent.loop import Agent, AgentModel, Episode
 from railcall.agent.policy import Approver, Decision, Policy, View, load_policies, view
 from railcall.agent.skills import Skill, SkillError, SkillStore
 from railcall.agent.table import ToolTable
+from railcall.errors import PolicyError
 
 __all__ = [
-    "Agent", "AgentModel", "Approver", "Decision", "Episode", "PathRefused", "Policy", "Skill", "SkillError",
-    "SkillStore", "ToolTable", "View", "Workspace", "atomic_write", "load_policies", "view",
+    "Agent", "AgentModel", "Approver", "Decision", "Episode", "PathRefused", "Policy", "PolicyError", "Skill",
+    "SkillError", "SkillStore", "ToolTable", "View", "Workspace", "atomic_write", "load_policies", "view",
 ]

@@ -6,11 +6,9 @@ here. A path is refused when it is absolute, has a `..` component, names railcal
 folder (`.railcall`, where skills and memory live), contains a NUL, or resolves -- after every
 symlink is followed -- to somewhere outside the workspace.
 
-Writes go to a temporary file in the target's own folder (same file system), are flushed and
-fsynced, and are then renamed over the target with `os.replace`, which is atomic on POSIX: a
-reader, or a process killed at any instant, sees the old file or the new one, never half of
-one. The temporary names start with `.railcall-tmp-` so the file listing never offers them and a
-leftover from a killed writer can be swept (`sweep_temp`).
+Every write goes through `railcall.atomic.atomic_write` (the old file or the new one, never
+half of one). Its temporary names start with `.railcall-tmp-`, so the file listing never offers
+them and a leftover from a killed writer can be swept (`sweep_temp`).
 
 Lifecycle: a Workspace is made once per agent session; it holds nothing but its root.
 """
@@ -18,52 +16,15 @@ Lifecycle: a Workspace is made once per agent session; it holds nothing but its 
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path, PurePosixPath
 
+from railcall.atomic import TMP_PREFIX, atomic_write  # noqa: F401 (atomic_write: the agent's writer)
+
 STATE_DIR = ".railcall"
-TMP_PREFIX = ".railcall-tmp-"
-CHUNK = 1 << 20  # bytes per write(2): a large file is written in pieces, none of them visible
 
 
 class PathRefused(ValueError):
     """A path argument that would leave the workspace (or touch railcall's state folder)."""
-
-
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write `data` to `path` so that it is replaced whole or not at all."""
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    path = Path(path)
-    tmp = path.parent / f"{TMP_PREFIX}{path.name}-{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view[:CHUNK])
-            view = view[n:]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    # the rename itself is durable once the folder's entry is on disk
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
 
 
 def sweep_temp(folder: Path) -> int:

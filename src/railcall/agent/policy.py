@@ -31,11 +31,13 @@ from pathlib import Path
 from typing import Callable
 
 from railcall.agent.table import ToolTable, ViewContext
-from railcall.errors import GrammarError
+from railcall.errors import GrammarError, PolicyError
 from railcall.grammar.tools import Tool
 
 APPROVALS = ("ask", "auto", "deny")
 _BOUNDS = ("minimum", "maximum", "minLength", "maxLength", "maxItems", "minItems")
+_COUNTS = ("minLength", "maxLength", "maxItems", "minItems")  # bounds that count, so whole and >= 0
+_KEYS = ("read_only", "allow", "deny", "args", "approve", "approve_tools")
 
 
 @dataclass(frozen=True)
@@ -51,24 +53,48 @@ class Policy:
     approve_tools: dict = field(default_factory=dict, hash=False)  # tool -> ask | auto | deny
 
     def __post_init__(self):
-        for mode in (self.approve, *self.approve_tools.values()):
-            if mode not in APPROVALS:
-                raise ValueError(f"policy {self.name!r}: approval {mode!r} is not one of {', '.join(APPROVALS)}")
+        # Every field is checked here, for a policies file and a library caller alike: Python
+        # would read a wrong type silently ("deny": "write_file" as the set of its letters,
+        # denying nothing; "read_only": "false" as True).
+        if not isinstance(self.read_only, bool):
+            raise self._error("read_only", self.read_only, "true or false")
         for key in ("allow", "deny"):
             v = getattr(self, key)
-            if v is not None and not isinstance(v, frozenset):
-                object.__setattr__(self, key, frozenset(v))
+            if v is None and key == "allow":
+                continue
+            if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple, set, frozenset)) \
+                    or not all(isinstance(t, str) for t in v):
+                hint = f', e.g. [{json.dumps(v)}]' if isinstance(v, str) else ""
+                raise self._error(key, v, "a list of tool names" + hint)
+            object.__setattr__(self, key, frozenset(v))
+        if not isinstance(self.approve, str) or self.approve not in APPROVALS:
+            raise self._error("approve", self.approve, "one of " + ", ".join(APPROVALS))
+        if not isinstance(self.approve_tools, dict):
+            raise self._error("approve_tools", self.approve_tools, 'an object {tool: "ask" | "auto" | "deny"}')
+        for tool, mode in self.approve_tools.items():
+            if not isinstance(mode, str) or mode not in APPROVALS:
+                raise self._error(f"approve_tools.{tool}", mode, "one of " + ", ".join(APPROVALS))
+        if not isinstance(self.args, dict):
+            raise self._error("args", self.args, "an object {tool: {argument: narrowing}}")
+        for tool, narrowing in self.args.items():
+            if not isinstance(narrowing, dict):
+                raise self._error(f"args.{tool}", narrowing, "an object {argument: narrowing}")
+            for arg, rule in narrowing.items():
+                _check_narrowing(self, f"args.{tool}.{arg}", rule)
+
+    def _error(self, field: str, value, expected: str) -> PolicyError:
+        return PolicyError(f"policy {self.name!r}: {field!r} is {_shown(value)}; expected {expected}")
 
     @classmethod
     def from_dict(cls, name: str, d: dict) -> "Policy":
-        known = {"read_only", "allow", "deny", "args", "approve", "approve_tools"}
-        extra = set(d) - known
+        """A policy from its JSON object (one entry of a policies file)."""
+        if not isinstance(d, dict):
+            raise PolicyError(f"policy {name!r} is {_shown(d)}; expected an object with any of the keys "
+                              f"{', '.join(_KEYS)}")
+        extra = set(d) - set(_KEYS)
         if extra:
-            raise ValueError(f"policy {name!r}: unknown keys {sorted(extra)}; known: {sorted(known)}")
-        return cls(name=name, read_only=bool(d.get("read_only", False)),
-                   allow=frozenset(d["allow"]) if d.get("allow") is not None else None,
-                   deny=frozenset(d.get("deny", ())), args=dict(d.get("args", {})),
-                   approve=d.get("approve", "ask"), approve_tools=dict(d.get("approve_tools", {})))
+            raise PolicyError(f"policy {name!r}: unknown keys {sorted(extra)}; known: {sorted(_KEYS)}")
+        return cls(name=name, **d)
 
     def with_(self, **changes) -> "Policy":
         from dataclasses import replace
@@ -79,15 +105,58 @@ class Policy:
         return self.approve_tools.get(tool, self.approve)
 
 
+def _check_narrowing(policy: Policy, field: str, rule) -> None:
+    """A narrowing is a list of values, or an object of glob / enum / bounds (module docstring)."""
+    if isinstance(rule, list):
+        return
+    if not isinstance(rule, dict):
+        raise policy._error(field, rule, 'a list of values or an object such as {"glob": "docs/*"}')
+    bad = set(rule) - {"glob", "enum", *_BOUNDS}
+    if bad:
+        raise PolicyError(f"policy {policy.name!r}: {field!r} cannot narrow with {sorted(bad)}; "
+                          f"use a list, glob, enum or {', '.join(_BOUNDS)}")
+    if "glob" in rule and not isinstance(rule["glob"], str):
+        raise policy._error(f"{field}.glob", rule["glob"], 'a pattern string such as "docs/*"')
+    if "enum" in rule and not isinstance(rule["enum"], list):
+        raise policy._error(f"{field}.enum", rule["enum"], "a list of values")
+    for k in _BOUNDS:
+        v = rule.get(k)
+        if k not in rule:
+            continue
+        if k in _COUNTS and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise policy._error(f"{field}.{k}", v, "a whole number >= 0")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise policy._error(f"{field}.{k}", v, "a number")
+
+
+def _shown(value) -> str:
+    """A wrong value as the user wrote it in JSON, with its type (a string and a list look alike
+    in an error otherwise)."""
+    kind = {str: "the string", bool: "the boolean", int: "the number", float: "the number", list: "the list",
+            dict: "the object", type(None): ""}.get(type(value), f"a {type(value).__name__}")
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return f"{kind} {text[:80]}".strip()
+
+
 def load_policies(path: str | Path) -> dict[str, Policy]:
-    """Named policies from a JSON file: {"reader": {"read_only": true, ...}, "ops": {...}}."""
+    """Named policies from a JSON file: {"reader": {"read_only": true, ...}, "ops": {...}}.
+
+    Every field is checked (`Policy.__post_init__`); a wrong one is a PolicyError naming the
+    file, the policy, the field, the value found and what is expected."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read policies from {path}: {e}") from None
+        raise PolicyError(f"cannot read policies from {path}: {e}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected an object of named policies")
-    return {name: Policy.from_dict(name, d) for name, d in data.items()}
+        raise PolicyError(f"{path}: expected an object of named policies, "
+                          f'such as {{"reader": {{"read_only": true}}}}; found {_shown(data)}')
+    try:
+        return {name: Policy.from_dict(name, d) for name, d in data.items()}
+    except PolicyError as e:
+        raise PolicyError(f"{path}: {e}") from None
 
 
 @dataclass
@@ -183,7 +252,8 @@ def _narrowed(entry, narrowing: dict, ctx: ViewContext) -> tuple[Tool | None, st
     props = tool.parameters.get("properties", {})
     unknown = set(narrowing) - set(props)
     if unknown:
-        raise GrammarError(f"policy narrows arguments {sorted(unknown)} that tool {tool.name!r} does not have")
+        raise GrammarError(f"policy {ctx.policy.name!r}: 'args.{tool.name}' narrows arguments {sorted(unknown)} "
+                           f"that tool {tool.name!r} does not have; its arguments: {', '.join(props) or 'none'}")
     touched = set(entry.domains) | set(narrowing)
     if not touched:
         return tool, ""
@@ -198,19 +268,14 @@ def _narrowed(entry, narrowing: dict, ctx: ViewContext) -> tuple[Tool | None, st
         elif isinstance(rule, dict):
             if "glob" in rule:
                 if values is None:
-                    raise GrammarError(f"policy: {tool.name}.{arg} has no enumerated domain for a glob to filter")
+                    raise GrammarError(f"policy {ctx.policy.name!r}: 'args.{tool.name}.{arg}': {tool.name}.{arg} "
+                                       "has no enumerated domain for a glob to filter; narrow it with a list instead")
                 values = [v for v in values if isinstance(v, str) and fnmatch.fnmatchcase(v, rule["glob"])]
             if "enum" in rule:
                 values = [v for v in rule["enum"] if values is None or v in values]
-            bad = set(rule) - {"glob", "enum", *_BOUNDS}
-            if bad:
-                raise GrammarError(f"policy: {tool.name}.{arg}: cannot narrow with {sorted(bad)}; "
-                                   f"use a list, glob, enum or {', '.join(_BOUNDS)}")
-            for k in _BOUNDS:
+            for k in _BOUNDS:  # each rule's keys and types were checked when the Policy was made
                 if k in rule:
                     schema[k] = rule[k]
-        elif rule is not None:
-            raise GrammarError(f"policy: {tool.name}.{arg}: a narrowing is a list of values or an object")
         if values is None:
             continue
         if not values:

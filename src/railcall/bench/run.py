@@ -7,6 +7,7 @@ railcall figure as a ratio to the best peer, and a PNG chart.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import platform
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from railcall.atomic import atomic_write
 from railcall.bench.engines import ENGINES, NOTES, engine_version
 
 FIGURES = ["ttfm_cold_us_p50", "ttfm_warm_us_p50", "tbm_us_p50", "tbm_us_p99", "tbm_us_max", "consume_us_p50", "peak_mem_mb"]
@@ -73,7 +75,7 @@ def model_runs(data: Path, quick: bool, samples_file: Path, wls) -> dict:
                              SamplingParams(max_tokens=64, temperature=0.8, seed=100 * ti + k))
                 rows.append([ti, g.text])
         samples[wl.name] = rows
-    samples_file.write_text(json.dumps(samples, ensure_ascii=False, indent=1))
+    atomic_write(samples_file, json.dumps(samples, ensure_ascii=False, indent=1))
 
     compiled = compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)
     free_t = free_n = con_t = con_n = saved = 0.0
@@ -169,11 +171,16 @@ def run(*, quick: bool, vocabs: list[str], out: Path, data: Path, engines: list[
         vocab_builds.append(run_vocab_build(vocab, timeout=timeout))
     report = {"machine": machine(), "quick": quick, "seconds": time.time() - t0, "notes": NOTES,
               "results": results, "ratios": ratios(results), "vocab_builds": vocab_builds, "end_to_end": e2e}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    out.with_suffix(".md").write_text(markdown(report))
-    chart(report, out.with_suffix(".png"))
+    write_report(report, out)
     return report
+
+
+def write_report(report: dict, out: Path) -> None:
+    """`out` (JSON), and beside it the Markdown tables and the PNG chart, each replaced whole."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, json.dumps(report, indent=1))
+    atomic_write(out.with_suffix(".md"), markdown(report))
+    chart(report, out.with_suffix(".png"))
 
 
 def chart(report: dict, path: Path) -> None:
@@ -201,7 +208,9 @@ def chart(report: dict, path: Path) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle("railcall vs peers (lower is better)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    atomic_write(path, png.getvalue())
     plt.close(fig)
 
 

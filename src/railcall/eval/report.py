@@ -9,9 +9,11 @@ prompt tokens, one prefill per task, are counted apart).
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
+from railcall.atomic import atomic_write
 from railcall.eval.runner import CONDITIONS
 
 
@@ -50,13 +52,14 @@ def summarise(records: list[dict], *, settings: dict, categories: list[str], lim
     }
 
 
-def from_folder(out: Path) -> dict:
-    """The summary of whatever a run folder holds (a finished or an interrupted run)."""
-    from railcall.eval.runner import read_results
+def from_folder(out: Path, warn=None) -> dict:
+    """The summary of whatever a run folder holds (a finished or an interrupted run). A line of
+    results.jsonl that is not a usable record is skipped, and `warn` told which and why."""
+    from railcall.eval.runner import read_results, read_run
 
     out = Path(out)
-    run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
-    records = read_results(out / "results.jsonl")
+    run = read_run(out / "run.json") if (out / "run.json").is_file() else {}
+    records = read_results(out / "results.jsonl", warn=warn)
     if not records:
         raise FileNotFoundError(f"no results in {out / 'results.jsonl'}")
     cats = list(dict.fromkeys(r["category"] for r in records))
@@ -65,11 +68,9 @@ def from_folder(out: Path) -> dict:
 
 def write(summary: dict, out: Path) -> None:
     out = Path(out)
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1))
-    tmp.replace(out / "summary.json")
+    atomic_write(out / "summary.json", json.dumps(summary, indent=1))
     chart(summary, out / "eval.png")
-    (out / "table.md").write_text(markdown(summary))
+    atomic_write(out / "table.md", markdown(summary))
 
 
 def _pct(x) -> str:
@@ -140,5 +141,7 @@ def chart(summary: dict, path: Path) -> None:
     fig.suptitle(f"BFCL on {model}, greedy, max {summary.get('settings', {}).get('max_tokens')} tokens", fontsize=10,
                  x=0.02, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    atomic_write(path, png.getvalue())
     plt.close(fig)

@@ -18,8 +18,10 @@ Tasks are decoded `batch` at a time (both conditions: twice as many rows), new o
 others end (`railcall.batch.decode_stream`), in file order, a window of `batch` tasks from each
 category in turn: an interrupted run holds the first N tasks of every category. Results: one JSON line per (task, condition) in
 `results.jsonl`, a task's lines appended and flushed once both are in, so an interrupted run
-loses only the tasks in flight; `resume=True` skips what is there
-(a torn last line is dropped) and refuses to mix settings (`run.json` holds them).
+loses only the tasks in flight; `resume=True` skips what is there (a torn last line is mended
+or cut off, `read_results`) and refuses to mix settings (`run.json` holds them). A fresh run
+in a folder that holds results keeps them as results.jsonl.old.N (`set_aside`), never replacing
+an earlier one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from railcall.atomic import atomic_write
 from railcall.eval import bfcl, checker
 
 CONDITIONS = ("with_grammar", "without_grammar")
@@ -97,31 +100,106 @@ def auto_calls(vocab, tokens) -> list[dict] | None:
     return calls or None
 
 
-def read_results(path: Path, *, repair: bool = False) -> list[dict]:
-    """The records in a results file. A torn last line (an interrupted write) is left out, and
-    with `repair=True` (only the run that owns the file: it appends next) cut off the file. A
-    line that does not parse elsewhere is skipped."""
+# What `report.summarise` and a resumed run read from every record, with its JSON type.
+RECORD_FIELDS = {"category": str, "id": str, "condition": str, "parse": bool, "valid": bool, "ast": bool,
+                 "tokens": int, "seconds": (int, float), "cut": bool}
+_KIND = {str: "a string", bool: "true or false", int: "a whole number", (int, float): "a number"}
+
+
+def record_problem(r) -> str:
+    """"" when `r` is a results record the summary can use, else what is wrong with it."""
+    if not isinstance(r, dict):
+        return f"not a JSON object but {type(r).__name__}"
+    missing = [k for k in RECORD_FIELDS if k not in r]
+    if missing:
+        return f"no {', '.join(repr(k) for k in missing)}"
+    for k, kind in RECORD_FIELDS.items():
+        if not isinstance(r[k], kind) or (isinstance(r[k], bool) and kind is not bool):  # True is an int too
+            return f"{k!r} is {json.dumps(r[k])[:40]}, not {_KIND[kind]}"
+    if r["condition"] not in CONDITIONS:
+        return f"condition {r['condition']!r} is not one of {', '.join(CONDITIONS)}"
+    return ""
+
+
+def read_results(path: Path, *, repair: bool = False, warn: Callable[[str], None] | None = None) -> list[dict]:
+    """The records in a results file, each line checked (`record_problem`).
+
+    A line is whole only with its newline. A last line without one is an interrupted write: when
+    it parses it is the whole record and is kept, when not it is left out. With `repair=True`
+    (only the run that owns the file: it appends next) the file is made to end on a newline --
+    the missing newline written, or the torn part cut off -- so the next append starts a line
+    of its own instead of joining the torn one (which would lose both records). Any other line
+    that does not parse or is not a usable record is skipped, and `warn` is told which and why;
+    the file keeps it."""
+    warn = warn or (lambda m: None)
     if not path.is_file():
         return []
     data = path.read_bytes()
-    records, end = [], 0
+    records, start = [], 0
     lines = data.split(b"\n")
     for k, line in enumerate(lines):
-        last = k == len(lines) - 1
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                if last and repair:
+        torn = k == len(lines) - 1 and line != b""  # what follows the final newline, if anything
+        where = f"{path} line {k + 1}"
+        try:
+            r = json.loads(line) if line.strip() else None
+        except ValueError as e:
+            if torn:
+                warn(f"{where}: an interrupted write (no newline, does not parse); "
+                     + ("cut off, its task is decoded again" if repair else "left out"))
+                if repair:
                     with open(path, "r+b") as f:
-                        f.truncate(end)
-                continue
-        end += len(line) + (0 if last else 1)
+                        f.truncate(start)
+                break
+            warn(f"{where}: does not parse ({e}); skipped")
+            r = None
+        else:
+            if torn and repair:
+                with open(path, "ab") as f:  # the record is whole; only its newline was lost
+                    f.write(b"\n")
+            if r is not None:
+                problem = record_problem(r)
+                if problem:
+                    warn(f"{where}: not a results record ({problem}); skipped")
+                else:
+                    records.append(r)
+        start += len(line) + 1
     return records
 
 
+def read_run(path: Path) -> dict:
+    """A run folder's run.json ({"settings": {...}, "machine": {...}}), or ValueError saying
+    what is wrong with it."""
+    try:
+        run = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {path}: {e}; fix it, or use another --out") from None
+    if not isinstance(run, dict) or not isinstance(run.get("settings"), dict):
+        raise ValueError(f'{path} holds no "settings" object; fix it, or use another --out')
+    return run
+
+
+def set_aside(out: Path) -> Path | None:
+    """Keep a previous run's results.jsonl and run.json before a fresh run in `out`: they become
+    results.jsonl.old.N and run.json.old.N, N one more than any before, so no earlier run is
+    ever replaced (results.jsonl.old, from older railcall, is left as it is). An empty results
+    file holds nothing to keep and is removed. Returns where the results went (None: nowhere)."""
+    results = out / "results.jsonl"
+    if results.stat().st_size == 0:
+        results.unlink()
+        return None
+    used = [int(p.name.rsplit(".", 1)[1]) for name in ("results.jsonl", "run.json")
+            for p in out.glob(f"{name}.old.*") if p.name.rsplit(".", 1)[1].isdigit()]
+    n = max(used, default=0) + 1
+    if (out / "run.json").is_file():
+        os.replace(out / "run.json", out / f"run.json.old.{n}")
+    kept = out / f"results.jsonl.old.{n}"
+    os.replace(results, kept)
+    return kept
+
+
 def _append(f, records: list[dict]) -> None:
-    # one write of whole lines per task, flushed and synced: a kill leaves at most a torn last line
+    # one write of whole lines per task, flushed and synced: a kill leaves at most a torn last line,
+    # which the next run's read_results(repair=True) mends before it appends
     f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     f.flush()
     os.fsync(f.fileno())
@@ -166,15 +244,16 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path = Path(bfcl.DEFAULT
     settings = Settings(model=lm.name, max_tokens=max_tokens, conditions=list(CONDITIONS))
     results_path, run_path = out / "results.jsonl", out / "run.json"
     if resume and run_path.is_file():
-        before = json.loads(run_path.read_text())["settings"]
+        before = read_run(run_path)["settings"]
         if before != asdict(settings):
             diff = {k: (before.get(k), v) for k, v in asdict(settings).items() if before.get(k) != v}
             raise ValueError(f"--resume: {out} was run with other settings {diff}; use another --out")
     elif results_path.exists():
-        results_path.replace(out / "results.jsonl.old")
-        log(f"started afresh; the previous results are in {out / 'results.jsonl.old'}")
-    run_path.write_text(json.dumps({"settings": asdict(settings), "machine": machine()}, indent=1))
-    done = {(r["category"], r["id"], r["condition"]) for r in read_results(results_path, repair=True)}
+        kept = set_aside(out)
+        log(f"started afresh; the previous results are in {kept}" if kept else
+            "started afresh (the previous results file was empty)")
+    atomic_write(run_path, json.dumps({"settings": asdict(settings), "machine": machine()}, indent=1))
+    done = {(r["category"], r["id"], r["condition"]) for r in read_results(results_path, repair=True, warn=log)}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     t_start = time.perf_counter()
     # The order of work: tasks in file order, `batch` at a time from each category in turn, so

@@ -152,6 +152,7 @@ def resolve_source(model: str | os.PathLike | None = None) -> ModelSource:
         return ModelSource("gguf", embedded_gguf_path(name), name)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
+        _check_gguf_magic(path)
         return ModelSource("gguf", path.resolve(), path.stem)
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -166,6 +167,21 @@ def resolve_source(model: str | os.PathLike | None = None) -> ModelSource:
         f"model {str(model)!r} not found: pass an embedded name ({', '.join(EMBEDDED)}), "
         "a path to a .gguf file, or a local Hugging Face model folder"
     )
+
+
+GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file (the format's header)
+
+
+def _check_gguf_magic(path: Path) -> None:
+    """Refuse a file that is not a GGUF before a minute of importing and converting finds out."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise ModelError(f"cannot read the model file {path}: {e}") from None
+    if head != GGUF_MAGIC:
+        raise ModelError(f"{path} is not a GGUF file (it does not start with {GGUF_MAGIC.decode()!r}); "
+                         "--model expects a complete .gguf model file or a local Hugging Face model folder")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,7 +304,15 @@ def ensure_converted(
     t0 = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".partial-", dir=folder.parent))
     try:
-        converter(source.path, tmp)
+        try:
+            converter(source.path, tmp)
+        except ModelError:
+            raise
+        except Exception as e:  # the GGUF reader's own errors (ValueError, struct.error, OSError, ...)
+            raise ModelError(
+                f"cannot convert {source.path} ({e or type(e).__name__}); --model expects a complete GGUF "
+                "model file of an architecture transformers can read (a truncated download fails here: "
+                "download it again)") from e
         write_manifest(tmp, source=str(source.path))
         try:
             os.replace(tmp, folder)

@@ -1,0 +1,72 @@
+"""Whole-or-nothing file writes, for every file railcall writes that someone will read back.
+
+`atomic_write` writes to a temporary file in the target's own folder (same file system), flushes
+and fsyncs it, then renames it over the target with `os.replace`, which is atomic on POSIX: a
+reader, or a process killed at any instant, sees the old file or the new one, never half of one.
+The temporary names start with `.railcall-tmp-` (`TMP_PREFIX`), so a leftover from a killed
+writer is recognisable and can be swept (`railcall.agent.files.sweep_temp`).
+
+The new file takes the old one's permission bits, and a symlink is written through (its target
+is replaced, the link kept): a rename alone would make a 0600 file 0644, drop a script's +x, and
+turn a link into a copy.
+
+Users: the agent's tools, skills and memory (`railcall.agent`), the eval's run files and reports
+(`railcall.eval`), the benchmark's reports (`railcall.bench`) and `railcall coverage`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+
+TMP_PREFIX = ".railcall-tmp-"
+CHUNK = 1 << 20  # bytes per write(2): a large file is written in pieces, none of them visible
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """Write `data` to `path` so that it is replaced whole or not at all.
+
+    A symlink is written through: its final target is the file replaced (the link stays a link).
+    An existing file keeps its permission bits (a private 0600 file stays private, a script keeps
+    +x); a new one is created 0644, less the umask. The owner is not carried over: the new file
+    belongs to whoever writes it."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path = Path(os.path.realpath(path))  # follows every link, existing or dangling
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = None
+    tmp = path.parent / f"{TMP_PREFIX}{path.name}-{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        if mode is not None:
+            os.fchmod(fd, mode)  # after the open, so the umask does not narrow it
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view[:CHUNK])
+            view = view[n:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    # the rename itself is durable once the folder's entry is on disk
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
