@@ -76,6 +76,7 @@ from railcall.errors import RailcallError
 from railcall.grammar import ir
 from railcall.grammar.schema import schema_grammar
 from railcall.grammar.tools import Tool, read_only_view, tool_grammar
+from railcall.grammar.program import compile_grammar
 from railcall.matcher import Matcher, compiled_grammar
 from railcall.vocab import Vocabulary
 
@@ -113,6 +114,7 @@ _SPECS_SIZE = 256  # distinct specs kept parsed; a grammar is rebuilt (milliseco
 FINISH_SLACK = 8
 FINISH_MARGIN = 4
 FINISH_FIRST = 24  # the first look, this many tokens (+ FINISH_SLACK) before max_tokens
+MAX_STRING = 256  # the most characters of a generated string whose schema gives no maxLength
 
 
 def request_spec(params: SamplingParams) -> RequestSpec | None:
@@ -179,12 +181,35 @@ def _parse_spec(text: str) -> RequestSpec:
             grammar = None
         else:
             raise _bad(f"mode {mode!r} needs 'tools' or 'schema'")
+        if grammar is not None:
+            # what does not depend on the vocabulary (a value with no finite form, a string length
+            # range, a pattern, number bounds) fails here, as a 400, not in the engine step
+            compile_grammar(grammar, {}, max_string=MAX_STRING)
     except RailcallError as e:
         raise _bad(str(e)) from None
     return RequestSpec(grammar, mode, bool(d.get("reasoning")), budget, precompute)
 
 
 # -- the per-request state ---------------------------------------------------------------------
+
+
+class _Refused:
+    """The matcher of a request whose grammar could not be built on the worker: in its error
+    state from the start, offering only stop tokens (the Matcher verbs _Request uses)."""
+
+    def __init__(self, vocab: Vocabulary, why: str):
+        self.vocab = vocab
+        self.error_message = why
+
+    def is_error(self) -> bool:
+        return True
+
+    def consume_token(self, token_id: int) -> bool:
+        return False
+
+    def fill_bitmask(self, bitmask: np.ndarray, index: int = 0) -> int:
+        bitmask[index] = pack_ids(sorted(self.vocab.stop_ids), self.vocab.logits_width)
+        return len(self.vocab.stop_ids)
 
 
 class _Request:
@@ -346,16 +371,22 @@ class RailcallLogitsProcessor(LogitsProcessor):
         if spec is None:
             return None
         vocab = self._vocabulary()
-        compiled = (compiled_grammar(spec.grammar, vocab, precompute=spec.precompute)
-                    if spec.grammar is not None else None)
-        if spec.mode == "required" and not spec.reasoning:
-            matcher = Matcher(compiled)
-        else:
-            from railcall.output import Delimiters
-            from railcall.regions import answer_matcher
+        try:
+            compiled = (compiled_grammar(spec.grammar, vocab, max_string=MAX_STRING, precompute=spec.precompute)
+                        if spec.grammar is not None else None)
+            if spec.mode == "required" and not spec.reasoning:
+                matcher = Matcher(compiled)
+            else:
+                from railcall.output import Delimiters
+                from railcall.regions import answer_matcher
 
-            matcher = answer_matcher(vocab, compiled, Delimiters.from_vocab(vocab), mode=spec.mode,
-                                     reasoning=spec.reasoning, reasoning_budget=spec.reasoning_budget)
+                matcher = answer_matcher(vocab, compiled, Delimiters.from_vocab(vocab), mode=spec.mode,
+                                         reasoning=spec.reasoning, reasoning_budget=spec.reasoning_budget)
+        except RailcallError as e:
+            # This runs inside vLLM's engine step, where an exception would take the engine down
+            # with every request in it: this request alone ends, at once, and the log says why.
+            log.error("railcall: a request's grammar could not be built for this model (%s); it is ended", e)
+            matcher = _Refused(vocab, f"the grammar could not be built for this model: {e}")
         vllm_stops = set(params.all_stop_token_ids)
         ours = [int(t) for t in vocab.stop_ids]
         not_stops = [t for t in ours if t not in vllm_stops]
