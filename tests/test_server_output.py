@@ -189,3 +189,36 @@ def test_assembler_reasoning_then_content_on_think_tokens(bytes_vocab):
     assert kinds[0] == "reasoning_content" and kinds[-1] == "content" and "reasoning_content" not in kinds[kinds.index("content"):]
     msg = asm.message()
     assert msg["reasoning_content"] == "why </think> so" and msg["content"] == "Hi."
+
+
+# -- stop strings around calls (tool_choice auto) ---------------------------------------------------
+# A backend that follows a reply by its text (agentkit's): the grammar's forced tokens keep it in step.
+
+def auto_run(reply: str, stop: tuple):
+    from agentkit import ScriptedBackend, byte_vocab
+    from railcall.regions import answer_matcher
+
+    vocab = byte_vocab()
+    tools = [Tool("f", "", {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})]
+    m = answer_matcher(vocab, compiled_grammar(tool_grammar(tools), vocab), Delimiters.from_vocab(vocab), mode="auto")
+    return generate(ScriptedBackend(vocab, [reply]), vocab, [0], m, SamplingParams(max_tokens=80, stop=stop))
+
+
+def test_stop_strings_end_the_prose_around_calls():
+    g = auto_run("Sure. STOP and more", ("STOP",))
+    assert g.text == "Sure. " and g.stop_string == "STOP" and g.finish_reason == "stop"
+
+
+def test_stop_strings_never_cut_a_call():
+    g = auto_run('ok {"tool":"f","args":{"a":"x STOP y"}} after STOP tail', ("STOP",))
+    assert g.text == 'ok {"tool":"f","args":{"a":"x STOP y"}} after ' and g.stop_string == "STOP"
+    # nor does one count that starts inside a call and ends after it
+    g = auto_run('ok {"tool":"f","args":{"a":"x"}} done', ('"}} d',))
+    assert g.stop_string is None and g.text == 'ok {"tool":"f","args":{"a":"x"}} done'
+
+
+def test_a_tiny_temperature_is_greedy_not_an_overflow(bytes_vocab):
+    script = ids_of(bytes_vocab, "abc")
+    g = generate(Scripted(bytes_vocab, script), bytes_vocab, [1], None,
+                 SamplingParams(max_tokens=3, temperature=1e-40, seed=7))
+    assert g.tokens == script

@@ -97,7 +97,9 @@ def _sample_dist(logits, params: SamplingParams, gen):
     logp = torch.log_softmax(logits, dim=-1)
     if params.temperature <= 0:
         return int(torch.argmax(logits)), logp
-    scaled = logits / params.temperature
+    # shifted by the largest logit first, so that a tiny temperature cannot overflow (1e-40: every
+    # logit but the largest goes to -inf, which is greedy, as it should be)
+    scaled = (logits - logits.max()) / params.temperature
     if params.top_k > 0:
         k = min(params.top_k, scaled.shape[-1])
         kth = torch.topk(scaled, k).values[-1]
@@ -135,6 +137,10 @@ def generate(backend, vocab, prompt: Sequence[int], matcher=None, params: Sampli
     longest_stop = max((len(s) for s in stops_b), default=0)
     text_b = bytearray()  # the output's bytes so far, only kept when there are stop strings
     stop_at: list = []  # [byte offset, stop string] once a stop string appeared
+    # Under a matcher with free-text phases (a call or an answer inside prose), stop strings apply
+    # to the free text only: one would cut a call's JSON in two. Matches start at `free_from`.
+    in_free = getattr(matcher, "in_free_text", None)
+    free_from = 0
 
     def record(tok, legal, forced, logprob, logp=None):
         top = _top(logp, params.top_logprobs) if params.top_logprobs > 0 and logp is not None else None
@@ -142,9 +148,13 @@ def generate(backend, vocab, prompt: Sequence[int], matcher=None, params: Sampli
         steps.append(step)
         if on_step is not None:
             on_step(step)
+        nonlocal free_from
         if stops_b and not stop_at and 0 <= tok < vocab.size:
-            start = max(0, len(text_b) - longest_stop + 1)
+            start = max(free_from, len(text_b) - longest_stop + 1)
             text_b.extend(vocab.token_bytes[tok])
+            if in_free is not None and not in_free():  # this token is part of a call or an answer
+                free_from = len(text_b)
+                return
             hits = [(text_b.find(sb, start), s) for sb, s in zip(stops_b, [s for s in params.stop if s])]
             hits = [h for h in hits if h[0] >= 0]
             if hits:

@@ -3,8 +3,9 @@
     proc = RailcallLogitsProcessor(compiled, prompt_len=inputs.shape[1])
     model.generate(inputs, logits_processor=LogitsProcessorList([proc]), eos_token_id=list(vocab.stop_ids))
 
-One matcher per batch row (per request); each call consumes the tokens generated since the last
-call, then masks the scores in place. Pass every stop id as `eos_token_id` so that generation ends
+One matcher per batch row (per request; `batch_size` rows, counting beams and returned sequences:
+a call with another number of rows is a MatcherError); each call consumes the tokens generated
+since the last call, then masks the scores in place. Pass every stop id as `eos_token_id` so that generation ends
 when the grammar allows nothing else.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from transformers import LogitsProcessor
 
 from railcall.bitmask import allocate_bitmask, apply_bitmask
+from railcall.errors import MatcherError
 from railcall.matcher import CompiledGrammar, Matcher
 
 
@@ -23,6 +25,12 @@ class RailcallLogitsProcessor(LogitsProcessor):
         self.bitmask = None
 
     def __call__(self, input_ids, scores):
+        if scores.shape[0] != len(self.matchers):
+            # a row without a matcher would be masked by another row's grammar, or not at all
+            raise MatcherError(
+                f"the logits processor was built for {len(self.matchers)} row(s) but generate() passed "
+                f"{scores.shape[0]} (num_beams and num_return_sequences multiply the rows): build it with "
+                f"batch_size={scores.shape[0]}")
         if self.bitmask is None:
             self.bitmask = allocate_bitmask(scores.shape[-1], batch=scores.shape[0])
         for i, m in enumerate(self.matchers):

@@ -393,6 +393,11 @@ class RegionMatcher:
     def is_error(self) -> bool:
         return self._error
 
+    def in_free_text(self) -> bool:
+        """Whether the output is in a free-text phase (prose, reasoning) rather than inside a
+        call or a structured answer: stop strings end generation only there."""
+        return not self._error and not self._stopped and self.phase.kind == "free"
+
     def is_done(self) -> bool:
         if self._error or self._stopped:
             return True

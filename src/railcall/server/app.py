@@ -165,12 +165,44 @@ def _parse(body: bytes) -> ChatCompletionRequest:
         raise RequestError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(obj, dict):
         raise RequestError(f"the request body must be a JSON object, not {type(obj).__name__}", code="invalid_json")
+    where = _lone_surrogate(obj)
+    if where is not None:
+        raise RequestError(f"{where or 'a key'}: the text holds a lone surrogate (an unpaired \\ud800-\\udfff escape), "
+                           "which is not Unicode text; send the character itself or a complete surrogate pair",
+                           param=where or None)
     try:
         return ChatCompletionRequest.model_validate(obj)
     except ValidationError as e:
         raise _validation_error_of(e.errors()) from None
     except RecursionError:
         raise RequestError("the request body is nested too deeply") from None
+
+
+def _lone_surrogate(obj, path: str = "") -> str | None:
+    """The dotted path (OpenAI's form) of the first string or key holding a lone surrogate, which
+    json.loads lets through from a "\\ud800" escape but no tokenizer or UTF-8 encoder accepts."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            sub = f"{path}.{k}" if path else str(k)
+            try:
+                k.encode("utf-8")
+            except UnicodeEncodeError:
+                return path + " (a key)" if path else "(a key)"
+            hit = _lone_surrogate(v, sub)
+            if hit is not None:
+                return hit
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            hit = _lone_surrogate(v, f"{path}[{i}]")
+            if hit is not None:
+                return hit
+    return None
 
 
 def _param(loc) -> str | None:

@@ -119,8 +119,9 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
                            "shorten the messages or lower max_tokens", param="messages" if budget < 1 else "max_tokens",
                            code="context_length_exceeded")
     max_tokens = limit if limit is not None else min(DEFAULT_MAX_TOKENS, budget)
-    # Stop strings end free text; inside a grammar they would cut a call or a JSON answer in two.
-    stop = tuple(req.stop or ()) if kind == "text" else ()
+    # Stop strings end free text (prose, and the prose around calls with tool_choice auto); inside
+    # a grammar they would cut a call or a JSON answer in two, so they are not looked for there.
+    stop = tuple(req.stop or ()) if kind in ("text", "auto") else ()
     params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                             seed=req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0, stop=stop)
     compiled = None

@@ -122,6 +122,10 @@ class StreamOptions(_Loose):
     include_usage: bool = False
 
 
+_NULL_MEANS_DEFAULT = ("temperature", "top_p", "n", "stream", "logprobs", "parallel_tool_calls", "top_k",
+                       "return_token_ids", "frequency_penalty", "presence_penalty")
+
+
 class ChatCompletionRequest(_Loose):
     model: str = ""
     messages: list[Message] = Field(min_length=1)
@@ -135,7 +139,7 @@ class ChatCompletionRequest(_Loose):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -147,6 +151,14 @@ class ChatCompletionRequest(_Loose):
     # extensions
     return_token_ids: bool = False
     top_k: int = Field(default=0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data):
+        # OpenAI's API takes null for these as "the default", and some clients send it
+        if isinstance(data, dict) and any(data.get(k, 0) is None for k in _NULL_MEANS_DEFAULT):
+            data = {k: v for k, v in data.items() if not (v is None and k in _NULL_MEANS_DEFAULT)}
+        return data
 
     @field_validator("stop")
     @classmethod

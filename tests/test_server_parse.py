@@ -1,0 +1,68 @@
+"""Request bodies the server must answer with a 400 that names the field (or accept), checked
+without a model: what json.loads and pydantic let through that later stages could not handle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from railcall.errors import MatcherError, RequestError
+from railcall.server import app
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def parse(body: dict):
+    return app._parse(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": [{"role": "user", "content": "hi \ud800"}]}, "messages[0].content"),
+    ({"messages": USER, "stop": ["a\udc00"]}, "stop[0]"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "description": "d\udfff",
+                                                                   "parameters": {"type": "object"}}}]},
+     "tools[0].function.description"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"\ud800x": {"type": "string"}}}}}]},
+     "tools[0].function.parameters.properties (a key)"),
+])
+def test_a_lone_surrogate_is_a_400_naming_where_it_is(body, param):
+    with pytest.raises(RequestError) as e:
+        parse(body)
+    assert e.value.status == 400 and e.value.param == param and "lone surrogate" in str(e.value)
+
+
+def test_a_surrogate_pair_is_one_character_and_fine():
+    req = parse({"messages": [{"role": "user", "content": "smile \U0001F600"}]})
+    assert req.messages[0].content == "smile \U0001F600"
+
+
+def test_null_means_the_default_as_in_openais_api():
+    req = parse({"messages": USER, "temperature": None, "top_p": None, "n": None, "stream": None,
+                 "logprobs": None, "parallel_tool_calls": None})
+    assert (req.temperature, req.top_p, req.n, req.stream, req.logprobs, req.parallel_tool_calls) == \
+        (1.0, 1.0, 1, False, False, True)
+
+
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1])
+def test_a_seed_outside_int64_is_a_400(seed):
+    with pytest.raises(RequestError) as e:
+        parse({"messages": USER, "seed": seed})
+    assert e.value.param == "seed"
+    assert parse({"messages": USER, "seed": 2**63 - 1}).seed == 2**63 - 1
+
+
+def test_the_hf_processor_refuses_more_rows_than_it_has_matchers(bytes_vocab):
+    from railcall.grammar.tools import Tool, tool_grammar
+    from railcall.hf import RailcallLogitsProcessor
+    from railcall.matcher import compiled_grammar
+
+    cg = compiled_grammar(tool_grammar([Tool("f", "", {"type": "object", "properties": {}})]), bytes_vocab)
+    proc = RailcallLogitsProcessor(cg, prompt_len=1)
+    scores = torch.zeros(2, bytes_vocab.logits_width)
+    with pytest.raises(MatcherError, match="built for 1 row.*passed 2.*batch_size=2"):
+        proc(torch.zeros(2, 1, dtype=torch.long), scores)
+    ok = RailcallLogitsProcessor(cg, prompt_len=1, batch_size=2)(torch.zeros(2, 1, dtype=torch.long), scores)
+    assert torch.isinf(ok).any(dim=1).all()  # both rows masked
