@@ -66,3 +66,46 @@ def test_the_hf_processor_refuses_more_rows_than_it_has_matchers(bytes_vocab):
         proc(torch.zeros(2, 1, dtype=torch.long), scores)
     ok = RailcallLogitsProcessor(cg, prompt_len=1, batch_size=2)(torch.zeros(2, 1, dtype=torch.long), scores)
     assert torch.isinf(ok).any(dim=1).all()  # both rows masked
+
+
+@pytest.mark.parametrize("extra, param", [({"max_tokens": True}, "max_tokens"), ({"max_tokens": "5"}, "max_tokens"),
+                                          ({"stream": "yes"}, "stream"), ({"n": 1.0}, "n"),
+                                          ({"logprobs": 1}, "logprobs")])
+def test_a_value_of_the_wrong_json_type_is_not_coerced(extra, param):
+    with pytest.raises(RequestError) as e:
+        parse({"messages": USER, **extra})
+    assert e.value.param == param
+
+
+@pytest.mark.parametrize("choice", [{"type": "function"}, "maybe", {"type": "function", "function": {}}])
+def test_a_malformed_tool_choice_is_told_both_forms(choice):
+    with pytest.raises(RequestError) as e:
+        parse({"messages": USER, "tool_choice": choice})
+    assert e.value.param == "tool_choice" and "'required'" in str(e.value) and '"function": {"name"' in str(e.value)
+
+
+def test_json_nested_too_deeply_is_not_called_invalid():
+    with pytest.raises(RequestError, match="nests arrays or objects too deeply") as e:
+        app._parse(b'{"messages":[],"x":' + b"[" * 5000 + b"]" * 5000 + b"}")
+    assert "not valid JSON" not in str(e.value)
+
+
+def test_schema_errors_say_once_where_and_what_an_http_client_can_do():
+    from railcall.server.plan import _response_grammar, _tools
+
+    bad = {"type": "object", "properties": {"a": {"type": "string", "frobnicate": 1}}}
+    req = parse({"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": bad}}]})
+    with pytest.raises(RequestError) as e:
+        _tools(req)
+    msg = str(e.value)
+    assert msg.count("frobnicate") == 1 and "tool 'f': keyword 'frobnicate' at /properties/a" in msg
+    assert "lenient" not in msg and "remove it from the schema" in msg
+    req = parse({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": {"type": "array", "minItems": 9999, "items": bad}}}})
+    with pytest.raises(RequestError) as e:
+        _response_grammar(req)
+    assert "SchemaOptions" not in str(e.value) and e.value.param == "response_format.json_schema.schema"
+    req = parse({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": bad}}})
+    with pytest.raises(RequestError, match="set response_format.json_schema.strict to false"):
+        _response_grammar(req)

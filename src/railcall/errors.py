@@ -53,12 +53,14 @@ class SchemaError(GrammarError):
     `keyword` the keyword at fault, so a caller can show exactly where the problem is.
     """
 
-    def __init__(self, message: str, *, pointer: str = "", keyword: str | None = None):
+    def __init__(self, message: str, *, pointer: str = "", keyword: str | None = None, context: str = ""):
         where = pointer or "/"
         what = f"keyword {keyword!r} at {where}" if keyword else f"at {where}"
-        super().__init__(f"{what}: {message}")
+        super().__init__(f"{context + ': ' if context else ''}{what}: {message}")
         self.pointer = pointer
         self.keyword = keyword
+        self.detail = message  # without the location and context
+        self.context = context
 
 
 class MatcherError(RailcallError):

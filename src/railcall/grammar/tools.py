@@ -134,12 +134,12 @@ class ToolGrammarBuilder:
         if hit is None:
             params = tool.parameters
             if params.get("type", "object") != "object":
-                raise SchemaError(f"tool {tool.name!r}: parameters must describe an object, "
-                                  f"not {params.get('type')!r}", pointer="/type", keyword="type")
+                raise SchemaError(f"parameters must describe an object, not {params.get('type')!r}",
+                                  pointer="/type", keyword="type", context=f"tool {tool.name!r}")
             try:
                 node, rules = schema_to_ir(params, self.options)
             except SchemaError as e:
-                raise SchemaError(f"tool {tool.name!r}: {e}", pointer=e.pointer, keyword=e.keyword) from None
+                raise SchemaError(e.detail, pointer=e.pointer, keyword=e.keyword, context=f"tool {tool.name!r}") from None
             # rule names are made unique per tool so tables can combine them
             hit = self._args[key] = (_prefix_rules(node, rules, tool.name))
         return hit

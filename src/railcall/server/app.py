@@ -73,7 +73,11 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(e.detail), kind), status_code=e.status_code, headers=getattr(e, "headers", None))
+        message = str(e.detail)
+        if e.status_code in (404, 405):
+            message = (f"{message}: {request.method} {request.url.path}; this server answers POST "
+                       "/v1/chat/completions, GET /v1/models, GET /v1/models/{model} and GET /health")
+        return JSONResponse(error_body(message, kind), status_code=e.status_code, headers=getattr(e, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError):
@@ -161,7 +165,10 @@ def _no_constant(name: str):
 def _parse(body: bytes) -> ChatCompletionRequest:
     try:
         obj = json.loads(body, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as e:
+    except RecursionError:
+        raise RequestError("the request body nests arrays or objects too deeply to read (about a thousand "
+                           "levels); flatten it", code="invalid_json") from None
+    except ValueError as e:
         raise RequestError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(obj, dict):
         raise RequestError(f"the request body must be a JSON object, not {type(obj).__name__}", code="invalid_json")
@@ -223,6 +230,11 @@ def _validation_error_of(errors: list) -> RequestError:
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     param = _param(first.get("loc", ()))
     msg = str(first.get("msg", "invalid value"))
+    if param == "tool_choice" or (param or "").startswith("tool_choice."):
+        # a union: pydantic's first error is the string branch's, which says nothing of the object form
+        param = "tool_choice"
+        msg = ("must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}} "
+               "naming one of the tools")
     return RequestError(f"{param}: {msg}" if param else msg, param=param)
 
 

@@ -22,11 +22,12 @@ reasoning region comes first on models whose think delimiters are single tokens)
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from railcall.decode import SamplingParams
-from railcall.errors import GrammarError, MatcherError, RequestError, SchemaError
+from railcall.errors import GrammarError, MatcherError, RequestError
 from railcall.grammar import ir
 from railcall.grammar.schema import SchemaOptions, schema_to_ir
 from railcall.grammar.tools import Tool, ToolGrammarBuilder
@@ -116,7 +117,9 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
     if budget < 1 or (limit is not None and limit > budget):
         raise RequestError(f"the prompt is {len(prompt)} tokens and the model's context is {served.context_length}: "
                            f"{'no room is left' if budget < 1 else f'at most {budget} tokens can be generated'}; "
-                           "shorten the messages or lower max_tokens", param="messages" if budget < 1 else "max_tokens",
+                           "shorten the messages or lower max_tokens",
+                           param="messages" if budget < 1 else
+                           ("max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"),
                            code="context_length_exceeded")
     max_tokens = limit if limit is not None else min(DEFAULT_MAX_TOKENS, budget)
     # Stop strings end free text (prose, and the prose around calls with tool_choice auto); inside
@@ -130,11 +133,26 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
             compiled = compiled_grammar(grammar, served.vocab, max_string=getattr(served, "max_string", 256))
         except (GrammarError, MatcherError) as e:
             where = "tools" if kind in ("tools", "auto") else "response_format"
-            raise RequestError(f"the answer grammar could not be compiled: {e}", param=where) from None
+            raise RequestError(f"the answer grammar could not be compiled: {_for_http(str(e), where)}", param=where,
+                               code="invalid_schema") from None
     return Plan(prompt=prompt, params=params, kind=kind, mode=mode, tool_choice=parser_choice, grammar=compiled, tools=tools if calling else [],
                 parallel=req.parallel_tool_calls and choice != "named", logprobs=req.logprobs,
                 top_logprobs=params.top_logprobs, return_token_ids=req.return_token_ids, stream=req.stream,
                 include_usage=bool(req.stream_options and req.stream_options.include_usage))
+
+
+def _for_http(message: str, where: str) -> str:
+    """A compiler message with its library advice (`lenient=True`, `SchemaOptions.…`) put in the
+    terms of this API: what an HTTP client can change."""
+    if where == "response_format":
+        message = message.replace("pass lenient=True to ignore it",
+                                  "set response_format.json_schema.strict to false to have it ignored")
+        message = message.replace("or pass lenient=True to treat it as anyOf",
+                                  "or set response_format.json_schema.strict to false to treat it as anyOf")
+    else:
+        message = message.replace("; pass lenient=True to ignore it", "; remove it from the schema")
+        message = message.replace(", or pass lenient=True to treat it as anyOf", "")
+    return re.sub(r", SchemaOptions\.\w+", "", re.sub(r" \(SchemaOptions\.\w+\)", "", message))
 
 
 def _tools(req: ChatCompletionRequest) -> list[Tool]:
@@ -149,12 +167,9 @@ def _tools(req: ChatCompletionRequest) -> list[Tool]:
         try:
             tool = Tool(fn.name, fn.description, params)
             _BUILDER.args_ir(tool)  # compiles the schema now: a bad one is this tool's 400
-        except SchemaError as e:
-            raise RequestError(f"tools[{i}].function.parameters: {e}", param=f"tools[{i}].function.parameters",
-                               code="invalid_schema") from None
         except (GrammarError, RecursionError, ValueError, TypeError) as e:
-            raise RequestError(f"tools[{i}].function.parameters: {e}", param=f"tools[{i}].function.parameters",
-                               code="invalid_schema") from None
+            raise RequestError(f"tools[{i}].function.parameters: {_for_http(str(e), 'tools')}",
+                               param=f"tools[{i}].function.parameters", code="invalid_schema") from None
         tools.append(tool)
     return tools
 
@@ -184,12 +199,9 @@ def _response_grammar(req: ChatCompletionRequest) -> tuple[ir.Grammar | None, st
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             node, rules = schema_to_ir(schema, options)
-    except SchemaError as e:
-        raise RequestError(f"response_format.json_schema.schema: {e}", param="response_format.json_schema.schema",
-                           code="invalid_schema") from None
     except (GrammarError, RecursionError, ValueError, TypeError) as e:
-        raise RequestError(f"response_format.json_schema.schema: {e}", param="response_format.json_schema.schema",
-                           code="invalid_schema") from None
+        raise RequestError(f"response_format.json_schema.schema: {_for_http(str(e), 'response_format')}",
+                           param="response_format.json_schema.schema", code="invalid_schema") from None
     return ir.Grammar(node, rules, name=f"json_schema:{spec.name}"), "json"
 
 

@@ -131,26 +131,26 @@ class ChatCompletionRequest(_Loose):
     messages: list[Message] = Field(min_length=1)
     tools: list[ToolSpec] | None = None
     tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool = Field(default=True, strict=True)
     response_format: ResponseFormat | None = None
-    stream: bool = False
+    stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1, strict=True)
     stop: str | list[str] | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    n: int = 1
+    logprobs: bool = Field(default=False, strict=True)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
+    n: int = Field(default=1, strict=True)
     frequency_penalty: float | None = 0.0
     presence_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # extensions
-    return_token_ids: bool = False
-    top_k: int = Field(default=0, ge=0)
+    return_token_ids: bool = Field(default=False, strict=True)
+    top_k: int = Field(default=0, ge=0, strict=True)
 
     @model_validator(mode="before")
     @classmethod
