@@ -157,3 +157,15 @@ def test_parallel_calls(bytes_vocab):
     assert not accepts(bytes_vocab, g, one)
     g2 = tool_grammar(TOOLS, parallel=True, max_calls=2)
     assert not accepts(bytes_vocab, g2, b"[" + b",".join([one] * 3) + b"]")
+
+
+def test_reordering_a_tools_properties_is_a_new_grammar(bytes_vocab):
+    """Properties are written in declared order, so a table whose tool declares them in another
+    order (a live change) must not be served the first order from a cache."""
+    req = ["a", "b"]
+    ab = Tool("f", "", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": req})
+    ba = Tool("f", "", {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}}, "required": req})
+    assert accepts(bytes_vocab, tool_grammar([ab]), b'{"tool":"f","args":{"a":1,"b":2}}')
+    assert tool_grammar([ab]).key != tool_grammar([ba]).key
+    assert accepts(bytes_vocab, tool_grammar([ba]), b'{"tool":"f","args":{"b":2,"a":1}}')
+    assert not accepts(bytes_vocab, tool_grammar([ba]), b'{"tool":"f","args":{"a":1,"b":2}}')

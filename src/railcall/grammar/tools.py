@@ -54,10 +54,12 @@ class Tool:
                    mutates=bool(fn.get("x-mutates", mutates)))
 
     def schema_key(self) -> str:
-        """A content key for the tool's name and schema (computed once per Tool)."""
+        """A content key for the tool's name and schema (computed once per Tool). Key order is
+        part of it: properties are written in declared order, so a schema that declares them in
+        another order is another grammar."""
         key = self.__dict__.get("_schema_key")
         if key is None:
-            key = json.dumps([self.name, self.parameters], sort_keys=True)
+            key = json.dumps([self.name, self.parameters])
             self.__dict__["_schema_key"] = key  # a frozen dataclass: cache without __setattr__
         return key
 
