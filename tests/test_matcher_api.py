@@ -260,3 +260,52 @@ def test_live_table_change_recompiles_only_what_changed(bpe_vocab):
     assert ins1 is ins2  # the unchanged tool's arguments: the very same compiled instructions
     # only masks before the name is committed are new (the name trie changed); none inside the call
     assert 0 < cg2.mask_computations <= len(b'{"tool":"list_dir"')
+
+
+def longer_legal(m, forced, v):
+    """Legal tokens that forcing the last of `forced` would take away: longer tokens that start
+    with its bytes, legal where it starts."""
+    mc = m.copy()
+    assert mc.consume_tokens(forced[:-1])
+    last = v.token_bytes[forced[-1]]
+    return [t for t in mc.legal_token_ids().tolist() if len(v.token_bytes[t]) > len(last) and v.token_bytes[t].startswith(last)]
+
+
+@pytest.mark.parametrize("props", [{"tags": {"type": "string"}}, {"n": {"type": "integer"}, "tags": {"type": "string"}},
+                                   {"o": {"type": "object", "properties": {"x": {"type": "string"}}}}])
+def test_forced_tokens_never_take_away_a_longer_token(bpe_vocab, props):
+    """The forced run `write","args":{` tokenizes as ... `":` `{`: `{` has longer tokens and is left
+    to the model, and then so must `":` be, since `":{"` crosses the run's end too."""
+    v = bpe_vocab
+    tools = [Tool("write", "", {"type": "object", "properties": props})]
+    m = Matcher(CompiledGrammar(tool_grammar(tools), v))
+    for prefix in (b'{"tool":"', b'{"tool":"wr', b""):
+        mm = m.copy()
+        assert mm.consume_bytes(prefix) if prefix else True
+        forced = mm.forced_tokens()
+        assert forced and longer_legal(mm, forced, v) == [], (prefix, [v.token_bytes[t] for t in forced])
+
+
+def test_has_extension_sees_past_copies_of_the_prefix():
+    from railcall.vocab import Vocabulary
+
+    v = Vocabulary.from_pieces([bytes([b]) for b in range(32, 127)] + [b'"', b'"}', b'"}}'], name="dup-quote")
+    assert v.has_extension(b'"') and v.has_extension(b'"}') and not v.has_extension(b'"}}')
+
+
+@pytest.mark.parametrize("params, want", [
+    ({"x": {"type": "number", "minimum": 1e9}}, {"x": 1000000000}),
+    ({"x": {"type": "integer", "minimum": 123456789, "maximum": 123456799}}, {"x": 123456789}),
+    ({"x": {"type": "number", "exclusiveMaximum": 10000123.456}, "y": {"type": "string", "minLength": 30}},
+     {"x": 0, "y": "?" * 30}),
+])
+def test_finish_completes_bounded_numbers_with_long_shortest_values(bytes_vocab, params, want):
+    """A bounded number keeps its digits in its state: ten layers of them (minimum 1e9) once
+    outgrew the search for a forced finish."""
+    tools = [Tool("f", "", {"type": "object", "properties": params, "required": list(params)})]
+    m = Matcher(CompiledGrammar(tool_grammar(tools), bytes_vocab))
+    assert m.consume_bytes(b'{"tool":"f","args":{"x":')
+    tail = m.finish()
+    assert m.is_accepting() and not m.is_error(), m.error_message
+    out = json.loads(b'{"tool":"f","args":{"x":' + bytes_vocab.decode(tail))
+    assert out["args"] == want

@@ -1379,20 +1379,40 @@ class Automaton:
         if toks is None:
             return None
         # The last forced token may be a prefix of a longer token that crosses into the model's
-        # part; forcing it would take that choice away, so it is left to the model.
-        if final and toks and v.has_extension(v.token_bytes[toks[-1]]):
-            toks = toks[:-1]
+        # part; forcing it would take that choice away, so it is left to the model -- and so on
+        # back: once it is dropped, the token before it ends the run, with the same question
+        # for what is left of the run from its start (`":` then `{`: a token `":{"` may cross).
+        if final:
+            tail = b""
+            while toks:
+                tail = v.token_bytes[toks[-1]] + tail
+                if not v.has_extension(tail):
+                    break
+                toks.pop()
         return toks
 
     def shortest_completion(self, s: int, limit: int = 200_000) -> list | None:
-        """The shortest sequence of bytes/special ids from `s` to an accepting state (BFS), as a
-        list of ints (bytes) and ("special", id) tuples; None if none within `limit` steps."""
+        """A short sequence of bytes/special ids from `s` to an accepting state, as a list of
+        ints (bytes) and ("special", id) tuples; None if none within `limit` steps.
+
+        A breadth-first search, first with each layer cut to its first FINISH_BEAM states (in the
+        order of preferred bytes): states that hold text (a bounded number keeps its digits)
+        multiply by ten a byte, and `minimum: 1e9` needs ten layers of them. The cut search finds
+        the shortest completion wherever a layer has few states (literals, strings, names); past
+        a cut it may find a longer one (`minimum: 123456789` completes as 1000000000). If it
+        finds nothing, the whole search runs."""
+        path = self._completion(s, limit, FINISH_BEAM)
+        return path if path is not None else self._completion(s, limit, None)
+
+    def _completion(self, s: int, limit: int, beam: int | None) -> list | None:
         if self._accepting[s]:
             return []
         prev: dict[int, tuple[int, object]] = {s: (-1, None)}
         frontier = [s]
         steps = 0
         while frontier and steps < limit:
+            if beam is not None:
+                frontier = frontier[:beam]
             nxt_frontier = []
             for cur in frontier:
                 fb = self.first_bytes(cur)
@@ -1422,6 +1442,7 @@ class Automaton:
 
 
 AUTOMATON_STATES = 100_000  # states in one shared automaton before new grammars get a fresh one
+FINISH_BEAM = 16  # states kept per layer by the first search for a forced finish
 
 
 class CompiledGrammar:

@@ -266,8 +266,9 @@ class Vocabulary:
     def has_extension(self, prefix: bytes) -> bool:
         """Whether some text token strictly extends `prefix`."""
         a, b = self.prefix_range(prefix)
-        s = self.sorted_index[0]
-        return any(len(s[i]) > len(prefix) for i in range(a, min(b, a + 2)))
+        # the range is sorted, so any longer token comes after every copy of `prefix` itself
+        # (a vocabulary may hold one text under several ids: Gemma 3 has 110 such)
+        return b > a and len(self.sorted_index[0][b - 1]) > len(prefix)
 
     def greedy_tokenize(self, data: bytes) -> list[int] | None:
         """Longest-match tokenization of `data`; None if some byte has no token."""
