@@ -6,12 +6,10 @@ server answers such an output with an error, never with a broken call and a norm
 from __future__ import annotations
 
 import asyncio
-import json
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
 from railcall.bitmask import allocate_bitmask, unpack_bitmask
 from railcall.decode import SamplingParams, generate

@@ -1256,7 +1256,6 @@ class Automaton:
         hit = self._masks.get(key)
         if hit is not None:
             return hit[0]
-        ids, pos = idx.exit_ids, idx.exit_pos
         threads = self._sets[x]
         lit = next(iter(threads)) if len(threads) == 1 else None
         if lit is not None and isinstance(lit[0], Lit):
