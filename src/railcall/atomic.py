@@ -16,6 +16,7 @@ Users: the agent's tools, skills and memory (`railcall.agent`), the eval's run f
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
 import stat
@@ -70,3 +71,10 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         pass
     finally:
         os.close(dfd)
+
+
+def atomic_savefig(fig, path: Path, dpi: int = 110) -> None:
+    """A matplotlib figure saved as a PNG at `path`, replaced whole or not at all."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=dpi)
+    atomic_write(path, png.getvalue())

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from railcall import __version__
 from railcall.errors import PolicyError, RailcallError
+from railcall.matcher import MAX_STRING
 
 app = typer.Typer(
     name="railcall",
@@ -224,7 +225,7 @@ def serve(
                                           help="Require 'Authorization: Bearer KEY' on /v1 (or set RAILCALL_API_KEY)."),
     max_pending: int = typer.Option(32, "--max-pending", help="Requests running or queued before new ones get 429."),
     max_body: int = typer.Option(4 << 20, "--max-body", help="The largest request body in bytes (larger: 413)."),
-    max_string: int = typer.Option(256, "--max-string",
+    max_string: int = typer.Option(MAX_STRING, "--max-string",
                                    help="The most characters a generated string without maxLength may have."),
 ) -> None:
     """Serve the model over an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health)."""

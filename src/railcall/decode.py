@@ -133,8 +133,8 @@ def generate(backend, vocab, prompt: Sequence[int], matcher=None, params: Sampli
     steps: list[Step] = []
     bm = allocate_bitmask(logits.shape[-1]) if matcher is not None else None
     finish_reason = "length"
-    stops_b = [s.encode("utf-8") for s in params.stop if s]
-    longest_stop = max((len(s) for s in stops_b), default=0)
+    stops_b = [(s.encode("utf-8"), s) for s in params.stop if s]  # (bytes, the string)
+    longest_stop = max((len(b) for b, _ in stops_b), default=0)
     text_b = bytearray()  # the output's bytes so far, only kept when there are stop strings
     stop_at: list = []  # [byte offset, stop string] once a stop string appeared
     # Under a matcher with free-text phases (a call or an answer inside prose), stop strings apply
@@ -143,19 +143,19 @@ def generate(backend, vocab, prompt: Sequence[int], matcher=None, params: Sampli
     free_from = 0
 
     def record(tok, legal, forced, logprob, logp=None):
+        nonlocal free_from
         top = _top(logp, params.top_logprobs) if params.top_logprobs > 0 and logp is not None else None
         step = Step(len(steps), tok, vocab.token_text(tok) if tok < vocab.size else "", legal, forced, logprob, top)
         steps.append(step)
         if on_step is not None:
             on_step(step)
-        nonlocal free_from
         if stops_b and not stop_at and 0 <= tok < vocab.size:
             start = max(free_from, len(text_b) - longest_stop + 1)
             text_b.extend(vocab.token_bytes[tok])
             if in_free is not None and not in_free():  # this token is part of a call or an answer
                 free_from = len(text_b)
                 return
-            hits = [(text_b.find(sb, start), s) for sb, s in zip(stops_b, [s for s in params.stop if s])]
+            hits = [(text_b.find(sb, start), s) for sb, s in stops_b]
             hits = [h for h in hits if h[0] >= 0]
             if hits:
                 stop_at.extend(min(hits))

@@ -1441,6 +1441,7 @@ class Automaton:
 
 
 AUTOMATON_STATES = 100_000  # states in one shared automaton before new grammars get a fresh one
+MAX_STRING = 256  # by default, the most characters of a string whose schema gives no maxLength
 FINISH_BEAM = 16  # states kept per layer by the first search for a forced finish
 
 
@@ -1450,7 +1451,7 @@ class CompiledGrammar:
     not found here are looked up there). Shared by every request that uses the grammar;
     `compiled_grammar()` keeps an LRU of them keyed by grammar content."""
 
-    def __init__(self, grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = 256):
+    def __init__(self, grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = MAX_STRING):
         self.grammar = grammar
         self.vocab = vocab
         special_ids = {t: i for i, t in vocab.special_text.items()}
@@ -1887,13 +1888,16 @@ class Matcher:
                 f"needs {g.words} -- allocate it with allocate_bitmask({g.width})"
             )
         if not self._live:
-            row[:] = pack_ids(g.stop_ids, g.width)
-            self.last_legal_count = int(g.stop_ids.size)
-            return self.last_legal_count
+            return self._fill_stops(row)
         s = self._states[-1]
         dense, n, words, vals = g._state_mask[s] or g.mask(s)
         if not n and not g._accepting[s]:
-            return self._dead_end(row)
+            # No token continues from here: the grammar has a value it cannot finish (compile-time
+            # checks reject the known causes). Offering nothing would let a sampler pick any
+            # token; the error state offers only stop tokens. Rolling back a token clears it.
+            self._enter_error("no token can continue the output here: the grammar has a dead end "
+                              f"after {self.num_consumed()} tokens")
+            return self._fill_stops(row)
         if dense is not None:
             row[:] = dense
         else:
@@ -1902,16 +1906,7 @@ class Matcher:
         self.last_legal_count = n
         return n
 
-    def _dead_end(self, row: np.ndarray) -> int:
-        # No token continues from here: the grammar has a value it cannot finish (compile-time
-        # checks reject the known causes). Offering nothing would let a sampler pick any token;
-        # instead the matcher enters its error state, so only stop tokens are offered. Rolling
-        # back a token leaves the dead end and clears the error.
-        self._error = True
-        self._live = False
-        self._error_at = len(self._states) - 1
-        self.error_message = ("no token can continue the output here: the grammar has a dead end "
-                              f"after {self.num_consumed()} tokens")
+    def _fill_stops(self, row: np.ndarray) -> int:
         g = self.g
         row[:] = pack_ids(g.stop_ids, g.width)
         self.last_legal_count = int(g.stop_ids.size)
@@ -1927,11 +1922,15 @@ class Matcher:
         # The rejected token counts as consumed (the state is repeated), so that rollback(1)
         # undoes it and the error with it.
         self._states.append(self.state)
+        self._enter_error(why)
+        return False
+
+    def _enter_error(self, why: str) -> None:
+        """The error state, caused at the last consumed token (rolling it back leaves it)."""
         self._error = True
         self._live = False
         self._error_at = len(self._states) - 1
         self.error_message = why
-        return False
 
     def consume_token(self, token_id: int) -> bool:
         """Advance by one token. False (and the error state) if the grammar does not allow it."""
@@ -2115,7 +2114,7 @@ def clear_caches(vocab: Vocabulary) -> None:
             del _CACHE[key]
 
 
-def compiled_grammar(grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = 256,
+def compiled_grammar(grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = MAX_STRING,
                      precompute: bool = False) -> CompiledGrammar:
     """The shared CompiledGrammar for (grammar, vocab), compiled on first use. `precompute`:
     also compute every structural mask now (`CompiledGrammar.precompute`), once per grammar."""

@@ -77,7 +77,7 @@ from railcall.grammar import ir
 from railcall.grammar.schema import schema_grammar
 from railcall.grammar.tools import Tool, read_only_view, tool_grammar
 from railcall.grammar.program import compile_grammar
-from railcall.matcher import Matcher, compiled_grammar
+from railcall.matcher import MAX_STRING, Matcher, compiled_grammar
 from railcall.vocab import Vocabulary
 
 log = logging.getLogger("railcall.vllm")
@@ -114,7 +114,6 @@ _SPECS_SIZE = 256  # distinct specs kept parsed; a grammar is rebuilt (milliseco
 FINISH_SLACK = 8
 FINISH_MARGIN = 4
 FINISH_FIRST = 24  # the first look, this many tokens (+ FINISH_SLACK) before max_tokens
-MAX_STRING = 256  # the most characters of a generated string whose schema gives no maxLength
 
 
 def request_spec(params: SamplingParams) -> RequestSpec | None:

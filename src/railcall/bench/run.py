@@ -7,7 +7,6 @@ railcall figure as a ratio to the best peer, and a PNG chart.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import platform
@@ -16,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from railcall.atomic import atomic_write
+from railcall.atomic import atomic_savefig, atomic_write
 from railcall.bench.engines import ENGINES, NOTES, engine_version
 
 FIGURES = ["ttfm_cold_us_p50", "ttfm_warm_us_p50", "tbm_us_p50", "tbm_us_p99", "tbm_us_max", "consume_us_p50", "peak_mem_mb"]
@@ -208,9 +207,7 @@ def chart(report: dict, path: Path) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle("railcall vs peers (lower is better)")
     fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=110)
-    atomic_write(path, png.getvalue())
+    atomic_savefig(fig, path)
     plt.close(fig)
 
 

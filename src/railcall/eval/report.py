@@ -9,11 +9,10 @@ prompt tokens, one prefill per task, are counted apart).
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
-from railcall.atomic import atomic_write
+from railcall.atomic import atomic_savefig, atomic_write
 from railcall.eval.runner import CONDITIONS
 
 
@@ -141,7 +140,5 @@ def chart(summary: dict, path: Path) -> None:
     fig.suptitle(f"BFCL on {model}, greedy, max {summary.get('settings', {}).get('max_tokens')} tokens", fontsize=10,
                  x=0.02, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=110)
-    atomic_write(path, png.getvalue())
+    atomic_savefig(fig, path)
     plt.close(fig)

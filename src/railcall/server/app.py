@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from railcall import __version__
 from railcall.errors import RequestError
+from railcall.matcher import MAX_STRING
 from railcall.server import sse
 from railcall.server.engine import Engine, ServedModel
 from railcall.server.output import Assembler
@@ -383,7 +384,7 @@ def _openapi(app: FastAPI) -> dict:
 
 
 def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY, max_string: int = 256,
+          max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY, max_string: int = MAX_STRING,
           log_level: str = "info") -> None:
     """Load `model` and serve it until interrupted (what `railcall serve` runs). `max_string`:
     the most characters a generated string whose schema gives no maxLength may have."""

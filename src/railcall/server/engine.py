@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from railcall.decode import generate
 from railcall.errors import RequestError
+from railcall.matcher import MAX_STRING
 from railcall.output import Delimiters
 from railcall.prompt import has_native_tools
 from railcall.server.plan import Plan, messages_for_template
@@ -44,7 +45,7 @@ class ServedModel:
         self.name = name or lm.name
         cfg = lm.model.config
         self.context_length = int(getattr(cfg, "max_position_embeddings", 0) or 2048)
-        self.max_string = 256  # the most characters of a generated string without maxLength
+        self.max_string = MAX_STRING  # the most characters of a generated string without maxLength
         self.native = has_native_tools(self.tokenizer) and vocab.special_id("<tool_call>") is not None
         self.call_format = "hermes" if self.native else "json"
         self.keys = ("name", "arguments") if self.native else ("tool", "args")

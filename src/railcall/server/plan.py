@@ -31,7 +31,7 @@ from railcall.errors import GrammarError, MatcherError, RequestError
 from railcall.grammar import ir
 from railcall.grammar.schema import SchemaOptions, schema_to_ir
 from railcall.grammar.tools import Tool, ToolGrammarBuilder
-from railcall.matcher import CompiledGrammar, compiled_grammar
+from railcall.matcher import MAX_STRING, CompiledGrammar, compiled_grammar
 from railcall.prompt import describe_tools
 from railcall.regions import answer_matcher
 from railcall.server.schemas import ChatCompletionRequest
@@ -130,7 +130,7 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
     compiled = None
     if grammar is not None:
         try:
-            compiled = compiled_grammar(grammar, served.vocab, max_string=getattr(served, "max_string", 256))
+            compiled = compiled_grammar(grammar, served.vocab, max_string=getattr(served, "max_string", MAX_STRING))
         except (GrammarError, MatcherError) as e:
             where = "tools" if kind in ("tools", "auto") else "response_format"
             raise RequestError(f"the answer grammar could not be compiled: {_for_http(str(e), where)}", param=where,
