@@ -1,7 +1,8 @@
 """A grammar never leaves a model at a point where no token is legal: schemas with no finite value
-are refused when compiled, with an error that names the cause; what no compile-time check can see
-puts the matcher into its error state (only stop tokens offered) instead of an empty mask; and the
-server answers such an output with an error, never with a broken call and a normal finish."""
+are refused when compiled, with an error that names the cause; a branch that could not be finished
+under the depth limit is not offered where it is met; a dead end nothing foresaw would put the
+matcher into its error state (only stop tokens offered) instead of an empty mask; and the server
+answers such an output with an error, never with a broken call and a normal finish."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from railcall.bitmask import allocate_bitmask, unpack_bitmask
 from railcall.decode import SamplingParams, generate
 from railcall.errors import GrammarError, RequestError, SchemaError
-from railcall.grammar import ir
+from railcall.grammar import ir, program
 from railcall.grammar.schema import schema_grammar
 from railcall.grammar.tools import Tool, tool_grammar
-from railcall.matcher import Matcher, compiled_grammar
+from railcall.matcher import Matcher, clear_caches, compiled_grammar
 from railcall.server import app as server_app
 from railcall.server.output import Assembler
 from test_server_output import Scripted, ids_of, plan_for, served_for
@@ -121,14 +124,13 @@ def test_min_length_past_the_cap_raises_it_for_that_string(bytes_vocab):
     assert m.consume_bytes(b'{"s":"' + b"z" * 300 + b'"}') and m.is_accepting()
 
 
-# -- a dead end the compile-time checks cannot see ---------------------------------------------------
-# An optional branch that nests references: entered deep enough, its next reference is refused at
-# the depth limit. The grammar has a finite value ("b"), so it compiles.
+# -- the depth limit: a branch that could not be finished there is not offered --------------------
 
-def deep_optional(vocab):
+def deep_optional():
+    """"a" then 41 nested brackets, or "b": the first branch cannot be finished within the
+    depth limit (32), so only "b" is in the grammar; it has a finite value, so it compiles."""
     chain = tuple((f"r{i}", ir.Seq(ir.Lit(b"["), ir.Ref(f"r{i + 1}"), ir.Lit(b"]"))) for i in range(40))
-    g = ir.Grammar(ir.Alt(ir.Seq(ir.Lit(b"a"), ir.Ref("r0")), ir.Lit(b"b")), chain + (("r40", ir.Lit(b"x")),))
-    return compiled_grammar(g, vocab)
+    return ir.Grammar(ir.Alt(ir.Seq(ir.Lit(b"a"), ir.Ref("r0")), ir.Lit(b"b")), chain + (("r40", ir.Lit(b"x")),))
 
 
 def legal_ids(m, vocab):
@@ -139,8 +141,126 @@ def legal_ids(m, vocab):
     return ids
 
 
-def test_a_dead_end_offers_only_stop_tokens_and_says_so(bytes_vocab):
-    m = Matcher(deep_optional(bytes_vocab))
+def test_a_branch_too_deep_for_the_limit_is_not_offered(bytes_vocab):
+    m = Matcher(compiled_grammar(deep_optional(), bytes_vocab))
+    assert legal_ids(m, bytes_vocab) == [bytes_vocab.lookup[b"b"]]
+    assert not m.consume_token(bytes_vocab.lookup[b"a"])
+
+
+def nested_lists(depth_needed: int):
+    """A value is "x" or a list of values; a list may also hold a "deep" item, which must nest
+    `depth_needed` more references before it can end."""
+    deep = tuple((f"d{i}", ir.Seq(ir.Lit(b"("), ir.Ref(f"d{i + 1}"), ir.Lit(b")"))) for i in range(depth_needed - 1))
+    deep += ((f"d{depth_needed - 1}", ir.Lit(b"y")),)
+    value = ir.Alt(ir.Lit(b"x"), ir.JsonArray(ir.Alt(ir.Ref("v"), ir.Ref("d0")), min_items=1, max_items=3))
+    return ir.Grammar(ir.Ref("v"), (("v", value),) + deep)
+
+
+def test_nesting_stops_being_offered_where_it_could_not_be_finished(bytes_vocab, monkeypatch):
+    """Going as deep as the grammar allows, every step still has a legal way on, and the deep
+    item is offered only while its references fit under the limit."""
+    monkeypatch.setattr(program, "MAX_DEPTH", 6)
+    clear_caches(bytes_vocab)
+    try:
+        m = Matcher(compiled_grammar(nested_lists(3), bytes_vocab))
+        lookup = bytes_vocab.lookup
+        opened = 0
+        while lookup[b"["] in legal_ids(m, bytes_vocab):
+            # "(" is offered where a list item (depth opened + 1) can nest 3 more: up to 6
+            assert (lookup[b"("] in legal_ids(m, bytes_vocab)) == (opened >= 1 and opened + 3 <= 6)
+            assert m.consume_token(lookup[b"["])
+            opened += 1
+        # the k-th list is written at depth k, and a list needs one more level for its item: five
+        # lists, then only "x" (a sixth list's item would be at depth 7)
+        assert opened == 5 and legal_ids(m, bytes_vocab) == [lookup[b"x"]]
+        assert m.consume_tokens([lookup[b"x"]] + [lookup[b"]"]] * 5) and m.is_accepting()
+    finally:
+        clear_caches(bytes_vocab)
+
+
+def test_an_optional_recursive_property_is_offered_while_it_fits(bytes_vocab):
+    """A schema's optional "next" refers back to the schema: 32 levels of it are written, then
+    the innermost object may still close or take "v", but no longer start "next" (before, it
+    could start the key and then had no legal byte after it)."""
+    schema = {"type": "object", "properties": {"next": {"$ref": "#"}, "v": {"type": "integer"}}}
+    m = Matcher(compile_schema(schema, bytes_vocab))
+    levels = 0
+    while m.copy().consume_bytes(b'{"next":'):
+        assert m.consume_bytes(b'{"next":')
+        levels += 1
+    assert levels == 32
+    assert m.copy().consume_bytes(b"{}") and m.copy().consume_bytes(b'{"v":1}')
+    assert not m.copy().consume_bytes(b'{"n')
+    assert m.consume_bytes(b'{"v":1}' + b"}" * 32) and m.is_accepting()
+
+
+RULE_PARTS = st.lists(st.sampled_from(["[", "(", "x", "ref", "ref", "opt", "list", "key"]), min_size=1, max_size=4)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rules=st.lists(st.lists(RULE_PARTS, min_size=1, max_size=3), min_size=2, max_size=5),
+       limit=st.integers(1, 5), seed=st.integers(0, 2**32 - 1))
+def test_random_recursive_grammars_never_reach_a_dead_end(bytes_vocab, monkeypatch, rules, limit, seed):
+    """Random rules (alternatives of literals and of references to the next rules, wrapping
+    round: plain, optional, as a list's items, or after one key of a trie), walked at random
+    under a small depth limit: the mask is never empty before the grammar is complete, and a
+    forced finish always completes."""
+    n = len(rules)
+
+    def part(p, i, j):
+        target = ir.Ref(f"r{(i + 1 + j) % n}")
+        return {"[": ir.Lit(b"["), "(": ir.Lit(b"("), "x": ir.Lit(b"x"), "ref": target,
+                "opt": ir.Alt(ir.Lit(b"-"), target),
+                "list": ir.JsonArray(target, min_items=0, max_items=2),
+                "key": ir.Select(((b"pq", ir.Seq(ir.Lit(b"="), target)), (b"pr", ir.Seq())))}[p]
+
+    g = ir.Grammar(ir.Ref("r0"), tuple(
+        (f"r{i}", ir.Alt(*[ir.Seq(*[part(p, i, j) for j, p in enumerate(alt)]) for alt in alts]))
+        for i, alts in enumerate(rules)))
+    monkeypatch.setattr(program, "MAX_DEPTH", limit)
+    clear_caches(bytes_vocab)
+    try:
+        try:
+            m = Matcher(compiled_grammar(g, bytes_vocab))
+        except GrammarError:
+            return  # no finite value, or none within the limit: refused, as tested above
+        rng = np.random.default_rng(seed)
+        stops = set(bytes_vocab.stop_ids)
+        for _ in range(60):
+            ids = [t for t in legal_ids(m, bytes_vocab) if t not in stops]
+            assert not m.is_error(), m.error_message
+            if not ids:
+                assert m.is_accepting()
+                break
+            assert m.consume_token(int(rng.choice(ids)))
+        m.finish()
+        assert m.is_accepting() and not m.is_error()
+    finally:
+        clear_caches(bytes_vocab)
+
+
+# -- a dead end the compile-time checks cannot see ---------------------------------------------------
+# None is known. To test what happens if one is met, the grammar below is compiled under a higher
+# depth limit than it is walked under: its references then run into the limit at run time.
+
+def lowered_limit(vocab, monkeypatch):
+    chain = tuple((f"r{i}", ir.Seq(ir.Lit(b"["), ir.Ref(f"r{i + 1}"), ir.Lit(b"]"))) for i in range(40))
+    g = ir.Grammar(ir.Seq(ir.Lit(b"a"), ir.Ref("r0")), chain + (("r40", ir.Lit(b"x")),))
+    clear_caches(vocab)
+    monkeypatch.setattr(program, "MAX_DEPTH", 64)
+    compiled = compiled_grammar(g, vocab)
+    monkeypatch.setattr(program, "MAX_DEPTH", 32)
+    return compiled
+
+
+@pytest.fixture
+def dead_end(bytes_vocab, monkeypatch):
+    yield lowered_limit(bytes_vocab, monkeypatch)
+    clear_caches(bytes_vocab)
+
+
+def test_a_dead_end_offers_only_stop_tokens_and_says_so(bytes_vocab, dead_end):
+    m = Matcher(dead_end)
     steps = 0
     while not m.is_error():
         ids = legal_ids(m, bytes_vocab)
@@ -156,8 +276,8 @@ def test_a_dead_end_offers_only_stop_tokens_and_says_so(bytes_vocab):
     assert bytes_vocab.lookup[b"["] in legal_ids(m, bytes_vocab)
 
 
-def test_generate_stops_at_a_dead_end_with_a_grammar_error(bytes_vocab):
-    m = Matcher(deep_optional(bytes_vocab))
+def test_generate_stops_at_a_dead_end_with_a_grammar_error(bytes_vocab, dead_end):
+    m = Matcher(dead_end)
     g = generate(Scripted(bytes_vocab, ids_of(bytes_vocab, "a" + "[" * 40)), bytes_vocab, [1], m,
                  SamplingParams(max_tokens=60))
     assert "dead end" in g.grammar_error

@@ -57,7 +57,7 @@ def char_dfa(kind: str, arg, length_cap: int):
 class Instr:
     """One instruction. Subclasses that consume bytes implement `step` and `allowed`."""
 
-    __slots__ = ("next",)
+    __slots__ = ("next", "_need")  # _need: see need_of, set when first computed
     consumes = True  # False for epsilon instructions
     accepting = False
 
@@ -245,14 +245,16 @@ class Split(Instr):
 
 
 class Forward(Instr):
-    """A placeholder resolved after compilation (recursive rules reference themselves)."""
+    """A placeholder resolved after compilation (recursive rules reference themselves). Its
+    `_need` is its rule's (see need_of), known from the grammar before the rule is compiled."""
 
     __slots__ = ("target",)
     consumes = False
 
-    def __init__(self):
+    def __init__(self, need: int = 0):
         self.target = None
         self.next = None
+        self._need = need
 
     def arrive(self, local, stack, out):
         self.target.arrive(local, stack, out)
@@ -271,6 +273,26 @@ class Call(Instr):
         if depth >= MAX_DEPTH:
             return  # too deep: this path is not offered
         self.target.arrive(0, (self.next, 0, stack, depth + 1), out)
+
+
+class Guard(Instr):
+    """Enters `target` only where what it needs fits under the depth limit: a thread at depth d
+    may take a branch that needs `need` more levels (see need_of) only if d + need <= MAX_DEPTH.
+    Put in front of the branches of a choice that need more than its cheapest branch, so a model
+    is never offered a way into a value it could not finish (an optional property whose value
+    nests references, entered at the limit)."""
+
+    __slots__ = ("target", "need")
+    consumes = False
+
+    def __init__(self, need: int, target: Instr):
+        self.need = need
+        self.target = target
+        self.next = None
+
+    def arrive(self, local, stack, out):
+        if (stack[3] if stack else 0) + self.need <= MAX_DEPTH:
+            self.target.arrive(local, stack, out)
 
 
 class Ret(Instr):
@@ -292,7 +314,7 @@ class Repeat(Instr):
     here with the count incremented.
     """
 
-    __slots__ = ("item", "sep", "min", "max", "margin", "lead_sep")
+    __slots__ = ("item", "sep", "min", "max", "margin", "lead_sep", "item_need")
     consumes = False
 
     def __init__(self, item: Instr, sep: Instr | None, min_items: int, max_items: int | None, nxt: Instr,
@@ -304,12 +326,18 @@ class Repeat(Instr):
         self.next = nxt
         self.margin = 0  # set by the matcher: counts above min and this far below max share masks
         self.lead_sep = lead_sep  # something was written before: the first item needs `sep` too
+        # set by the compiler where an item nests references deeper than what follows the
+        # list needs (see Guard): another item is offered only where it fits under the limit
+        self.item_need = 0
 
     def arrive(self, local, stack, out):
         if local >= self.min:
             self.next.arrive(0, stack, out)
         if self.max is None or local < self.max:
-            frame = (self, local + 1, stack, stack[3] if stack else 0)
+            depth = stack[3] if stack else 0
+            if self.item_need and depth + self.item_need > MAX_DEPTH:
+                return
+            frame = (self, local + 1, stack, depth)
             if (local == 0 and not self.lead_sep) or self.sep is None:
                 self.item.arrive(0, frame, out)
             else:
@@ -923,8 +951,8 @@ def compile_grammar(grammar: ir.Grammar, special_ids: dict[str, int], *, max_str
                     fragments: Fragments | None = None) -> Program:
     """Compile IR to instructions. `special_ids` maps special-token text to ids; `fragments`
     (per vocabulary) shares compiled pieces across grammars."""
-    check_finite(grammar)
-    return _Compiler(grammar, special_ids, max_string, fragments or Fragments(1, 1)).run()
+    depths = check_finite(grammar)
+    return _Compiler(grammar, special_ids, max_string, fragments or Fragments(1, 1), depths).run()
 
 
 _NEVER = float("inf")
@@ -981,12 +1009,13 @@ def _reachable_rules(grammar: ir.Grammar, rules: dict) -> list[str]:
     return list(seen)
 
 
-def check_finite(grammar: ir.Grammar) -> None:
+def check_finite(grammar: ir.Grammar) -> dict[str, int]:
     """Raise GrammarError if the grammar has no finite value, or none within MAX_DEPTH nested
     references: such a grammar would compile into a matcher that walks into a dead end (a
-    schema whose required property refers back to itself, a `$ref` cycle with no way out)."""
+    schema whose required property refers back to itself, a `$ref` cycle with no way out).
+    Returns how deep each rule's shortest value nests references (rules without one left out)."""
     if not grammar.rules:
-        return
+        return {}
     rules = dict(grammar.rules)
     depth: dict[str, float] = {}
     changed = True
@@ -1010,11 +1039,73 @@ def check_finite(grammar: ir.Grammar) -> None:
         raise GrammarError(
             f"the shortest value of the grammar nests references {int(top)} deep; railcall allows "
             f"{MAX_DEPTH}: shorten the chain of required recursive properties")
+    return {name: int(d) for name, d in depth.items()}
+
+
+def _need_parts(ins) -> tuple:
+    """The instructions whose need_of `ins`'s own is made of."""
+    t = type(ins)
+    if t is Split:
+        return tuple(ins.targets)
+    if t is Select:
+        return tuple(ins.terminal.values())
+    if t is Guard:
+        return (ins.target,)
+    if t is Repeat:
+        return (ins.item, ins.next)
+    if t is Accept or t is Ret or t is Forward:
+        return ()
+    return (ins.next,)
+
+
+def _need_from_parts(ins) -> int:
+    t = type(ins)
+    if t is Split:
+        return min(x._need for x in ins.targets)
+    if t is Select:
+        return min(x._need for x in ins.terminal.values())
+    if t is Guard:
+        return ins.target._need
+    if t is Repeat:
+        return ins.next._need if ins.min == 0 else max(ins.item._need, ins.next._need)
+    if t is Call:
+        return max(1 + ins.target._need, ins.next._need)
+    if t is Accept or t is Ret:
+        return 0
+    return ins.next._need
+
+
+def need_of(ins: Instr) -> int:
+    """How many references deep the shortest way from `ins` to the end of its frame (the end of
+    its rule, or of the grammar) must nest: a thread waiting in `ins` at depth d can be finished
+    only if d + need_of(ins) <= MAX_DEPTH. Computed from the instructions (a rule's own comes
+    from its Forward, so recursion needs no fixpoint here) and kept on each of them."""
+    try:
+        return ins._need
+    except AttributeError:
+        pass
+    todo = [ins]
+    while todo:
+        x = todo[-1]
+        if hasattr(x, "_need"):
+            todo.pop()
+            continue
+        missing = [p for p in _need_parts(x) if not hasattr(p, "_need")]
+        if missing:
+            todo.extend(missing)
+            continue
+        x._need = _need_from_parts(x)
+        todo.pop()
+    return ins._need
 
 
 class _Compiler:
-    def __init__(self, grammar: ir.Grammar, special_ids: dict[str, int], max_string: int, fragments: Fragments):
+    def __init__(self, grammar: ir.Grammar, special_ids: dict[str, int], max_string: int, fragments: Fragments,
+                 depths: dict[str, int] | None = None):
         self.g = grammar
+        # each rule's shortest nesting (check_finite); where the grammar has rules, choices whose
+        # branches nest differently get guards (see Guard, need_of)
+        self.depths = depths or {}
         self.special_ids = special_ids
         self.max_string = max_string
         self.shared = fragments
@@ -1080,12 +1171,11 @@ class _Compiler:
         if isinstance(node, ir.Alt):
             if not node.items:
                 raise GrammarError("an empty alternative (anyOf with no branches) matches nothing")
-            targets = [self.compile(x, nxt) for x in node.items]
-            return targets[0] if len(targets) == 1 else Split(targets)
+            return self._split([self.compile(x, nxt) for x in node.items])
         if isinstance(node, ir.Select):
             if not node.choices:
                 raise GrammarError("a choice with no options (an empty enum or tool table) matches nothing")
-            return Select([(k, self.compile(v, nxt)) for k, v in node.choices])
+            return self._select([(k, self.compile(v, nxt)) for k, v in node.choices])
         if isinstance(node, ir.Special):
             tid = self.special_ids.get(node.name)
             if tid is None:
@@ -1095,7 +1185,7 @@ class _Compiler:
         if isinstance(node, ir.Ref):
             fwd = self.rules.get(node.name)
             if fwd is None:
-                fwd = self.rules[node.name] = Forward()
+                fwd = self.rules[node.name] = Forward(self.depths.get(node.name, 0))
                 self._pending.append((node.name, fwd))
             return Call(fwd, nxt)
         if isinstance(node, ir.JsonString):
@@ -1126,6 +1216,38 @@ class _Compiler:
         if isinstance(node, ir.JsonObject):
             return self._object(node, nxt)
         raise GrammarError(f"unknown grammar node {type(node).__name__}")
+
+    def _split(self, targets: list[Instr]) -> Instr:
+        """A choice between `targets`; those that must nest references deeper than the cheapest
+        are guarded (see Guard), so that none is entered where it could not be finished."""
+        if len(targets) == 1:
+            return targets[0]
+        if self.depths:
+            needs = [need_of(t) for t in targets]
+            low = min(needs)
+            targets = [t if n == low else Guard(n, t) for t, n in zip(targets, needs)]
+        return Split(targets)
+
+    def _select(self, choices: list[tuple[bytes, Instr]]) -> Instr:
+        """A trie of keys. Where the keys' continuations nest references to different depths,
+        one trie per depth, each guarded (a key is not offered where what follows it could not
+        be finished, and a trie never leads into a branch whose every key is refused)."""
+        if self.depths:
+            groups: dict[int, list] = {}
+            for k, cont in choices:
+                groups.setdefault(need_of(cont), []).append((k, cont))
+            if len(groups) > 1:
+                return self._split([Select(g) for g in groups.values()])
+        return Select(choices)
+
+    def _repeat(self, rep: Repeat) -> Repeat:
+        """Guard a list's further items where one nests references deeper than what follows it."""
+        rep.margin = self.shared.token_margin
+        if self.depths:
+            item = need_of(rep.item)
+            if item > need_of(rep.next):
+                rep.item_need = item
+        return rep
 
     def _bounded_number(self, node: ir.JsonNumber, nxt: Instr) -> Instr:
         from decimal import Decimal
@@ -1163,8 +1285,7 @@ class _Compiler:
             sep = self._punct(b",", ws, item, before=True)
             rmin = max(lo - k, 0)
             rmax = None if hi is None else hi - k
-            rest = Repeat(item, sep, rmin, rmax, close, lead_sep=k > 0)
-            rest.margin = self.shared.token_margin
+            rest = self._repeat(Repeat(item, sep, rmin, rmax, close, lead_sep=k > 0))
         else:
             rest = close
         # after(i): i prefix items written; close if allowed, or go on with item i
@@ -1172,9 +1293,9 @@ class _Compiler:
         for i in range(k - 1, -1, -1):
             value = self.compile(node.prefix[i], tail)
             entry = value if i == 0 else self._punct(b",", ws, value, before=True)
-            tail = Split([entry, close]) if i >= lo and i > 0 else entry
+            tail = self._split([entry, close]) if i >= lo and i > 0 else entry
         if k and lo == 0:
-            tail = Split([tail, close])
+            tail = self._split([tail, close])
         return self._punct(b"[", ws, tail)
 
     def _num(self, ins: JNum) -> JNum:
@@ -1200,10 +1321,9 @@ class _Compiler:
             if hit is None:
                 members = [self.compile(key, self._punct(b":", ws, self.compile(value, RET), before=True))
                            for key, value in node.extras]
-                member = members[0] if len(members) == 1 else Split(members)
+                member = self._split(members)
                 sep = self._punct(b",", ws, member, before=True)
-                hit = extras[first] = Repeat(member, sep, 0, node.max_extra, close, lead_sep=not first)
-                hit.margin = self.shared.token_margin
+                hit = extras[first] = self._repeat(Repeat(member, sep, 0, node.max_extra, close, lead_sep=not first))
             return hit
 
         def rest(i: int, first: bool) -> Instr:
@@ -1221,7 +1341,7 @@ class _Compiler:
             else:
                 head = (b"" if first else b",") + ir.json_literal(key) + b":"
                 emit = self.compile(ir.Lit(head), value_entry)
-            out = emit if required else Split([emit, rest(i + 1, first)])
+            out = emit if required else self._split([emit, rest(i + 1, first)])
             memo[(i, first)] = out
             return out
 
