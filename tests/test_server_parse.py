@@ -109,3 +109,44 @@ def test_schema_errors_say_once_where_and_what_an_http_client_can_do():
         "name": "x", "strict": True, "schema": bad}}})
     with pytest.raises(RequestError, match="set response_format.json_schema.strict to false"):
         _response_grammar(req)
+
+
+def test_an_overlapping_one_of_is_explained_in_http_terms():
+    """The compiler's remedy is structured (SchemaError.lenient / .option), so each caller words
+    it: a library caller is told about lenient=True, a tools entry gets no remedy it cannot use,
+    and a response_format is told to set strict to false."""
+    from railcall.errors import SchemaError
+    from railcall.grammar.schema import schema_grammar
+    from railcall.server.plan import _response_grammar, _tools
+
+    overlap = {"type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}}
+    with pytest.raises(SchemaError) as lib:
+        schema_grammar(overlap)
+    assert lib.value.lenient == "anyof" and str(lib.value).endswith("or pass lenient=True to treat it as anyOf")
+    req = parse({"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": overlap}}]})
+    with pytest.raises(RequestError) as e:
+        _tools(req)
+    assert "tool 'f': keyword 'oneOf' at /properties/v/oneOf" in str(e.value)
+    assert "lenient" not in str(e.value) and str(e.value).endswith("(distinct types or const values)")
+    req = parse({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": overlap}}})
+    with pytest.raises(RequestError) as e:
+        _response_grammar(req)
+    assert str(e.value).endswith("or set response_format.json_schema.strict to false to treat it as anyOf")
+
+
+def test_a_schema_limit_names_its_option_to_a_library_caller_only():
+    from railcall.errors import SchemaError
+    from railcall.grammar.schema import SchemaOptions, schema_grammar
+    from railcall.server.plan import _response_grammar
+
+    big = {"type": "array", "items": {"type": "integer"}, "minItems": 9999}
+    with pytest.raises(SchemaError) as lib:
+        schema_grammar(big, SchemaOptions())
+    assert lib.value.option == "max_min_items" and "(SchemaOptions.max_min_items)" in str(lib.value)
+    assert lib.value.with_context("tool 'g'").option == "max_min_items"
+    req = parse({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": big}}})
+    with pytest.raises(RequestError) as e:
+        _response_grammar(req)
+    assert "SchemaOptions" not in str(e.value) and "lower minItems" in str(e.value)

@@ -51,16 +51,45 @@ class SchemaError(GrammarError):
 
     `pointer` is the JSON pointer of the offending subschema (e.g. ``/properties/path``) and
     `keyword` the keyword at fault, so a caller can show exactly where the problem is.
+
+    What a caller can change is kept apart from the message, for each caller to put in its own
+    terms (`describe`): `lenient` says that `SchemaOptions(lenient=True)` would get past it
+    ("ignore": by ignoring the keyword; "anyof": by treating a oneOf as anyOf), and `option`
+    names the `SchemaOptions` field whose limit was hit. `str()` gives the library's terms.
     """
 
-    def __init__(self, message: str, *, pointer: str = "", keyword: str | None = None, context: str = ""):
-        where = pointer or "/"
-        what = f"keyword {keyword!r} at {where}" if keyword else f"at {where}"
-        super().__init__(f"{context + ': ' if context else ''}{what}: {message}")
+    LIBRARY_LENIENT = {"ignore": "; pass lenient=True to ignore it", "anyof": ", or pass lenient=True to treat it as anyOf"}
+
+    def __init__(self, message: str, *, pointer: str = "", keyword: str | None = None, context: str = "",
+                 lenient: str | None = None, option: str | None = None):
+        if lenient not in (None, "ignore", "anyof"):
+            raise ValueError(f"lenient must be None, 'ignore' or 'anyof', not {lenient!r}")
         self.pointer = pointer
         self.keyword = keyword
-        self.detail = message  # without the location and context
+        self.detail = message  # without the location, the context and the remedy
         self.context = context
+        self.lenient = lenient
+        self.option = option
+        super().__init__(self.describe())
+
+    def describe(self, lenient: dict[str, str] | None = None, options: bool = True) -> str:
+        """The message with its location and remedy. `lenient` maps a lenient remedy ("ignore",
+        "anyof") to the words for the caller's way to get it (default: the library's
+        `lenient=True`); `options=False` leaves out the SchemaOptions field, for a caller that
+        cannot set it."""
+        where = self.pointer or "/"
+        what = f"keyword {self.keyword!r} at {where}" if self.keyword else f"at {where}"
+        text = f"{self.context + ': ' if self.context else ''}{what}: {self.detail}"
+        if self.option and options:
+            text += f" (SchemaOptions.{self.option})"
+        if self.lenient:
+            text += (self.LIBRARY_LENIENT if lenient is None else lenient)[self.lenient]
+        return text
+
+    def with_context(self, context: str) -> "SchemaError":
+        """The same error, said of `context` (a tool's name)."""
+        return SchemaError(self.detail, pointer=self.pointer, keyword=self.keyword, context=context,
+                           lenient=self.lenient, option=self.option)
 
 
 class MatcherError(RailcallError):

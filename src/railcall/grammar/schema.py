@@ -230,7 +230,7 @@ def _unsupported(ctx: _Ctx, keyword: str, pointer: str, why: str = "") -> None:
     if ctx.options.lenient:
         warnings.warn(f"railcall: ignoring keyword {keyword!r} at {pointer or '/'} ({msg})", stacklevel=3)
         return
-    raise SchemaError(msg + "; pass lenient=True to ignore it", pointer=pointer, keyword=keyword)
+    raise SchemaError(msg, pointer=pointer, keyword=keyword, lenient="ignore")
 
 
 def _handled(ctx: _Ctx, schema, pointer: str) -> dict:
@@ -247,11 +247,10 @@ def _handled(ctx: _Ctx, schema, pointer: str) -> dict:
 
 def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Node:
     if depth > ctx.options.max_depth:
-        raise SchemaError(f"nesting deeper than {ctx.options.max_depth} levels (SchemaOptions.max_depth)",
-                          pointer=pointer)
+        raise SchemaError(f"nesting deeper than {ctx.options.max_depth} levels", pointer=pointer, option="max_depth")
     if time.monotonic() > ctx.deadline:
-        raise SchemaError(f"compiling took longer than the budget of {ctx.options.time_budget_s} s "
-                          "(SchemaOptions.time_budget_s)", pointer=pointer)
+        raise SchemaError(f"compiling took longer than the budget of {ctx.options.time_budget_s} s", pointer=pointer,
+                          option="time_budget_s")
     if schema is True or schema == {}:
         return ir.Ref(_any_rule(ctx))
     if schema is False:
@@ -290,8 +289,8 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
                 if not ctx.options.lenient:
                     raise SchemaError("oneOf branches that may overlap cannot be enforced exactly (a value "
                                       "matching two branches must be rejected); use anyOf, make the branches "
-                                      "disjoint (distinct types or const values), or pass lenient=True to treat "
-                                      "it as anyOf", pointer=pointer + "/oneOf", keyword="oneOf")
+                                      "disjoint (distinct types or const values)", pointer=pointer + "/oneOf",
+                                      keyword="oneOf", lenient="anyof")
                 warnings.warn(f"railcall: treating oneOf at {pointer or '/'} as anyOf (branches may overlap)",
                               stacklevel=2)
             alts = [_node(ctx, sub, f"{pointer}/{kw}/{i}", required, depth + 1) for i, sub in enumerate(subs)]
@@ -375,8 +374,8 @@ def _enum(ctx: _Ctx, schema: dict, pointer: str) -> ir.Node:
         if not isinstance(values, list) or not values:
             raise SchemaError("enum must be a non-empty array", pointer=pointer + "/enum", keyword="enum")
     if len(values) > ctx.options.max_enum:
-        raise SchemaError(f"{len(values)} enum values exceed the limit of {ctx.options.max_enum} (SchemaOptions.max_enum)",
-                          pointer=pointer + "/enum", keyword="enum")
+        raise SchemaError(f"{len(values)} enum values exceed the limit of {ctx.options.max_enum}",
+                          pointer=pointer + "/enum", keyword="enum", option="max_enum")
     allowed = _types(ctx, schema, pointer)
     if allowed is not None:
         values = [v for v in values if _json_type(v) in allowed or (_json_type(v) == "integer" and "number" in allowed)]
@@ -460,8 +459,8 @@ def _string(ctx: _Ctx, schema: dict, pointer: str, required: bool) -> ir.Node:
     if not isinstance(regex, str):
         raise SchemaError(f"pattern must be a string, not {regex!r}", pointer=pointer + "/pattern", keyword="pattern")
     if len(regex) > ctx.options.max_pattern:
-        raise SchemaError(f"a pattern of {len(regex)} characters exceeds the limit of {ctx.options.max_pattern} "
-                          "(SchemaOptions.max_pattern)", pointer=pointer + "/" + kw, keyword=kw)
+        raise SchemaError(f"a pattern of {len(regex)} characters exceeds the limit of {ctx.options.max_pattern}",
+                          pointer=pointer + "/" + kw, keyword=kw, option="max_pattern")
     try:
         compile_pattern(regex, 256)  # parse and size-check now, to report the pointer
     except RegexError as e:
@@ -549,8 +548,8 @@ def _array(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
         raise SchemaError(f"minItems {lo} > maxItems {hi}: no array fits", pointer=pointer, keyword="minItems")
     if lo > ctx.options.max_min_items:
         raise SchemaError(f"minItems {lo} asks for more items than railcall writes in one array "
-                          f"(at most {ctx.options.max_min_items}, SchemaOptions.max_min_items): lower minItems",
-                          pointer=pointer, keyword="minItems")
+                          f"(at most {ctx.options.max_min_items}): lower minItems",
+                          pointer=pointer, keyword="minItems", option="max_min_items")
     if item is None and lo > len(prefix):
         raise SchemaError(f"minItems {lo} but only {len(prefix)} items are allowed", pointer=pointer, keyword="minItems")
     return ir.JsonArray(item, lo, hi, prefix, ctx.options.whitespace)

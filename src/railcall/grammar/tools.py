@@ -141,7 +141,7 @@ class ToolGrammarBuilder:
             try:
                 node, rules = schema_to_ir(params, self.options)
             except SchemaError as e:
-                raise SchemaError(e.detail, pointer=e.pointer, keyword=e.keyword, context=f"tool {tool.name!r}") from None
+                raise e.with_context(f"tool {tool.name!r}") from None
             # rule names are made unique per tool so tables can combine them
             hit = self._args[key] = (_prefix_rules(node, rules, tool.name))
         return hit

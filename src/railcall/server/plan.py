@@ -22,12 +22,11 @@ reasoning region comes first on models whose think delimiters are single tokens)
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from railcall.decode import SamplingParams
-from railcall.errors import GrammarError, MatcherError, RequestError
+from railcall.errors import GrammarError, MatcherError, RequestError, SchemaError
 from railcall.grammar import ir
 from railcall.grammar.schema import SchemaOptions, schema_to_ir
 from railcall.grammar.tools import Tool, ToolGrammarBuilder
@@ -133,7 +132,7 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
             compiled = compiled_grammar(grammar, served.vocab, max_string=getattr(served, "max_string", MAX_STRING))
         except (GrammarError, MatcherError) as e:
             where = "tools" if kind in ("tools", "auto") else "response_format"
-            raise RequestError(f"the answer grammar could not be compiled: {_for_http(str(e), where)}", param=where,
+            raise RequestError(f"the answer grammar could not be compiled: {_for_http(e, where)}", param=where,
                                code="invalid_schema") from None
     return Plan(prompt=prompt, params=params, kind=kind, mode=mode, tool_choice=parser_choice, grammar=compiled, tools=tools if calling else [],
                 parallel=req.parallel_tool_calls and choice != "named", logprobs=req.logprobs,
@@ -141,18 +140,20 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
                 include_usage=bool(req.stream_options and req.stream_options.include_usage))
 
 
-def _for_http(message: str, where: str) -> str:
-    """A compiler message with its library advice (`lenient=True`, `SchemaOptions.…`) put in the
-    terms of this API: what an HTTP client can change."""
-    if where == "response_format":
-        message = message.replace("pass lenient=True to ignore it",
-                                  "set response_format.json_schema.strict to false to have it ignored")
-        message = message.replace("or pass lenient=True to treat it as anyOf",
-                                  "or set response_format.json_schema.strict to false to treat it as anyOf")
-    else:
-        message = message.replace("; pass lenient=True to ignore it", "; remove it from the schema")
-        message = message.replace(", or pass lenient=True to treat it as anyOf", "")
-    return re.sub(r", SchemaOptions\.\w+", "", re.sub(r" \(SchemaOptions\.\w+\)", "", message))
+# What an HTTP client does to get what `SchemaOptions(lenient=True)` gives a library caller.
+_HTTP_LENIENT = {
+    "tools": {"ignore": "; remove it from the schema", "anyof": ""},
+    "response_format": {"ignore": "; set response_format.json_schema.strict to false to have it ignored",
+                        "anyof": ", or set response_format.json_schema.strict to false to treat it as anyOf"},
+}
+
+
+def _for_http(e: Exception, where: str) -> str:
+    """A compile error in the terms of this API: a SchemaError's remedy is what an HTTP client
+    can change (the request cannot set SchemaOptions)."""
+    if isinstance(e, SchemaError):
+        return e.describe(lenient=_HTTP_LENIENT[where], options=False)
+    return str(e)
 
 
 def _tools(req: ChatCompletionRequest) -> list[Tool]:
@@ -168,7 +169,7 @@ def _tools(req: ChatCompletionRequest) -> list[Tool]:
             tool = Tool(fn.name, fn.description, params)
             _BUILDER.args_ir(tool)  # compiles the schema now: a bad one is this tool's 400
         except (GrammarError, RecursionError, ValueError, TypeError) as e:
-            raise RequestError(f"tools[{i}].function.parameters: {_for_http(str(e), 'tools')}",
+            raise RequestError(f"tools[{i}].function.parameters: {_for_http(e, 'tools')}",
                                param=f"tools[{i}].function.parameters", code="invalid_schema") from None
         tools.append(tool)
     return tools
@@ -200,7 +201,7 @@ def _response_grammar(req: ChatCompletionRequest) -> tuple[ir.Grammar | None, st
             warnings.simplefilter("ignore")
             node, rules = schema_to_ir(schema, options)
     except (GrammarError, RecursionError, ValueError, TypeError) as e:
-        raise RequestError(f"response_format.json_schema.schema: {_for_http(str(e), 'response_format')}",
+        raise RequestError(f"response_format.json_schema.schema: {_for_http(e, 'response_format')}",
                            param="response_format.json_schema.schema", code="invalid_schema") from None
     return ir.Grammar(node, rules, name=f"json_schema:{spec.name}"), "json"
 
