@@ -1721,6 +1721,17 @@ def _jstr_reach() -> list[bytes]:
 _JSTR_REACH = _jstr_reach()
 
 
+def fill_stops(row: np.ndarray, vocab: Vocabulary) -> int:
+    """Write the mask of the stop tokens alone into `row` (a matcher in its error state, or one
+    whose grammar could not be built); return their count."""
+    packed = vocab._extra.get("stop_mask")
+    if packed is None:
+        packed = vocab._extra["stop_mask"] = pack_ids(np.array(sorted(vocab.stop_ids), dtype=np.int64),
+                                                      vocab.logits_width)
+    row[:] = packed
+    return len(vocab.stop_ids)
+
+
 def sorted_ids_list(vocab: Vocabulary) -> list[int]:
     """`vocab.sorted_index[1]` as a Python list (slices of a few ids without numpy calls)."""
     hit = vocab._extra.get("sorted_ids_list")
@@ -1907,9 +1918,7 @@ class Matcher:
         return n
 
     def _fill_stops(self, row: np.ndarray) -> int:
-        g = self.g
-        row[:] = pack_ids(g.stop_ids, g.width)
-        self.last_legal_count = int(g.stop_ids.size)
+        self.last_legal_count = fill_stops(row, self.g.vocab)
         return self.last_legal_count
 
     def legal_token_ids(self) -> np.ndarray:

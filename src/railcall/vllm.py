@@ -207,8 +207,9 @@ class _Refused:
         return False
 
     def fill_bitmask(self, bitmask: np.ndarray, index: int = 0) -> int:
-        bitmask[index] = pack_ids(sorted(self.vocab.stop_ids), self.vocab.logits_width)
-        return len(self.vocab.stop_ids)
+        from railcall.matcher import fill_stops
+
+        return fill_stops(bitmask[index], self.vocab)
 
 
 class _Request:
