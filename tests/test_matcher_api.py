@@ -309,3 +309,46 @@ def test_finish_completes_bounded_numbers_with_long_shortest_values(bytes_vocab,
     assert m.is_accepting() and not m.is_error(), m.error_message
     out = json.loads(b'{"tool":"f","args":{"x":' + bytes_vocab.decode(tail))
     assert out["args"] == want
+
+
+FREE_EXTRAS = [
+    Tool("a", "", {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"], "additionalProperties": True}),
+    Tool("b", "", {"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"], "additionalProperties": True}),
+]
+
+
+@pytest.mark.parametrize("tools, fmt, parallel, want", [
+    # the first tool's free-form extras branch out ten ways a byte and used to crowd the second
+    # tool's shorter completion out of the search
+    (FREE_EXTRAS, "hermes", False, '<tool_call>{"name":"b","arguments":{"v":0}}</tool_call>'),
+    (FREE_EXTRAS, "hermes", True, '<tool_call>{"name":"b","arguments":{"v":0}}</tool_call>'),
+    (FREE_EXTRAS, "json", False, '{"tool":"b","args":{"v":0}}'),
+    # required keys with free-form values: each value opens a string, a number, a list, an object
+    ([Tool("t", "", {"type": "object", "required": ["k\nl", 'k"l', "k\\l", "k\rl", "k\tl", "k\fl"]})], "json", False,
+     '{"tool":"t","args":{"k\\nl":0,"k\\"l":0,"k\\\\l":0,"k\\rl":0,"k\\tl":0,"k\\fl":0}}'),
+])
+def test_finish_finds_the_shortest_call_past_free_form_values(bytes_vocab, tools, fmt, parallel, want):
+    m = Matcher(CompiledGrammar(tool_grammar(tools, fmt, parallel=parallel), bytes_vocab))
+    out = m.finish()
+    assert m.is_accepting() and not m.is_error(), m.error_message
+    assert "".join(bytes_vocab.token_text(t) for t in out) == want
+
+
+def test_finish_closes_nested_free_form_values(bytes_vocab):
+    m = Matcher(CompiledGrammar(tool_grammar(FREE_EXTRAS, "hermes"), bytes_vocab))
+    assert m.consume_token(bytes_vocab.special_id("<tool_call>"))
+    assert m.consume_bytes(b'{"name":"a","arguments":{"v":"x","q":[{"r":[1,')
+    tail = "".join(bytes_vocab.token_text(t) for t in m.finish())
+    assert m.is_accepting() and tail == '0]}]}}</tool_call>'
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_finish_with_text_tags_past_free_form_values(parallel):
+    """The same where `<tool_call>` is not a special token (written as text): the longer literal
+    gave the first tool's free-form extras more layers to crowd out the second tool."""
+    from railcall.vocab import Vocabulary
+
+    v = Vocabulary.from_pieces([bytes([b]) for b in range(32, 127)], specials=["<end>"], stop=["<end>"], name="ascii")
+    m = Matcher(CompiledGrammar(tool_grammar(FREE_EXTRAS, "hermes", parallel=parallel), v))
+    out = v.decode(m.finish()).decode()
+    assert m.is_accepting() and out == '<tool_call>{"name":"b","arguments":{"v":0}}</tool_call>'

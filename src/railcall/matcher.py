@@ -1403,14 +1403,41 @@ class Automaton:
         path = self._completion(s, limit, FINISH_BEAM)
         return path if path is not None else self._completion(s, limit, None)
 
+    def _open_frames(self, s: int) -> int:
+        """The fewest frames (calls, list items) any thread of state `s` has open."""
+        best = None
+        for _, _, st in self._sets[s]:
+            n = 0
+            while st is not None:
+                n += 1
+                st = st[2]
+            if best is None or n < best:
+                best = n
+        return best or 0
+
     def _completion(self, s: int, limit: int, beam: int | None) -> list | None:
         if self._accepting[s]:
             return []
         prev: dict[int, tuple[int, object]] = {s: (-1, None)}
+        # States whose coarse keys are equal have equally short completions (a string's count
+        # past its minimum, a number's digits far from its cap, a list's items past its minimum:
+        # see Instr.coarse), so only the first met is searched from: `"?`, `"??`, `"???` are one.
+        key = self._coarse_key
+        seen = {key(s): s}
+        keys = {s: key(s)}
         frontier = [s]
         steps = 0
         while frontier and steps < limit:
-            if beam is not None:
+            if beam is not None and len(frontier) > beam:
+                # Keep the states with the fewest open frames (a free-form value's nested objects
+                # and lists, a list's items): they are closest to an end, other things equal.
+                frontier.sort(key=self._open_frames)
+                # States cut from this layer were not searched from: forget them, so that a later
+                # layer that reaches one again searches from it (else the only way to an end
+                # could be lost: the quote closing a free-form value, met first in a cut state).
+                for x in frontier[beam:]:
+                    del prev[x]
+                    del seen[keys.pop(x)]
                 frontier = frontier[:beam]
             nxt_frontier = []
             for cur in frontier:
@@ -1427,7 +1454,12 @@ class Automaton:
                     steps += 1
                     if n < 0 or n in prev:
                         continue
+                    k = key(n)
+                    if k in seen:
+                        continue
                     prev[n] = (cur, sym)
+                    seen[k] = n
+                    keys[n] = k
                     if self._accepting[n]:
                         path = []
                         while n != s:
