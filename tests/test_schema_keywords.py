@@ -228,3 +228,43 @@ def test_limits_stop_hostile_schemas_cleanly(bytes_vocab):
 def test_unsatisfiable_lengths_are_grammar_errors(bytes_vocab):
     with pytest.raises(GrammarError, match="length"):
         CompiledGrammar(schema_grammar({"type": "string", "pattern": "^a{5}$", "maxLength": 3}), bytes_vocab)
+
+
+@pytest.mark.parametrize("params, rejected", [
+    ({"minimum": 5}, b"5"),
+    ({}, b"0"),
+    ({"anyOf": [{"type": "string"}, {"type": "object", "properties": {"a": {"type": "integer"}}}]}, b'""'),
+    ({"properties": {"a": {"type": "integer"}}}, b"[]"),
+])
+def test_untyped_tool_parameters_are_an_object(bytes_vocab, params, rejected):
+    """A tool's arguments are always an object: `parameters` without a type (keywords alone, an
+    anyOf, nothing) once let a call's arguments be a number or a string."""
+    from railcall.grammar.tools import Tool, tool_grammar
+    from railcall.matcher import Matcher, compiled_grammar
+
+    g = compiled_grammar(tool_grammar([Tool("t", "", params)]), bytes_vocab)
+    assert not Matcher(g).consume_bytes(b'{"tool":"t","args":' + rejected + b"}")
+    m = Matcher(g)
+    assert m.consume_bytes(b'{"tool":"t","args":{')
+    m.finish()
+    assert m.is_accepting()
+
+
+def test_tool_parameters_no_object_fits_are_refused_saying_so():
+    from railcall.grammar.tools import Tool, tool_grammar
+
+    with pytest.raises(SchemaError, match="parameters must describe an object, and no object fits") as e:
+        tool_grammar([Tool("t", "", {"$ref": "#/$defs/s", "$defs": {"s": {"type": "string"}}})])
+    assert e.value.empty and "tool 't'" in str(e.value)
+
+
+def test_an_any_of_branch_no_value_fits_is_dropped(bytes_vocab):
+    """JSON Schema: a branch that matches nothing leaves the others; only when every branch is
+    empty is the schema."""
+    g = schema_grammar({"type": "object", "anyOf": [{"type": "string"}, {"required": ["a"]}]})
+    assert accepts(bytes_vocab, g, '{"a":1}') and not accepts(bytes_vocab, g, '"x"') and not accepts(bytes_vocab, g, '{}')
+    with pytest.raises(SchemaError) as e:
+        schema_grammar({"type": "object", "anyOf": [{"type": "string"}, {"type": "array"}]})
+    assert e.value.empty
+    with pytest.raises(SchemaError, match="frobnicate"):  # any other error still stands
+        schema_grammar({"anyOf": [{"type": "string"}, {"type": "integer", "frobnicate": 1}]})

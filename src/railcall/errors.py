@@ -56,12 +56,13 @@ class SchemaError(GrammarError):
     terms (`describe`): `lenient` says that `SchemaOptions(lenient=True)` would get past it
     ("ignore": by ignoring the keyword; "anyof": by treating a oneOf as anyOf), and `option`
     names the `SchemaOptions` field whose limit was hit. `str()` gives the library's terms.
+    `empty` marks a schema that no value fits (an `anyOf` branch that is one is dropped).
     """
 
     LIBRARY_LENIENT = {"ignore": "; pass lenient=True to ignore it", "anyof": ", or pass lenient=True to treat it as anyOf"}
 
     def __init__(self, message: str, *, pointer: str = "", keyword: str | None = None, context: str = "",
-                 lenient: str | None = None, option: str | None = None):
+                 lenient: str | None = None, option: str | None = None, empty: bool = False):
         if lenient not in (None, "ignore", "anyof"):
             raise ValueError(f"lenient must be None, 'ignore' or 'anyof', not {lenient!r}")
         self.pointer = pointer
@@ -70,6 +71,7 @@ class SchemaError(GrammarError):
         self.context = context
         self.lenient = lenient
         self.option = option
+        self.empty = empty
         super().__init__(self.describe())
 
     def describe(self, lenient: dict[str, str] | None = None, options: bool = True) -> str:
@@ -89,7 +91,7 @@ class SchemaError(GrammarError):
     def with_context(self, context: str) -> "SchemaError":
         """The same error, said of `context` (a tool's name)."""
         return SchemaError(self.detail, pointer=self.pointer, keyword=self.keyword, context=context,
-                           lenient=self.lenient, option=self.option)
+                           lenient=self.lenient, option=self.option, empty=self.empty)
 
 
 class MatcherError(RailcallError):

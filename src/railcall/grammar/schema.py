@@ -283,7 +283,8 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
             base = {k: v for k, v in schema.items() if k != kw}
             branches = [br for br in branches if br is not False]  # `false` matches nothing
             if not branches:
-                raise SchemaError(f"every {kw} branch is `false`: no value fits", pointer=pointer + "/" + kw, keyword=kw)
+                raise SchemaError(f"every {kw} branch is `false`: no value fits", pointer=pointer + "/" + kw, keyword=kw,
+                                  empty=True)
             subs = [{"allOf": [base, br]} if base else br for br in branches]
             if kw == "oneOf" and not _pairwise_disjoint(ctx, branches, base):
                 if not ctx.options.lenient:
@@ -293,7 +294,16 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
                                       keyword="oneOf", lenient="anyof")
                 warnings.warn(f"railcall: treating oneOf at {pointer or '/'} as anyOf (branches may overlap)",
                               stacklevel=2)
-            alts = [_node(ctx, sub, f"{pointer}/{kw}/{i}", required, depth + 1) for i, sub in enumerate(subs)]
+            alts, empty = [], None
+            for i, sub in enumerate(subs):
+                try:
+                    alts.append(_node(ctx, sub, f"{pointer}/{kw}/{i}", required, depth + 1))
+                except SchemaError as e:  # a branch no value fits matches nothing: the others stand
+                    if not e.empty:
+                        raise
+                    empty = empty or e
+            if not alts:
+                raise empty
             return alts[0] if len(alts) == 1 else ir.Alt(*alts)
 
     types = _types(ctx, schema, pointer)
@@ -368,7 +378,8 @@ def _enum(ctx: _Ctx, schema: dict, pointer: str) -> ir.Node:
         values = [schema["const"]]
         if "enum" in schema:
             if not isinstance(schema["enum"], list) or not any(_json_equal(values[0], e) for e in schema["enum"]):
-                raise SchemaError("const is not among the enum values: no value fits", pointer=pointer, keyword="const")
+                raise SchemaError("const is not among the enum values: no value fits", pointer=pointer, keyword="const",
+                                  empty=True)
     else:
         values = schema["enum"]
         if not isinstance(values, list) or not values:
@@ -436,7 +447,8 @@ def _string(ctx: _Ctx, schema: dict, pointer: str, required: bool) -> ir.Node:
     lo = _int_kw(schema, "minLength", pointer) or 0
     hi = _int_kw(schema, "maxLength", pointer)
     if hi is not None and lo > hi:
-        raise SchemaError(f"minLength {lo} > maxLength {hi}: no string fits", pointer=pointer, keyword="minLength")
+        raise SchemaError(f"minLength {lo} > maxLength {hi}: no string fits", pointer=pointer, keyword="minLength",
+                          empty=True)
     if required and ctx.options.required_nonempty and not ctx.options.standard:
         lo = max(lo, 1) if hi is None or hi >= 1 else lo
     pattern = schema.get("pattern")
@@ -545,7 +557,8 @@ def _array(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
     lo = _int_kw(schema, "minItems", pointer) or 0
     hi = _int_kw(schema, "maxItems", pointer)
     if hi is not None and lo > hi:
-        raise SchemaError(f"minItems {lo} > maxItems {hi}: no array fits", pointer=pointer, keyword="minItems")
+        raise SchemaError(f"minItems {lo} > maxItems {hi}: no array fits", pointer=pointer, keyword="minItems",
+                          empty=True)
     if lo > ctx.options.max_min_items:
         raise SchemaError(f"minItems {lo} asks for more items than railcall writes in one array "
                           f"(at most {ctx.options.max_min_items}): lower minItems",
@@ -830,7 +843,7 @@ def _merge(ctx: _Ctx, a: dict, b, pointer: str, depth: int) -> dict:
     a = _expand(ctx, a, pointer, depth + 1)
     b = _expand(ctx, b, pointer, depth + 1)
     if a.get("enum") == [] or b.get("enum") == []:
-        raise SchemaError("allOf contains `false`: no value fits", pointer=pointer, keyword="allOf")
+        raise SchemaError("allOf contains `false`: no value fits", pointer=pointer, keyword="allOf", empty=True)
     for kw in ("anyOf", "oneOf"):  # distribute: allOf(A, anyOf(B1, B2)) = anyOf(A+B1, A+B2)
         for x, y in ((a, b), (b, a)):
             if kw in x:
@@ -850,7 +863,7 @@ def _merge(ctx: _Ctx, a: dict, b, pointer: str, depth: int) -> dict:
             both = (ta & tb) | ({"integer"} if ("integer" in ta and "number" in tb) or ("number" in ta and "integer" in tb) else set())
             if not both:
                 raise SchemaError(f"allOf requires types {sorted(ta)} and {sorted(tb)} at once: no value fits",
-                                  pointer=pointer, keyword="type")
+                                  pointer=pointer, keyword="type", empty=True)
             out[k] = sorted(both)
         elif k in _MAX_KEYS:
             out[k] = min(va, vb)

@@ -138,9 +138,16 @@ class ToolGrammarBuilder:
             if params.get("type", "object") != "object":
                 raise SchemaError(f"parameters must describe an object, not {params.get('type')!r}",
                                   pointer="/type", keyword="type", context=f"tool {tool.name!r}")
+            # Arguments are an object whatever else the schema says: without a type, a schema
+            # of keywords alone (`{"minimum": 5}`, an anyOf, a $ref) would allow other values.
+            untyped = "type" not in params
             try:
-                node, rules = schema_to_ir(params, self.options)
+                node, rules = schema_to_ir(dict(params, type="object"), self.options)
             except SchemaError as e:
+                if untyped and e.empty:
+                    raise SchemaError(f"parameters must describe an object, and no object fits this schema ({e.detail})",
+                                      pointer=e.pointer, keyword=e.keyword, context=f"tool {tool.name!r}",
+                                      empty=True) from None
                 raise e.with_context(f"tool {tool.name!r}") from None
             # rule names are made unique per tool so tables can combine them
             hit = self._args[key] = (_prefix_rules(node, rules, tool.name))
