@@ -1423,8 +1423,7 @@ class Automaton:
         # past its minimum, a number's digits far from its cap, a list's items past its minimum:
         # see Instr.coarse), so only the first met is searched from: `"?`, `"??`, `"???` are one.
         key = self._coarse_key
-        seen = {key(s): s}
-        keys = {s: key(s)}
+        seen = {key(s)}
         frontier = [s]
         steps = 0
         while frontier and steps < limit:
@@ -1437,7 +1436,7 @@ class Automaton:
                 # could be lost: the quote closing a free-form value, met first in a cut state).
                 for x in frontier[beam:]:
                     del prev[x]
-                    del seen[keys.pop(x)]
+                    seen.discard(key(x))
                 frontier = frontier[:beam]
             nxt_frontier = []
             for cur in frontier:
@@ -1458,8 +1457,7 @@ class Automaton:
                     if k in seen:
                         continue
                     prev[n] = (cur, sym)
-                    seen[k] = n
-                    keys[n] = k
+                    seen.add(k)
                     if self._accepting[n]:
                         path = []
                         while n != s:

@@ -77,7 +77,7 @@ from railcall.grammar import ir
 from railcall.grammar.schema import schema_grammar
 from railcall.grammar.tools import Tool, read_only_view, tool_grammar
 from railcall.grammar.program import compile_grammar
-from railcall.matcher import MAX_STRING, Matcher, compiled_grammar
+from railcall.matcher import MAX_STRING, Matcher, compiled_grammar, fill_stops
 from railcall.vocab import Vocabulary
 
 log = logging.getLogger("railcall.vllm")
@@ -207,8 +207,6 @@ class _Refused:
         return False
 
     def fill_bitmask(self, bitmask: np.ndarray, index: int = 0) -> int:
-        from railcall.matcher import fill_stops
-
         return fill_stops(bitmask[index], self.vocab)
 
 

@@ -1060,19 +1060,12 @@ def _need_parts(ins) -> tuple:
 
 def _need_from_parts(ins) -> int:
     t = type(ins)
-    if t is Split:
-        return min(x._need for x in ins.targets)
-    if t is Select:
-        return min(x._need for x in ins.terminal.values())
-    if t is Guard:
-        return ins.target._need
     if t is Repeat:
         return ins.next._need if ins.min == 0 else max(ins.item._need, ins.next._need)
     if t is Call:
         return max(1 + ins.target._need, ins.next._need)
-    if t is Accept or t is Ret:
-        return 0
-    return ins.next._need
+    # a choice: its cheapest branch; a guard or a consuming instruction: its one part; the end: 0
+    return min((p._need for p in _need_parts(ins)), default=0)
 
 
 def need_of(ins: Instr) -> int:
