@@ -17,6 +17,8 @@ from railcall.matcher import CompiledGrammar, Matcher
 
 STD = SchemaOptions(standard=True)
 
+_A = {"a": {"properties": {"a": {"type": "string"}}}}
+
 CASES = [
     # pattern: search semantics, anchors, classes, quantifiers, escapes decoded before matching
     ({"type": "string", "pattern": "^[a-z]+-\\d{2,3}$"}, '"ab-12"', True),
@@ -103,6 +105,15 @@ CASES = [
     ({"allOf": [{"properties": {"a": {"type": "string"}}, "required": ["a"]},
                 {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, '{"a":"x"}', False),
     ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "minimum": 3}, "2", False),
+    # properties merged from a $ref or an allOf keep the order the schema is written in
+    *[(schema, text, ok) for schema in (
+        {"properties": {"b": {"type": "integer"}}, "$ref": "#/$defs/a", "$defs": _A},
+        {"properties": {"b": {"type": "integer"}}, "allOf": [_A["a"]]},
+    ) for text, ok in (('{"b":1,"a":"x"}', True), ('{"a":"x","b":1}', False))],
+    *[(schema, text, ok) for schema in (
+        {"$ref": "#/$defs/a", "properties": {"b": {"type": "integer"}}, "$defs": _A},
+        {"allOf": [_A["a"]], "properties": {"b": {"type": "integer"}}},
+    ) for text, ok in (('{"a":"x","b":1}', True), ('{"b":1,"a":"x"}', False))],
     ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, "3", True),
     ({"oneOf": [{"const": "a"}, {"const": "b"}]}, '"b"', True),
     # references by $anchor and by $id

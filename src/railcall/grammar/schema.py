@@ -264,9 +264,11 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
         rest = {k: v for k, v in schema.items() if k != "$ref"}
         if not rest:
             return _ref(ctx, schema["$ref"], pointer + "/$ref", depth, orig)
-        # 2020-12: a $ref beside other keywords applies both, like allOf.
+        # 2020-12: a $ref beside other keywords applies both, like allOf; properties keep the
+        # order the schema writes them in (its own first where `properties` precedes `$ref`)
         target = _resolve_ref(ctx, schema["$ref"], pointer + "/$ref", orig)[1]
-        return _node(ctx, {"allOf": [target, rest]}, pointer, required, depth + 1)
+        parts = [rest, target] if _own_first(orig, "$ref") else [target, rest]
+        return _node(ctx, {"allOf": parts}, pointer, required, depth + 1)
 
     if "allOf" in schema:
         merged = _merge_allof(ctx, schema, pointer, depth)
@@ -813,10 +815,18 @@ def _merge_allof(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> dict:
     branches = schema["allOf"]
     if not isinstance(branches, list) or not branches:
         raise SchemaError("allOf must be a non-empty array", pointer=pointer + "/allOf", keyword="allOf")
-    acc: dict = {k: v for k, v in schema.items() if k != "allOf"}
+    own: dict = {k: v for k, v in schema.items() if k != "allOf"}
+    acc = own if _own_first(schema, "allOf") else {}
     for i, br in enumerate(branches):
         acc = _merge(ctx, acc, br, f"{pointer}/allOf/{i}", depth)
-    return acc
+    return acc if acc is own or not own else _merge(ctx, acc, own, pointer, depth)
+
+
+def _own_first(schema: dict, kw: str) -> bool:
+    """Whether a schema's own `properties` come before those that keyword `kw` ($ref, allOf)
+    merges in: declared order across a merge is the order the schema is written in."""
+    keys = list(schema)
+    return "properties" not in schema or keys.index("properties") < keys.index(kw)
 
 
 def _expand(ctx: _Ctx, s, pointer: str, depth: int) -> dict:
