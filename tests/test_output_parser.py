@@ -204,3 +204,30 @@ def test_bad_options_say_what_to_do(bytes_vocab, multi_vocab):
     with pytest.raises(RailcallError, match="unknown tool_choice"):
         OutputParser(Delimiters.from_vocab(bytes_vocab), tool_choice="any")
     assert Delimiters.from_vocab(bytes_vocab) is Delimiters.from_vocab(bytes_vocab)  # once per model
+
+
+# (arguments as generated, the arguments string the parser returns)
+NUMBERS = [
+    ('{"x":1e999}', '{"x":1e999}'),  # beyond a double: a float would make it Infinity, not JSON
+    ('{"x":-1E+400,"y":[2.5e-999]}', '{"x":-1E+400,"y":[2.5e-999]}'),
+    ('{"x":0.10000000000000000001}', '{"x":0.10000000000000000001}'),  # not rounded to 0.1
+    ('{"x":3E20,"n":-0,"k":' + "9" * 5000 + "}", '{"x":3E20,"n":-0,"k":' + "9" * 5000 + "}"),
+    ('{"s":"1e999","t":true,"u":null,"v":{"w":"é"}}', '{"s":"1e999","t":true,"u":null,"v":{"w":"é"}}'),
+]
+
+
+@pytest.mark.parametrize("fmt", ["json", "hermes"])
+@pytest.mark.parametrize("args,expect", NUMBERS)
+def test_arguments_keep_numbers_as_written(bytes_vocab, fmt, args, expect):
+    """Every JSON number the grammar allows comes back as strict JSON with the value written."""
+    if fmt == "json":
+        r, _ = run(bytes_vocab, ['{"tool":"f","args":' + args + "}"], call_format="json", tool_choice="required")
+    else:
+        r, _ = run(bytes_vocab, [CALL, '{"name":"f","arguments":' + args + "}", END])
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("f", expect)]
+    json.loads(r.tool_calls[0].arguments, parse_int=str, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+
+
+def test_a_body_with_a_non_json_constant_is_not_a_call(bytes_vocab):
+    r, _ = run(bytes_vocab, ['{"tool":"f","args":{"x":NaN}}'], call_format="json", tool_choice="required")
+    assert r.tool_calls == [] and r.content == '{"tool":"f","args":{"x":NaN}}'

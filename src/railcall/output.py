@@ -451,7 +451,7 @@ class OutputParser:
             return False
         if mode == "hermes" and what == "call_close":
             try:
-                json.loads(self._body)
+                _loads(self._body)
             except ValueError:
                 return False  # inside the arguments (a close tag in a string): text
             self._end_call(self._body, text)
@@ -498,24 +498,53 @@ class OutputParser:
             self._result.tool_calls.append(call)
 
 
+class _Number(str):
+    """A JSON number as it was written. Arguments are re-serialised with their numbers' own
+    text: through a float, `1e999` would come back as `Infinity` (not JSON) and
+    `0.10000000000000000001` as `0.1`."""
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(text: str):
+    return json.loads(text, parse_float=_Number, parse_int=_Number, parse_constant=_no_constant)
+
+
+def _is_text(x) -> bool:
+    return isinstance(x, str) and not isinstance(x, _Number)
+
+
+def _compact(value) -> str:
+    """Compact JSON of a value read by `_loads`, numbers as written."""
+    if isinstance(value, _Number):
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + _compact(v) for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_compact(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _parse_calls(body: str, fmt: str) -> list[ToolCall] | None:
     try:
-        value = json.loads(body)
+        value = _loads(body)
     except ValueError:
         return None
     name_key, args_key = ("name", "arguments") if fmt == "hermes" else ("tool", "args")
     items = value if isinstance(value, list) and fmt == "json" else [value]
     calls = []
     for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get(name_key), str):
+        if not isinstance(item, dict) or not _is_text(item.get(name_key)):
             return None
         args = item.get(args_key, {})
-        if isinstance(args, str):  # some templates write arguments as a JSON string
+        if _is_text(args):  # some templates write arguments as a JSON string
             try:
-                args = json.loads(args)
+                args = _loads(args)
             except ValueError:
                 return None
         if not isinstance(args, dict):
             return None
-        calls.append(ToolCall(item[name_key], json.dumps(args, ensure_ascii=False, separators=(",", ":"))))
+        calls.append(ToolCall(item[name_key], _compact(args)))
     return calls or None
