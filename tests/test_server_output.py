@@ -222,3 +222,38 @@ def test_a_tiny_temperature_is_greedy_not_an_overflow(bytes_vocab):
     g = generate(Scripted(bytes_vocab, script), bytes_vocab, [1], None,
                  SamplingParams(max_tokens=3, temperature=1e-40, seed=7))
     assert g.tokens == script
+
+
+# (the text before a delimiter token: an incomplete character, expected message fields)
+PARTIAL_BEFORE_A_TOKEN = [
+    ("a call after a cut character", "call", {"content": "\ufffd", "reasoning_content": None, "calls": [("f", "{}")]}),
+    ("reasoning closed after a cut character", "reasoning",
+     {"content": "ok", "reasoning_content": "r\ufffd", "calls": []}),
+]
+
+
+@pytest.mark.parametrize("name,where,expect", PARTIAL_BEFORE_A_TOKEN, ids=[c[0] for c in PARTIAL_BEFORE_A_TOKEN])
+def test_assembler_delimiter_token_after_an_incomplete_character(bytes_vocab, name, where, expect):
+    """The grammar allows any text token before a delimiter token, a lone lead byte of a UTF-8
+    character included; that byte is text before the token, and the delimiter still counts."""
+    from railcall.regions import answer_matcher
+
+    v = bytes_vocab
+    d = Delimiters.from_vocab(v)
+    cut = v.lookup[b"\xc3"]  # the first byte of "é"
+    if where == "call":
+        grammar = compiled_grammar(tool_grammar([Tool("f")], "hermes"), v)
+        m = answer_matcher(v, grammar, d, mode="auto")
+        toks = [cut, d.call_open.token_id] + ids_of(v, '{"name":"f","arguments":{}}') + [d.call_close.token_id]
+    else:
+        m = answer_matcher(v, None, d, mode="none", reasoning=True)
+        toks = [d.reasoning_open.token_id] + ids_of(v, "r") + [cut, d.reasoning_close.token_id] + ids_of(v, "ok")
+    assert all(m.consume_token(t) for t in toks) and m.is_accepting()
+    served = SimpleNamespace(vocab=v, delimiters=d, call_format="hermes")
+    asm = Assembler(served, plan_for("auto" if where == "call" else "none"))
+    for t in toks:
+        asm.feed(Step(0, t, "", None, False, -0.1))
+    asm.finish(SimpleNamespace(tokens=toks, text="", stop_string=None))
+    msg = asm.message()
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"] or []]
+    assert {"content": msg["content"], "reasoning_content": msg["reasoning_content"], "calls": calls} == expect

@@ -46,13 +46,20 @@ class Assembler:
     def feed(self, step: Step) -> list[dict]:
         """Deltas for one generated step (possibly none)."""
         t = step.token
+        deltas = []
         if 0 <= t < self.vocab.size and self.vocab.special[t]:
+            # A special token ends a character left incomplete before it: its bytes are text
+            # before the token (a replacement character), so a <tool_call> or </think> token's
+            # text arrives whole, where the parser expects it.
+            tail = self._decoder.decode(b"", final=True)
+            if tail:
+                deltas += self.parser.feed(-1, tail)
             text = "" if t in self.vocab.stop_ids else self.vocab.special_text.get(t, "")
         elif 0 <= t < self.vocab.size:
             text = self._decoder.decode(self.vocab.token_bytes[t])
         else:
             text = ""
-        return self._convert(self.parser.feed(t, text), self.holdback)
+        return self._convert(deltas + self.parser.feed(t, text), self.holdback)
 
     def finish(self, gen: Generation) -> list[dict]:
         """The deltas that remain once generation ended."""
