@@ -199,3 +199,11 @@ def test_report_files_are_replaced_whole(tmp_path, disk_full):
     with pytest.raises(OSError):
         report.write(s2, tmp_path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_auto_calls_read_a_character_split_across_tokens(bytes_vocab):
+    """Byte-level tokens may split a character; the call's arguments hold the character itself."""
+    from railcall.eval.runner import auto_calls
+
+    ids = [bytes_vocab.lookup[bytes([b])] for b in 'é {"tool":"f","args":{"city":"北京"}} 🎉'.encode()]
+    assert auto_calls(bytes_vocab, ids) == [{"tool": "f", "args": {"city": "北京"}}]

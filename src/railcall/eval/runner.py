@@ -26,6 +26,7 @@ an earlier one.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import platform
@@ -87,8 +88,11 @@ def auto_calls(vocab, tokens) -> list[dict] | None:
 
     parser = OutputParser(Delimiters.from_vocab(vocab, reasoning=None, tool_call=None), call_format="json",
                           tool_choice="auto", stop_ids=vocab.stop_ids)
+    # incrementally: a character split across byte-level tokens is one character, not two U+FFFD
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for t in tokens:
-        parser.feed(t, vocab.decode([t]).decode("utf-8", errors="replace"))
+        parser.feed(t, text.decode(vocab.decode([t])))
+    parser.feed(-1, text.decode(b"", final=True))
     parser.finish()
     calls = []
     for c in parser.result().tool_calls:
