@@ -1475,6 +1475,29 @@ MAX_STRING = 256  # by default, the most characters of a string whose schema giv
 FINISH_BEAM = 16  # states kept per layer by the first search for a forced finish
 
 
+class TagIds(dict):
+    """Tag text -> the token id a grammar's `ir.Special` matches. A special token's own id; else
+    the one ordinary token that spells the tag, resolved as `railcall.output.Delimiters` does
+    (Qwen's `<think>` and `<tool_call>` are added tokens that are not special): the grammar then
+    takes that token alone there, as the output parser counts that token alone, and a tag spelled
+    in pieces is no tag for either. No such token: None, and the tag is matched as text."""
+
+    def __init__(self, vocab: Vocabulary):
+        super().__init__((t, i) for i, t in vocab.special_text.items())
+        self.vocab = vocab
+
+    def get(self, text: str, default=None):
+        hit = super().get(text)
+        if hit is None:
+            from railcall.output import single_token
+
+            cache = self.vocab._extra.setdefault("tag_ids", {})
+            if text not in cache:
+                cache[text] = single_token(self.vocab, text)
+            hit = cache[text]
+        return default if hit is None else hit
+
+
 class CompiledGrammar:
     """A grammar bound to a vocabulary: its compiled program and its start state in the
     vocabulary's shared Automaton (which holds the states, transitions and masks; attributes
@@ -1484,7 +1507,7 @@ class CompiledGrammar:
     def __init__(self, grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = MAX_STRING):
         self.grammar = grammar
         self.vocab = vocab
-        special_ids = {t: i for i, t in vocab.special_text.items()}
+        special_ids = TagIds(vocab)
         shared = vocab_cache(vocab)
         with shared.lock:
             frags = shared.fragments.get(max_string)
@@ -1999,7 +2022,7 @@ class Matcher:
         if not isinstance(token_id, (int, np.integer)) or not 0 <= token_id < v.size:
             return self._fail(f"token {token_id} is outside the vocabulary (padding)")
         token_id = int(token_id)
-        if v.special[token_id]:
+        if v.special[token_id] or token_id in g.specials(s):  # a tag that is an ordinary token: by id
             nxt = g.specials(s).get(token_id)
             if nxt is None:
                 return self._fail(f"special token {v.token_text(token_id)} is not allowed here")

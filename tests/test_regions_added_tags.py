@@ -1,0 +1,77 @@
+"""Delimiters that are one *ordinary* token: Qwen 2.5 and Qwen 3 add `<think>`, `</think>`,
+`<tool_call>` and `</tool_call>` as tokens that are not special. `Delimiters` resolves them to
+those ids, so the output parser counts only the token; the grammar side must take the same token
+and nothing else where it writes the tag, or a tag spelled in pieces would be legal for the
+grammar and no tag for the parser.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from output_script import detokenize
+from railcall import Tool, Vocabulary, allocate_bitmask, compiled_grammar, schema_grammar, tool_grammar
+from railcall.bitmask import unpack_bitmask
+from railcall.output import Delimiters, OutputParser
+from railcall.regions import answer_matcher
+
+TAGS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+LITERAL = {"type": "object", "properties": {"literal": {"type": "string"}}, "required": ["literal"]}
+
+
+@pytest.fixture(scope="module")
+def tags_vocab() -> Vocabulary:
+    """Every byte a token, a few pieces, and the four tags as ordinary (not special) tokens."""
+    pieces = [bytes([b]) for b in range(256)] + [b"<", b"think", b"tool", b"_call", b'{"', b'":"', b">"]
+    pieces += [t.encode() for t in TAGS]
+    return Vocabulary.from_pieces(pieces, specials=["<|im_end|>"], stop=["<|im_end|>"], name="added-tags")
+
+
+def legal(m, vocab) -> set[int]:
+    bm = allocate_bitmask(vocab.logits_width)
+    m.fill_bitmask(bm)
+    return set(np.flatnonzero(unpack_bitmask(bm, vocab.logits_width)).tolist())
+
+
+def test_the_tags_resolve_to_ordinary_tokens(tags_vocab):
+    d = Delimiters.from_vocab(tags_vocab)
+    assert [x.token_id for x in d.all()] == [tags_vocab.lookup[t.encode()] for t in TAGS]
+    assert not any(tags_vocab.is_special(x.token_id) for x in d.all())
+
+
+# (what the grammar writes first, the tag it starts with)
+STARTS = [
+    ("reasoning", "<think>"),
+    ("a Hermes call", "<tool_call>"),
+]
+
+
+@pytest.mark.parametrize("what,tag", STARTS, ids=[s[0] for s in STARTS])
+def test_a_tag_is_its_token_alone(tags_vocab, what, tag):
+    v = tags_vocab
+    d = Delimiters.from_vocab(v)
+    if what == "reasoning":
+        m = answer_matcher(v, compiled_grammar(schema_grammar(LITERAL), v), d, reasoning=True)
+    else:
+        m = answer_matcher(v, compiled_grammar(tool_grammar([Tool("f")], "hermes"), v), d)
+    tid = v.lookup[tag.encode()]
+    assert legal(m, v) == {tid}  # not `<`, the first piece of the tag spelled out
+    assert m.forced_tokens()[0] == tid
+    assert not m.copy().consume_token(v.lookup[b"<"])
+
+
+def test_a_hermes_call_between_tag_tokens_parses(tags_vocab):
+    v = tags_vocab
+    d = Delimiters.from_vocab(v)
+    m = answer_matcher(v, compiled_grammar(tool_grammar([Tool("f")], "hermes"), v), d)
+    ids = m.forced_tokens()
+    assert all(m.consume_token(t) for t in ids) and m.is_done()
+    assert ids[0] == d.call_open.token_id and ids[-1] == d.call_close.token_id
+    p = OutputParser(d, stop_ids=v.stop_ids, tool_choice="required")
+    for tid, text in detokenize(v, ids):
+        p.feed(tid, text)
+    p.finish()
+    assert [(c.name, json.loads(c.arguments)) for c in p.result().tool_calls] == [("f", {})]
