@@ -75,3 +75,29 @@ def test_a_hermes_call_between_tag_tokens_parses(tags_vocab):
         p.feed(tid, text)
     p.finish()
     assert [(c.name, json.loads(c.arguments)) for c in p.result().tool_calls] == [("f", {})]
+
+
+# (tokens before the close, as bytes, expected reasoning_content, expected content)
+CUT_BEFORE_THE_CLOSE = [
+    ("a whole character", [b"r", b"\xc3\xa9"], "ré", "ok"),
+    ("an incomplete character", [b"r", b"\xc3"], "r\ufffd", "ok"),
+]
+
+
+@pytest.mark.parametrize("name,before,reasoning,content", CUT_BEFORE_THE_CLOSE, ids=[c[0] for c in CUT_BEFORE_THE_CLOSE])
+def test_close_token_after_an_incomplete_character(tags_vocab, name, before, reasoning, content):
+    """An ordinary close token's text goes through the incremental decoder, which releases the
+    replacement character of an incomplete one before it in the same step; the close still counts."""
+    v = tags_vocab
+    d = Delimiters.from_vocab(v)
+    flat = [t for piece in before for t in v.greedy_tokenize(piece)]
+    ids = flat + [d.reasoning_close.token_id] + v.greedy_tokenize(b"ok")
+    m = answer_matcher(v, None, d, mode="none", reasoning=True, reasoning_opened=True)
+    assert all(m.consume_token(t) for t in ids) and m.phase_index == 1  # the grammar is in content
+    p = OutputParser(d, stop_ids=v.stop_ids, reasoning_opened=True)
+    steps = list(detokenize(v, ids))
+    assert steps[len(flat)][1].endswith("</think>")
+    for tid, text in steps:
+        p.feed(tid, text)
+    p.finish()
+    assert (p.result().reasoning_content, p.result().content) == (reasoning, content)

@@ -230,7 +230,10 @@ class OutputParser:
             return []
         d = self._by_id.get(token_id)
         if d is not None:
-            self._pending.append((self._base + len(self._buf), d))
+            # An incremental decoder gives a character left incomplete by the token before with
+            # this one's text (a replacement character first): the delimiter's text ends the step.
+            lead = len(text) - len(d.text) if len(text) > len(d.text) and text.endswith(d.text) else 0
+            self._pending.append((self._base + len(self._buf) + lead, d))
         self._buf += text
         self._process(final=False)
         return self._take()
