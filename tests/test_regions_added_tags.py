@@ -101,3 +101,29 @@ def test_close_token_after_an_incomplete_character(tags_vocab, name, before, rea
         p.feed(tid, text)
     p.finish()
     assert (p.result().reasoning_content, p.result().content) == (reasoning, content)
+
+
+# (phase, mode, tag, offered there): a free phase offers a tag token only as its exit
+FREE_PHASES = [
+    ("reasoning", "none", "</think>", True),
+    ("reasoning", "none", "<think>", False),  # the parser would drop it
+    ("reasoning", "auto", "<tool_call>", False),  # the parser would end reasoning and start a call
+    ("reasoning", "none", "</tool_call>", False),
+    ("content", "auto", "<tool_call>", True),
+    ("content", "auto", "<think>", False),
+    ("content", "none", "</think>", False),
+    ("content", "none", "<tool_call>", False),
+]
+
+
+@pytest.mark.parametrize("phase,mode,tag,offered", FREE_PHASES)
+def test_free_phases_offer_a_tag_token_only_as_their_exit(tags_vocab, phase, mode, tag, offered):
+    v = tags_vocab
+    d = Delimiters.from_vocab(v)
+    answer = compiled_grammar(tool_grammar([Tool("f")], "hermes"), v) if mode == "auto" else None
+    m = answer_matcher(v, answer, d, mode=mode, reasoning=phase == "reasoning", reasoning_opened=True)
+    assert m.phase.kind == "free"
+    tid = v.lookup[tag.encode()]
+    assert (tid in legal(m, v)) == offered
+    assert m.copy().consume_token(tid) == offered
+    assert v.lookup[b"<"] in legal(m, v)  # the tag spelled in pieces is text

@@ -10,7 +10,9 @@ Matcher verbs `railcall.decode.generate` uses, so a decode loop cannot tell it f
 (the reasoning part only with `reasoning=True`; its open is left out when the prompt already
 opened it). ANSWER and CALL are a CompiledGrammar run by an ordinary `railcall.matcher.Matcher`;
 the free phases (reasoning, content) are masks precomputed once per vocabulary: every
-non-special text token, plus the phase's exit, plus the stop tokens where the turn may end.
+non-special text token but the delimiter tokens (which the parser reads as delimiters wherever
+they are generated, special or not), plus the phase's exit, plus the stop tokens where the turn
+may end.
 
 Delimiters come from `railcall.output.Delimiters`, the object the output parser reads, so the
 grammar and the parser end reasoning at the same place (seed 002):
@@ -155,6 +157,7 @@ class _FreeSpec:
     stops: bool  # the turn may end here
     budget: int | None  # tokens before the exit is forced
     remainder_ok: Callable[[bytes], bool] | None  # is this legal right after the trigger?
+    controls: frozenset = frozenset()  # delimiter tokens, never free text (only an exit here)
 
 
 class _Free:
@@ -184,7 +187,10 @@ class _Free:
         hit = c.get(self.spec.key)
         if hit is None:
             extra = list(self.spec.exit_tokens) + (list(self.vocab.stop_ids) if self.spec.stops else [])
-            hit = text_token_mask(self.vocab) | pack_ids(extra, self.vocab.logits_width)
+            hit = text_token_mask(self.vocab)
+            if self.spec.controls:
+                hit = hit & ~pack_ids(list(self.spec.controls), self.vocab.logits_width)
+            hit = hit | pack_ids(extra, self.vocab.logits_width)
             c[self.spec.key] = hit
         return hit
 
@@ -245,7 +251,7 @@ class _Free:
             if spec.stops:
                 return "stop"
             raise _Illegal(f"stop token {tid} before the answer")
-        if not 0 <= tid < v.size or v.is_special(tid) or not v.token_bytes[tid]:
+        if not 0 <= tid < v.size or v.is_special(tid) or not v.token_bytes[tid] or tid in spec.controls:
             raise _Illegal(f"token {v.token_text(tid) if 0 <= tid < v.size else tid} is not free text here")
         data = v.token_bytes[tid]
         if self.exhausted() and not spec.trigger[self.k:].startswith(data):
@@ -543,6 +549,10 @@ def answer_matcher(vocab: Vocabulary, answer: CompiledGrammar | None, delimiters
         raise GrammarError(f"reasoning_budget must be >= 0 tokens, not {reasoning_budget}")
     as_text = {d.token_id: d.text.encode("utf-8") for d in delimiters.all()
                if d.token_id is not None and vocab.is_special(d.token_id)}
+    # A delimiter that is one ordinary token (Qwen's) is a control token in free text, as a
+    # special one is: the parser reads it as the delimiter wherever it is generated, so a free
+    # phase offers it only as its exit.
+    controls = frozenset(t for t in delimiters.token_ids if not vocab.is_special(t))
     plan: list = []
     cycle_from = None
 
@@ -554,15 +564,15 @@ def answer_matcher(vocab: Vocabulary, answer: CompiledGrammar | None, delimiters
         after = [grammar_phase]
         first_ok = _remainder_ok_for_grammar(answer, None, b"")
     elif mode == "none":
-        spec = _FreeSpec(("none",), {}, None, False, True, None, None)
+        spec = _FreeSpec(("none", controls), {}, None, False, True, None, None, controls)
         after = [lambda: _Free(vocab, spec)]
         first_ok = lambda rest: True  # noqa: E731
     else:
         tok, text = _auto_trigger(answer, delimiters, trigger)
-        key = ("auto", answer.grammar.key, tok, text)
+        key = ("auto", answer.grammar.key, tok, text, controls)
         ok = _remainder_ok_for_grammar(answer, tok, text or b"")
         spec = _FreeSpec(key, {tok: True} if tok is not None else {}, text, True, True, None,
-                         ok if text else None)
+                         ok if text else None, controls)
         after = [lambda: _Free(vocab, spec), grammar_phase]
         index = trigger_index(vocab, text) if text else None
         # A reasoning close's remainder goes to this content: legal unless it completes a trigger.
@@ -576,9 +586,9 @@ def answer_matcher(vocab: Vocabulary, answer: CompiledGrammar | None, delimiters
         close = delimiters.reasoning_close
         closing = close.text.encode("utf-8") if close.token_id is None else None
         rspec = _FreeSpec(("reasoning", close.token_id, closing, mode, answer.grammar.key if answer else None,
-                           reasoning_budget),
+                           reasoning_budget, controls),
                           {close.token_id: False} if close.token_id is not None else {}, closing, False, False,
-                          reasoning_budget, first_ok if closing else None)
+                          reasoning_budget, first_ok if closing else None, controls)
         plan.append(lambda: _Free(vocab, rspec))
     if mode == "auto":
         cycle_from = len(plan)
