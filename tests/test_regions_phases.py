@@ -199,3 +199,20 @@ def test_misuse_says_what_to_do(bytes_vocab):
         answer_matcher(bytes_vocab, answer, d, mode="auto")
     with pytest.raises(GrammarError, match="unknown mode"):
         answer_matcher(bytes_vocab, answer, d, mode="any")
+
+
+def test_a_spent_budget_offers_every_token_of_the_close():
+    """With a text close, a spent reasoning budget offers every token that continues the close,
+    also where two tokens spell the same bytes (Gemma's `k` and `<0x6B>`); forced_tokens()
+    returns the tokenizer's own encoding, which must be among them."""
+    pieces = [bytes([b]) for b in range(256)] + [b"</", b"think", b"think"]  # the last: a second "think"
+    v = Vocabulary.from_pieces(pieces, specials=["<|end|>"], stop=["<|end|>"], name="same-bytes")
+    lt, think2 = v.lookup[b"</"], len(pieces) - 1
+    v._extra["encode"] = lambda s: {"</think>": [lt, think2, v.lookup[b">"]]}.get(s) or v.greedy_tokenize(s.encode())
+    d = Delimiters.from_vocab(v)
+    assert d.reasoning_close.token_id is None
+    m = answer_matcher(v, None, d, mode="none", reasoning=True, reasoning_opened=True, reasoning_budget=1)
+    assert drive(m, v, script(v, "a"))
+    forced = m.forced_tokens()
+    assert forced == [lt, think2, v.lookup[b">"]]
+    assert drive(m, v, forced) and m.phase_index == 1  # drive checks each against the mask

@@ -146,6 +146,21 @@ class _Illegal(Exception):
     pass
 
 
+def _prefix_tokens(vocab: Vocabulary, rest: bytes) -> np.ndarray:
+    """(words,) int32: every text token whose bytes are a non-empty prefix of `rest` -- all of
+    them, where several tokens spell the same bytes (Gemma's `k` and its byte token `<0x6B>`):
+    the tokenizer's own encoding of `rest`, which forced_tokens() returns, is among them."""
+    c = _cache(vocab).setdefault("prefix", {})
+    hit = c.get(rest)
+    if hit is None:
+        B, lens = vocab.byte_matrix, vocab.lengths
+        ok = (lens > 0) & (lens <= len(rest)) & ~vocab.special
+        for j in range(min(len(rest), B.shape[0])):
+            ok &= (lens <= j) | (B[j] == rest[j])
+        hit = c[rest] = pack_ids(np.flatnonzero(ok), vocab.logits_width)
+    return hit
+
+
 @dataclass(frozen=True)
 class _FreeSpec:
     """A free-text phase's configuration (shared by every phase made from it)."""
@@ -227,10 +242,7 @@ class _Free:
             if self.spec.exit_tokens:
                 row[:] = pack_ids(list(self.spec.exit_tokens), self.vocab.logits_width)
             else:  # a text exit: the tokens that continue it
-                rest = self.spec.trigger[self.k:]
-                look = self.vocab.lookup
-                row[:] = pack_ids([look[rest[:j]] for j in range(1, len(rest) + 1) if rest[:j] in look],
-                                  self.vocab.logits_width)
+                row[:] = _prefix_tokens(self.vocab, self.spec.trigger[self.k:])
             return
         row[:] = self._base()
         banned = self._banned(self.k)
