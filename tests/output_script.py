@@ -41,10 +41,15 @@ def script(vocab: Vocabulary, *parts) -> list[int]:
 
 def detokenize(vocab: Vocabulary, ids):
     """(id, text) per step, as an incremental detokenizer with skip_special_tokens=False gives
-    them: special tokens as their text, a UTF-8 character split across tokens once complete."""
+    them: special tokens as their text, a UTF-8 character split across tokens once complete, and
+    one left incomplete before a special token as a replacement character before it (as the
+    server's Assembler feeds it)."""
     dec = codecs.getincrementaldecoder("utf-8")("replace")
     for i in ids:
         if vocab.is_special(i):
+            tail = dec.decode(b"", final=True)
+            if tail:
+                yield -1, tail
             yield i, vocab.special_text[i]
         else:
             yield i, dec.decode(vocab.token_bytes[i])

@@ -127,3 +127,22 @@ def test_free_phases_offer_a_tag_token_only_as_their_exit(tags_vocab, phase, mod
     assert (tid in legal(m, v)) == offered
     assert m.copy().consume_token(tid) == offered
     assert v.lookup[b"<"] in legal(m, v)  # the tag spelled in pieces is text
+
+
+def test_the_server_writes_hermes_calls_where_the_tag_is_an_ordinary_token(tags_vocab):
+    """Hermes where `<tool_call>` is one token, special or not; JSON where it is spelled in pieces."""
+    from types import SimpleNamespace
+
+    from railcall.server.engine import ServedModel
+
+    def served(vocab):
+        lm = SimpleNamespace(tokenizer=SimpleNamespace(chat_template="{% for t in tools %}{% endfor %}"), name="m",
+                             model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512)))
+        return ServedModel(lm, vocab)
+
+    qwen_like = served(tags_vocab)
+    assert (qwen_like.call_format, qwen_like.keys, qwen_like.reasoning) == ("hermes", ("name", "arguments"), True)
+    assert qwen_like.delimiters.call_open.token_id == tags_vocab.lookup[b"<tool_call>"]
+    pieces = served(Vocabulary.from_pieces([bytes([b]) for b in range(256)], specials=["<|im_end|>"],
+                                           stop=["<|im_end|>"], name="bytes-only"))
+    assert (pieces.call_format, pieces.keys) == ("json", ("tool", "args"))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from railcall.decode import generate
 from railcall.errors import RequestError
 from railcall.matcher import MAX_STRING
-from railcall.output import Delimiters
+from railcall.output import Delimiters, single_token
 from railcall.prompt import has_native_tools
 from railcall.server.plan import Plan, messages_for_template
 
@@ -34,8 +34,9 @@ class ServedModel:
     """The model a server process serves. Built once per process.
 
     Holds the loaded model and tokenizer, its Vocabulary, the call format its tool calls are
-    written in (Hermes tags where the tokenizer has them as special tokens and its chat template
-    knows tools; railcall's JSON format otherwise, as for SmolLM2) and the context length.
+    written in (Hermes tags where `<tool_call>` is one token, special or added as an ordinary one
+    as in Qwen, and the chat template knows tools; railcall's JSON format otherwise, as for
+    SmolLM2) and the context length.
     """
 
     def __init__(self, lm, vocab, name: str | None = None):
@@ -46,7 +47,8 @@ class ServedModel:
         cfg = lm.model.config
         self.context_length = int(getattr(cfg, "max_position_embeddings", 0) or 2048)
         self.max_string = MAX_STRING  # the most characters of a generated string without maxLength
-        self.native = has_native_tools(self.tokenizer) and vocab.special_id("<tool_call>") is not None
+        # the grammar and the output parser both take a one-token tag by its id (TagIds, Delimiters)
+        self.native = has_native_tools(self.tokenizer) and single_token(vocab, "<tool_call>") is not None
         self.call_format = "hermes" if self.native else "json"
         self.keys = ("name", "arguments") if self.native else ("tool", "args")
         # Reasoning is parsed and given its region only where both think delimiters are single
