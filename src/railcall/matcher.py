@@ -1485,6 +1485,7 @@ class TagIds(dict):
     def __init__(self, vocab: Vocabulary):
         super().__init__((t, i) for i, t in vocab.special_text.items())
         self.vocab = vocab
+        self.ordinary = ordinary_tags(vocab)
 
     def get(self, text: str, default=None):
         hit = super().get(text)
@@ -1495,7 +1496,15 @@ class TagIds(dict):
             if text not in cache:
                 cache[text] = single_token(self.vocab, text)
             hit = cache[text]
+            if hit is not None:
+                self.ordinary.add(hit)
         return default if hit is None else hit
+
+
+def ordinary_tags(vocab: Vocabulary) -> set[int]:
+    """The ordinary tokens some grammar on `vocab` matches as a tag (TagIds), by id: the set
+    the matcher checks before reading a token as text (empty but for Qwen-like vocabularies)."""
+    return vocab._extra.setdefault("tag_token_ids", set())
 
 
 class CompiledGrammar:
@@ -1913,6 +1922,7 @@ class Matcher:
         self._error = False
         self._live = True  # neither stopped nor in error: consume_token's fast path applies
         self._tn = compiled.auto._token_next  # per state: token -> state (shared)
+        self._tags = ordinary_tags(compiled.vocab)  # matched by id where a tag is expected
         self._error_at = -1
         self.error_message = ""
         self.last_legal_count = 0
@@ -2022,12 +2032,13 @@ class Matcher:
         if not isinstance(token_id, (int, np.integer)) or not 0 <= token_id < v.size:
             return self._fail(f"token {token_id} is outside the vocabulary (padding)")
         token_id = int(token_id)
-        if v.special[token_id] or token_id in g.specials(s):  # a tag that is an ordinary token: by id
+        if v.special[token_id] or token_id in self._tags:  # a tag that is an ordinary token: by id
             nxt = g.specials(s).get(token_id)
-            if nxt is None:
+            if nxt is not None:
+                self._states.append(nxt)
+                return True
+            if v.special[token_id]:
                 return self._fail(f"special token {v.token_text(token_id)} is not allowed here")
-            self._states.append(nxt)
-            return True
         data = v.token_bytes[token_id]
         if not data:
             return self._fail(f"token {token_id} adds no text")
