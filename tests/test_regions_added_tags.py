@@ -77,6 +77,24 @@ def test_a_hermes_call_between_tag_tokens_parses(tags_vocab):
     assert [(c.name, json.loads(c.arguments)) for c in p.result().tool_calls] == [("f", {})]
 
 
+@pytest.mark.parametrize("tag", TAGS)
+def test_a_tag_token_inside_an_argument_is_text(tags_vocab, tag):
+    """Where the grammar expects no tag, a tag's ordinary token is text: legal inside a string,
+    consumed by its bytes."""
+    v = tags_vocab
+    c = compiled_grammar(tool_grammar([Tool("f", "", LITERAL)], "hermes"), v)
+    m = answer_matcher(v, c, Delimiters.from_vocab(v))
+    prefix = [d for d in m.forced_tokens()]
+    assert all(m.consume_token(t) for t in prefix)  # up to the string's opening quote
+    tid = v.lookup[tag.encode()]
+    assert tid in legal(m, v)
+    assert m.consume_token(tid) and m.consume_token(v.lookup[b'"'])
+    rest = m.forced_tokens()
+    assert all(m.consume_token(t) for t in rest) and m.is_done()
+    text = b"".join(v.token_bytes[t] for t in prefix[1:] + [tid, v.lookup[b'"']] + rest[:-1])
+    assert json.loads(text)["arguments"] == {"literal": tag}
+
+
 # (tokens before the close, as bytes, expected reasoning_content, expected content)
 CUT_BEFORE_THE_CLOSE = [
     ("a whole character", [b"r", b"\xc3\xa9"], "ré", "ok"),
