@@ -98,6 +98,22 @@ def test_reasoning_budget_forces_the_close(vocab):
     assert drive(m, vocab, forced) and m.phase.kind == "grammar"
 
 
+def test_id_outside_the_vocabulary_after_a_spent_budget_is_an_error(multi_vocab):
+    """A spent reasoning budget whose close is text (no single token): an id past the vocabulary
+    (the logits' padding) puts the matcher in its error state, as in every other phase."""
+    v = multi_vocab
+    d = Delimiters.from_vocab(v)
+    assert d.reasoning_close.token_id is None
+    answer = compiled_grammar(schema_grammar(LITERAL), v)
+    for tid in (v.size, v.logits_width + 3, -1):
+        m = answer_matcher(v, answer, d, reasoning=True, reasoning_opened=True, reasoning_budget=0)
+        assert not m.consume_token(tid) and m.is_error(), tid
+        assert "outside the vocabulary" in m.error_message
+        assert not m.consume_token(tid) and m.is_error()  # and it stays there
+        m.rollback(1)
+        assert not m.is_error() and drive(m, v, m.forced_tokens()) and m.phase.kind == "grammar"
+
+
 def test_finish_closes_reasoning_and_the_answer(vocab):
     d = Delimiters.from_vocab(vocab)
     answer = compiled_grammar(schema_grammar(LITERAL), vocab)

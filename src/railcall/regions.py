@@ -252,6 +252,8 @@ class _Free:
     def consume(self, tid: int):
         """-> ("stay" | "stop" | ("exit", token to hand on or None, bytes to hand on or None))."""
         spec, v = self.spec, self.vocab
+        if not 0 <= tid < v.size:
+            raise _Illegal(f"token {tid} is outside the vocabulary (padding)")
         if self.exhausted() and tid not in spec.exit_tokens:
             # the budget is spent: only the exit is legal (a text exit is checked below)
             if spec.trigger is None or v.is_special(tid):
@@ -263,8 +265,8 @@ class _Free:
             if spec.stops:
                 return "stop"
             raise _Illegal(f"stop token {tid} before the answer")
-        if not 0 <= tid < v.size or v.is_special(tid) or not v.token_bytes[tid] or tid in spec.controls:
-            raise _Illegal(f"token {v.token_text(tid) if 0 <= tid < v.size else tid} is not free text here")
+        if v.is_special(tid) or not v.token_bytes[tid] or tid in spec.controls:
+            raise _Illegal(f"token {v.token_text(tid)} is not free text here")
         data = v.token_bytes[tid]
         if self.exhausted() and not spec.trigger[self.k:].startswith(data):
             raise _Illegal(f"the reasoning budget ({spec.budget} tokens) is spent: only its close is allowed")
