@@ -55,6 +55,27 @@ def test_illegal_token_is_an_error_state_not_an_exception(bytes_vocab):
     assert not m.consume_token(10_000)  # outside the vocabulary: also just an error
 
 
+def test_consume_bytes_after_an_error_or_a_stop_is_rejected(bytes_vocab):
+    """consume_bytes agrees with consume_token: nothing is accepted in the error state or after
+    the stop token."""
+    v = bytes_vocab
+    m = Matcher(CompiledGrammar(tool_grammar(TOOLS), v))
+    assert m.consume_bytes(b'{"tool":"read_file"')
+    assert not m.consume_token(v.lookup[b"x"]) and m.is_error()
+    n = m.num_consumed()
+    assert not m.consume_bytes(b',"args"') and not m.consume_bytes(b"")  # legal before the error
+    assert m.is_error() and m.num_consumed() == n
+    m.rollback(1)
+    assert not m.is_error() and m.consume_bytes(b',"args"')
+
+    m = Matcher(CompiledGrammar(schema_grammar({"type": "integer"}), v))
+    assert m.consume_bytes(b"1") and m.consume_token(v.stop_ids[0])
+    assert not m.consume_bytes(b"2") and m.is_error()  # legal before the stop token
+    assert "after the stop token" in m.error_message
+    m.rollback(1)
+    assert m.is_done() and not m.is_error()
+
+
 def test_rollback_restores_masks(bytes_vocab):
     v = bytes_vocab
     m = Matcher(CompiledGrammar(tool_grammar(TOOLS), v))

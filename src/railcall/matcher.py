@@ -2093,7 +2093,13 @@ class Matcher:
         return all(self.consume_token(int(t)) for t in ids)
 
     def consume_bytes(self, data: bytes) -> bool:
-        """Advance by raw text bytes (not token-aligned); used by finish() and tests."""
+        """Advance by raw text bytes (not token-aligned); used by finish() and tests. Counts as
+        one consumed token for rollback; like consume_token, False in the error state and after
+        a stop token."""
+        if self._error:
+            return False
+        if self._stopped >= 0:
+            return self._fail(f"text {data!r} after the stop token")
         s = self.state
         for b in data:
             s = self.g.step(s, b)
