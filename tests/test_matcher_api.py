@@ -332,6 +332,29 @@ def test_finish_completes_bounded_numbers_with_long_shortest_values(bytes_vocab,
     assert out["args"] == want
 
 
+PRICE = {"type": "string", "pattern": "^[0-9]+\\.[0-9]{2}$"}
+
+
+@pytest.mark.parametrize("params, required, want", [
+    # an optional bounded number before a required free-form value: the number's digits (it keeps
+    # its text, so each is a state of its own) filled every layer of the search, the way on to
+    # the end was cut, and finish() ended in the error state after seconds of searching
+    ({"n": {"type": "number", "maximum": 507}, "deep": {"type": "object", "required": ["path"]}}, ["deep"],
+     {"deep": {"path": 0}}),
+    ({"n": {"type": "integer", "minimum": 7, "maximum": 507}, "deep": {"type": "object", "required": ["path"]}},
+     ["deep"], {"deep": {"path": 0}}),
+    # a free-form value, then list items that must be written: each item is its own place
+    ({"a": {}, "b": {"type": "array", "items": {"type": "array", "items": PRICE, "minItems": 2}, "minItems": 2}},
+     ["a", "b"], {"a": 0, "b": [["0.00", "0.00"], ["0.00", "0.00"]]}),
+])
+def test_finish_past_values_that_multiply_states(bytes_vocab, params, required, want):
+    tools = [Tool("f", "", {"type": "object", "properties": params, "required": required})]
+    m = Matcher(CompiledGrammar(tool_grammar(tools), bytes_vocab))
+    tail = m.finish()
+    assert m.is_accepting() and not m.is_error(), m.error_message
+    assert json.loads(bytes_vocab.decode(tail)) == {"tool": "f", "args": want}
+
+
 FREE_EXTRAS = [
     Tool("a", "", {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"], "additionalProperties": True}),
     Tool("b", "", {"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"], "additionalProperties": True}),
