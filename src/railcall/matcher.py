@@ -1394,15 +1394,19 @@ class Automaton:
         """A short sequence of bytes/special ids from `s` to an accepting state, as a list of
         ints (bytes) and ("special", id) tuples; None if none within `limit` steps.
 
-        A breadth-first search, first with each layer cut to FINISH_BEAM states (the first
-        FINISH_PER_PLACE of each place in the grammar, then the fewest open frames, then the
-        order of preferred bytes): states that hold text (a bounded number keeps its digits)
-        multiply by ten a byte, and `minimum: 1e9` needs ten layers of them. The cut search finds
-        the shortest completion wherever a layer has few states (literals, strings, names); past
-        a cut it may find a longer one (`minimum: 123456789` completes as 1000000000). If it
-        finds nothing, the whole search runs."""
-        path = self._completion(s, limit, FINISH_BEAM)
-        return path if path is not None else self._completion(s, limit, None)
+        A breadth-first search, first with each layer cut to FINISH_BEAM states (the fewest open
+        frames first, then in the order of preferred bytes): states that hold text (a bounded
+        number keeps its digits) multiply by ten a byte, and `minimum: 1e9` needs ten layers of
+        them. The cut search finds the shortest completion wherever a layer has few states
+        (literals, strings, names); past a cut it may find a longer one (`minimum: 123456789`
+        completes as 1000000000). Where it finds nothing, it runs again taking the states of a
+        layer in turns by place in the grammar (see `_completion`), and only then does the whole
+        search run."""
+        for turns in (False, True):
+            path = self._completion(s, limit, FINISH_BEAM, turns)
+            if path is not None:
+                return path
+        return self._completion(s, limit, None)
 
     def _open_frames(self, s: int) -> int:
         """The fewest frames (calls, list items) any thread of state `s` has open."""
@@ -1421,7 +1425,7 @@ class Automaton:
         coarse as in `_coarse_key`), without the threads' own local states (a number's text)."""
         return frozenset((ins, _stack_key(st)) for ins, _, st in self._sets[s])
 
-    def _completion(self, s: int, limit: int, beam: int | None) -> list | None:
+    def _completion(self, s: int, limit: int, beam: int | None, turns: bool = False) -> list | None:
         if self._accepting[s]:
             return []
         prev: dict[int, tuple[int, object]] = {s: (-1, None)}
@@ -1435,17 +1439,21 @@ class Automaton:
         while frontier and steps < limit:
             if beam is not None and len(frontier) > beam:
                 # Keep the states with the fewest open frames (a free-form value's nested objects
-                # and lists, a list's items): they are closest to an end, other things equal. But
-                # first a few states of each place in the grammar (the same instructions, the
-                # same frames open): the digits of a bounded number, which keeps its text, would
-                # otherwise fill the layer and push out the one state that goes on to the end.
-                per: dict = {}
-                ranks = {}
-                for x in frontier:
-                    where = self._place(x)
-                    per[where] = per.get(where, 0) + 1
-                    ranks[x] = per[where] > FINISH_PER_PLACE
-                frontier.sort(key=lambda x: (ranks[x], self._open_frames(x)))
+                # and lists, a list's items): they are closest to an end, other things equal.
+                if not turns:
+                    frontier.sort(key=self._open_frames)
+                else:
+                    # The same, taken in turns by place in the grammar (the same instructions with
+                    # the same frames open): the first state of each place, then the second of
+                    # each, and so on. A place that multiplies its states (a bounded number keeps
+                    # its text: each digit is a state of its own) cannot fill the layer then, and
+                    # push out, one frame deeper, the one state that goes on to the end.
+                    per: dict = {}
+                    turn = {}
+                    for x in frontier:
+                        where = self._place(x)
+                        turn[x] = per[where] = per.get(where, 0) + 1
+                    frontier.sort(key=lambda x: (turn[x], self._open_frames(x)))
                 # States cut from this layer were not searched from: forget them, so that a later
                 # layer that reaches one again searches from it (else the only way to an end
                 # could be lost: the quote closing a free-form value, met first in a cut state).
@@ -1488,7 +1496,6 @@ class Automaton:
 AUTOMATON_STATES = 100_000  # states in one shared automaton before new grammars get a fresh one
 MAX_STRING = 256  # by default, the most characters of a string whose schema gives no maxLength
 FINISH_BEAM = 16  # states kept per layer by the first search for a forced finish
-FINISH_PER_PLACE = 2  # states of one place in the grammar kept before the others are ranked (see _place)
 
 
 class TagIds(dict):
