@@ -78,6 +78,17 @@ class Instr:
     def special(self, local) -> int | None:
         return None
 
+    # need_of: how deep the shortest way from here to the end of the frame nests, from parts
+
+    def need_parts(self) -> tuple:
+        """The instructions whose need_of this one's is made of (a consuming instruction: the
+        one it continues with)."""
+        return (self.next,)
+
+    def need_from_parts(self) -> int:
+        """need_of from its parts' (all known): a choice takes its cheapest branch."""
+        return min((p._need for p in self.need_parts()), default=0)
+
 
 def _byteset(bs) -> np.ndarray:
     m = np.zeros(256, dtype=bool)
@@ -117,6 +128,9 @@ class Accept(Instr):
 
     def allowed(self, local):
         return _NONE
+
+    def need_parts(self):
+        return ()
 
 
 class Lit(Instr):
@@ -230,6 +244,9 @@ class Select(Instr):
             m = self._masks[local] = _byteset(self.children[local].keys())
         return m
 
+    def need_parts(self):
+        return tuple(self.terminal.values())
+
 
 class Split(Instr):
     __slots__ = ("targets",)
@@ -242,6 +259,9 @@ class Split(Instr):
     def arrive(self, local, stack, out):
         for t in self.targets:
             t.arrive(0, stack, out)
+
+    def need_parts(self):
+        return tuple(self.targets)
 
 
 class Forward(Instr):
@@ -259,6 +279,9 @@ class Forward(Instr):
     def arrive(self, local, stack, out):
         self.target.arrive(local, stack, out)
 
+    def need_parts(self):
+        return ()  # its rule's, set when created
+
 
 class Call(Instr):
     __slots__ = ("target",)
@@ -273,6 +296,9 @@ class Call(Instr):
         if depth >= MAX_DEPTH:
             return  # too deep: this path is not offered
         self.target.arrive(0, (self.next, 0, stack, depth + 1), out)
+
+    def need_from_parts(self):
+        return max(1 + self.target._need, self.next._need)
 
 
 class Guard(Instr):
@@ -294,6 +320,9 @@ class Guard(Instr):
         if (stack[3] if stack else 0) + self.need <= MAX_DEPTH:
             self.target.arrive(local, stack, out)
 
+    def need_parts(self):
+        return (self.target,)
+
 
 class Ret(Instr):
     __slots__ = ()
@@ -302,6 +331,9 @@ class Ret(Instr):
     def arrive(self, local, stack, out):
         ret, ret_local, parent, _ = stack
         ret.arrive(ret_local, parent, out)
+
+    def need_parts(self):
+        return ()
 
 
 RET = Ret()
@@ -347,6 +379,12 @@ class Repeat(Instr):
         if local >= self.min and (self.max is None or local <= self.max - self.margin):
             return -1
         return local
+
+    def need_parts(self):
+        return (self.item, self.next)
+
+    def need_from_parts(self):
+        return self.next._need if self.min == 0 else max(self.item._need, self.next._need)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1042,32 +1080,6 @@ def check_finite(grammar: ir.Grammar) -> dict[str, int]:
     return {name: int(d) for name, d in depth.items()}
 
 
-def _need_parts(ins) -> tuple:
-    """The instructions whose need_of `ins`'s own is made of."""
-    t = type(ins)
-    if t is Split:
-        return tuple(ins.targets)
-    if t is Select:
-        return tuple(ins.terminal.values())
-    if t is Guard:
-        return (ins.target,)
-    if t is Repeat:
-        return (ins.item, ins.next)
-    if t is Accept or t is Ret or t is Forward:
-        return ()
-    return (ins.next,)
-
-
-def _need_from_parts(ins) -> int:
-    t = type(ins)
-    if t is Repeat:
-        return ins.next._need if ins.min == 0 else max(ins.item._need, ins.next._need)
-    if t is Call:
-        return max(1 + ins.target._need, ins.next._need)
-    # a choice: its cheapest branch; a guard or a consuming instruction: its one part; the end: 0
-    return min((p._need for p in _need_parts(ins)), default=0)
-
-
 def need_of(ins: Instr) -> int:
     """How many references deep the shortest way from `ins` to the end of its frame (the end of
     its rule, or of the grammar) must nest: a thread waiting in `ins` at depth d can be finished
@@ -1083,11 +1095,11 @@ def need_of(ins: Instr) -> int:
         if hasattr(x, "_need"):
             todo.pop()
             continue
-        missing = [p for p in _need_parts(x) if not hasattr(p, "_need")]
+        missing = [p for p in x.need_parts() if not hasattr(p, "_need")]
         if missing:
             todo.extend(missing)
             continue
-        x._need = _need_from_parts(x)
+        x._need = x.need_from_parts()
         todo.pop()
     return ins._need
 
