@@ -345,6 +345,12 @@ PRICE = {"type": "string", "pattern": "^[0-9]+\\.[0-9]{2}$"}
     # shortest, as documented; any valid one will do)
     ({"n": {"type": "integer", "minimum": 7, "maximum": 507}, "deep": {"type": "object", "required": ["path"]}},
      ["deep"], None),
+    # a free-form value, an optional bounded number and a required nested object: neither cut
+    # search gets past all three; a depth-first dive along the preferred bytes does
+    ({"e": {"type": "object", "additionalProperties": True}, "b": {"type": "number", "minimum": -2.5, "maximum": 97.5},
+      "xy": {"type": "object", "required": ["c", "n"], "properties": {
+          "c": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+          "n": {"type": "integer", "minimum": 123456, "maximum": 123465}}}}, ["e", "xy"], None),
     # ... and where the first search finds the way, its completion is kept: a free-form value
     # before list items that must be written, an email after a list of bounded numbers
     ({"a": {}, "b": {"type": "array", "items": {"type": "array", "items": PRICE, "minItems": 2}, "minItems": 2}},
