@@ -48,7 +48,7 @@ from railcall.grammar.program import (
     JStr, Lit, Select,
     compile_grammar,
 )
-from railcall.vocab import Vocabulary
+from railcall.vocab import Vocabulary, single_token
 
 UNBUILT = -2  # a transition not computed yet
 DEAD = -1
@@ -1551,8 +1551,6 @@ class TagIds(dict):
     def get(self, text: str, default=None):
         hit = super().get(text)
         if hit is None:
-            from railcall.output import single_token
-
             cache = self.vocab._extra.setdefault("tag_ids", {})
             if text not in cache:
                 cache[text] = single_token(self.vocab, text)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
 from railcall.errors import RailcallError
-from railcall.vocab import Vocabulary
+from railcall.vocab import Vocabulary, single_token
 
 # What the JSON wire format's calls start with; the trigger for tool_choice "auto".
 JSON_CALL_TRIGGER = '{"tool":"'
@@ -112,23 +112,6 @@ class Delimiters:
     def token_ids(self) -> frozenset[int]:
         """The ids of the delimiters that are single tokens."""
         return frozenset(d.token_id for d in self.all() if d.token_id is not None)
-
-
-def single_token(vocab: Vocabulary, text: str) -> int | None:
-    """The id of the one token that spells `text` and decodes back to it, or None."""
-    encode = vocab._extra.get("encode")
-    if encode is not None:
-        ids = list(encode(text))
-        candidates = ids if len(ids) == 1 else []
-    else:
-        sid = vocab.special_id(text)
-        tid = vocab.lookup.get(text.encode("utf-8"))
-        candidates = [i for i in (sid, tid) if i is not None][:1]
-    for i in candidates:
-        back = vocab.special_text.get(i) if vocab.is_special(i) else vocab.token_bytes[i].decode("utf-8", "replace")
-        if back == text:
-            return int(i)
-    return None
 
 
 # -- results and deltas -----------------------------------------------------------------------

@@ -573,3 +573,20 @@ def _vocab_from_gguf(path: Path, logits_width: int | None) -> Vocabulary:
     arch = get("general.architecture", "")
     width = logits_width or get(f"{arch}.vocab_size") or size
     return _finish(token_bytes, special, special_text, eos_ids, int(width), path.stem)
+
+
+def single_token(vocab: Vocabulary, text: str) -> int | None:
+    """The id of the one token that spells `text` and decodes back to it, or None."""
+    encode = vocab._extra.get("encode")
+    if encode is not None:
+        ids = list(encode(text))
+        candidates = ids if len(ids) == 1 else []
+    else:
+        sid = vocab.special_id(text)
+        tid = vocab.lookup.get(text.encode("utf-8"))
+        candidates = [i for i in (sid, tid) if i is not None][:1]
+    for i in candidates:
+        back = vocab.special_text.get(i) if vocab.is_special(i) else vocab.token_bytes[i].decode("utf-8", "replace")
+        if back == text:
+            return int(i)
+    return None
