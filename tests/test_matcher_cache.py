@@ -1,0 +1,68 @@
+"""The per-vocabulary mask cache: bounded in bytes, oldest entries dropped first, and masks stay
+exact when it holds almost nothing (a state keeps its own mask; a new state recomputes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from railcall import CompiledGrammar, Matcher, Tool, allocate_bitmask, tool_grammar
+from railcall.matcher import MaskCache, clear_caches, vocab_cache
+
+from conftest import byte_level_vocab
+
+TOOLS = [
+    Tool("read_file", "", {"type": "object", "properties": {"path": {"type": "string"}, "n": {"type": "integer"}},
+                           "required": ["path"]}),
+    Tool("list_dir", "", {"type": "object", "properties": {"deep": {"type": "boolean"}}}),
+]
+CALLS = [b'{"tool":"read_file","args":{"path":"a\\"b","n":-12}}', b'{"tool":"list_dir","args":{"deep":true}}',
+         b'{"tool":"list_dir","args":{}}', b'{"tool":"read_file","args":{"path":"x"}}']
+
+
+def _entry(nbytes: int) -> tuple:
+    return np.zeros(nbytes // 4, dtype=np.int32), 0, None, None
+
+
+def test_cache_drops_oldest_first_within_its_budget():
+    c = MaskCache(budget_bytes=3 * (64 + 400))
+    for k in "abc":
+        c.put(k, _entry(400))
+    assert len(c) == 3 and c.used == 3 * 464
+    assert c.get("a") is not None  # a hit does not make "a" the newest
+    c.put("d", _entry(400))
+    assert c.get("a") is None and [c.get(k) is not None for k in "bcd"] == [True] * 3
+    assert c.used <= c.budget
+    c.put("d", _entry(400))  # a key already held: nothing changes
+    assert len(c) == 3 and c.used == 3 * 464
+    c.put("big", _entry(4000))  # larger than the budget: kept alone (the newest always stays)
+    assert len(c) == 1 and c.get("big") is not None
+
+
+def _walk_masks(vocab) -> list[np.ndarray]:
+    cg = CompiledGrammar(tool_grammar(TOOLS), vocab)
+    bm = allocate_bitmask(vocab.logits_width)
+    out = []
+    for call in CALLS:
+        m = Matcher(cg)
+        for b in call:
+            m.fill_bitmask(bm)
+            out.append(bm.copy())
+            assert m.consume_bytes(bytes([b]))
+        m.fill_bitmask(bm)
+        out.append(bm.copy())
+        assert m.is_accepting()
+    return out
+
+
+def test_masks_exact_when_the_cache_keeps_almost_nothing():
+    roomy = byte_level_vocab()
+    expected = _walk_masks(roomy)
+    tight = byte_level_vocab()
+    vocab_cache(tight).masks = MaskCache(budget_bytes=1)  # before any automaton is built on it
+    got = _walk_masks(tight)
+    assert len(vocab_cache(tight).masks) == 1
+    assert all(np.array_equal(a, b) for a, b in zip(expected, got)) and len(got) == len(expected)
+    # again after the state masks are dropped too: every mask recomputed from scratch
+    clear_caches(tight)
+    vocab_cache(tight).masks = MaskCache(budget_bytes=1)
+    assert all(np.array_equal(a, b) for a, b in zip(expected, _walk_masks(tight)))
