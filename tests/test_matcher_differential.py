@@ -35,9 +35,10 @@ import llguidance  # a dev dependency (pyproject [dev]), installed by `make test
 import llguidance.hf
 
 from railcall.bench.workloads import peer_schema
+from railcall.bitmask import allocate_bitmask, unpack_bitmask
 from railcall.grammar import program
 from railcall.grammar.tools import tool_grammar
-from railcall.matcher import CompiledGrammar, Matcher, allocate_bitmask, unpack_bitmask
+from railcall.matcher import CompiledGrammar, Matcher
 
 from toolgen import pick_token, random_tools
 

@@ -1,0 +1,185 @@
+"""Mask entries and the caches that hold them, per vocabulary.
+
+Built once per vocabulary (`VocabCache`, reached by `vocab_cache`) and shared by every grammar and
+request on it: masks by content key (`MaskCache`), content-key interning, and small memos of
+token lookahead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from railcall.bitmask import unpack_bitmask
+from railcall.grammar.program import Fragments
+from railcall.vocab import Vocabulary
+
+if TYPE_CHECKING:  # the automaton imports this module
+    from railcall.matcher.automaton import Automaton
+
+
+# A mask entry, as cached and as `CompiledGrammar.mask` returns it, is a tuple
+#   (dense, count, words, values)
+# dense: the packed int32 bitmask, or None when the mask is sparse; then `words` (int64) are the
+# indices of its nonzero words and `values` (int32) their contents. Most masks of a tool call (a
+# literal's prefixes, a trie's branches, digits) set a few dozen words out of 1,536 (SmolLM2) or
+# 8,192 (Gemma 3): filling those is a zero fill and one scatter, and they cost a few hundred bytes
+# to keep, so a table's every state can stay cached.
+
+def _sparse_entry(acc: dict[int, int]) -> tuple:
+    words = np.array(list(acc), dtype=np.int64)
+    vals = np.array(list(acc.values()), dtype=np.uint32).view(np.int32)
+    return None, sum(map(int.bit_count, acc.values())), words, vals
+
+
+def entry_dense(entry: tuple, n_words: int) -> np.ndarray:
+    """The packed int32 bitmask of a mask entry (a new array when the entry is sparse)."""
+    dense, _, words, vals = entry
+    if dense is not None:
+        return dense
+    out = np.zeros(n_words, dtype=np.int32)
+    out[words] = vals
+    return out
+
+
+def entry_ids(entry: tuple, width: int) -> list[int]:
+    """The token ids of a mask entry, sorted."""
+    dense, _, words, vals = entry
+    if dense is not None:
+        return np.flatnonzero(unpack_bitmask(dense, width)).tolist()
+    ids = []
+    for w, val in sorted(zip(words.tolist(), vals.view(np.uint32).tolist())):
+        while val:
+            low = val & -val
+            ids.append(w * 32 + low.bit_length() - 1)
+            val ^= low
+    return ids
+
+
+def _entry_nbytes(value: tuple) -> int:
+    if len(value) == 4:
+        return 64 + (value[0].nbytes if value[0] is not None else value[2].nbytes + value[3].nbytes)
+    return 64 + (value[0].nbytes if value[0] is not None else 0)
+
+
+class _Bits:
+    """Token ids gathered from several sources, packed into a bitmask once at the end: a few ids
+    go straight into their words; many go through a bool array and np.packbits. Parts are
+    Python lists (a literal's few ids: no numpy call per part) or int64 arrays."""
+
+    __slots__ = ("words", "parts", "n")
+
+    def __init__(self, words: int):
+        self.words = words
+        self.parts: list = []
+        self.n = 0
+
+    def add(self, ids) -> None:
+        if not isinstance(ids, list):
+            ids = np.asarray(ids, dtype=np.int64)
+        if len(ids):
+            self.parts.append(ids)
+            self.n += len(ids)
+
+    def entry(self) -> tuple:
+        """The collected ids as a mask entry (see `entry_dense`): sparse when few are set."""
+        if self.n <= 256:
+            # Few ids (a literal's prefixes, a trie's branches): accumulate the words in a
+            # dict; numpy's ufunc.at costs more than this, and so does a dense array.
+            acc: dict[int, int] = {}
+            for p in self.parts:
+                for i in (p if isinstance(p, list) else p.tolist()):
+                    acc[i >> 5] = acc.get(i >> 5, 0) | (1 << (i & 31))
+            return _sparse_entry(acc)
+        out = self.packed()
+        return out, int(np.bitwise_count(out.view(np.uint32)).sum()), None, None
+
+    def packed(self) -> np.ndarray:
+        out = np.zeros(self.words, dtype=np.uint32)
+        parts = [np.asarray(p, dtype=np.int64) for p in self.parts]
+        if self.n > 4096:
+            bits = np.zeros(self.words * 32, dtype=bool)
+            for p in parts:
+                bits[p] = True
+            out |= np.packbits(bits, bitorder="little").view(np.uint32)
+        elif self.n:
+            ids = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            np.bitwise_or.at(out, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+        return out.view(np.int32)
+
+
+def _union(entries: list[tuple], n_words: int) -> tuple:
+    """The mask entry of the union of several entries."""
+    if all(e[0] is None for e in entries):
+        acc: dict[int, int] = {}
+        for _, _, words, vals in entries:
+            for w, v in zip(words.tolist(), vals.view(np.uint32).tolist()):
+                acc[w] = acc.get(w, 0) | v
+        if len(acc) <= 256:
+            return _sparse_entry(acc)
+    out = entry_dense(entries[0], n_words).copy()
+    for e in entries[1:]:
+        if e[0] is not None:
+            out |= e[0]
+        else:
+            out[e[2]] |= e[3]
+    return out, int(np.bitwise_count(out.view(np.uint32)).sum()), None, None
+
+
+
+class MaskCache:
+    """Masks by content key, shared by every grammar on one vocabulary; bounded in bytes (a
+    SmolLM2 mask is 6 KiB, a Gemma 3 mask 32 KiB), the oldest entries dropped first. A hit does
+    not reorder: every state keeps a reference to its own mask (Automaton._state_mask), so the
+    cache only decides which masks a state seen for the first time can find, and that first
+    visit is the hot path (an LRU's reordering cost 3% of a tool table's median step)."""
+
+    def __init__(self, budget_bytes: int = 256 << 20):
+        self.budget = budget_bytes
+        self.used = 0
+        self._d: dict = {}
+        self.lock = threading.Lock()
+
+    def get(self, key):
+        return self._d.get(key)
+
+    def put(self, key, value) -> None:
+        with self.lock:
+            if key not in self._d:
+                self._d[key] = value
+                self.used += _entry_nbytes(value)
+                while self.used > self.budget and len(self._d) > 1:
+                    old = self._d.pop(next(iter(self._d)))
+                    self.used -= _entry_nbytes(old)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class VocabCache:
+    """What railcall shares per vocabulary: compiled fragments and the automaton (per string
+    cap), and masks."""
+
+    def __init__(self):
+        self.fragments: dict[int, Fragments] = {}
+        self.automata: dict[int, "Automaton"] = {}  # per string cap
+        self.masks = MaskCache()
+        self.lock = threading.RLock()
+        # content keys (Automaton._ckey): interned ids, never reused; memo of thread keys
+        self.content_ids: dict = {}
+        self.content_memo: dict = {}
+        self.content_next = itertools.count(1)  # 0 stands for "alive", in lookahead keys
+        self.token_ext: dict[bytes, int] = {}
+        self.next_bytes: dict[bytes, np.ndarray] = {}
+        self.costly_keys: set = set()  # threads (and continuations) whose content key costs too much
+        self.literal_keys: dict[bytes, int] = {}  # a literal's rest -> its key, or -1: depends on what follows
+
+
+def vocab_cache(vocab: Vocabulary) -> VocabCache:
+    vc = vocab._extra.get("railcall_cache")
+    if vc is None:
+        vc = vocab._extra.setdefault("railcall_cache", VocabCache())
+    return vc

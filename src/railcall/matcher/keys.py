@@ -1,0 +1,385 @@
+"""Content keys: what a state accepts, as far as some token reaches.
+
+A state's mask is fixed by which byte strings no longer than the longest token it accepts,
+whether it accepts (stop tokens) and which special tokens it waits for. A content key describes
+exactly that, and only as far as some token can reach: a literal `","unit":"` whose first four
+bytes no token spells is keyed by `","` alone, a string by its substate, the characters it still
+owes or may add (up to a token's length) and the few bytes after its closing quote that a
+closing token can spell. States with one key have one mask, whichever instruction, tool or
+grammar they belong to, so a table's 15,000 states share a few hundred masks, and a state seen
+for the first time mostly finds its mask cached. Keys are interned to ints (per vocabulary), so
+keys built from keys hash in constant time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from railcall.grammar.program import INT, MAX_NUMBER_CHARS, NEG, NUM_BYTES, S0, ZERO, JInt, JNum, JStr, Lit, Select
+from railcall.matcher.indexes import _common_prefix, jnum_ext, number_margin, quote_reach, quote_rests, sorted_lengths
+
+KEY_BUDGET = 32  # lookahead nodes one content key may visit before falling back to the instruction
+
+
+class _Costly(Exception):
+    """A content key that would cost more than KEY_BUDGET to build."""
+
+
+# A bounded integer's stage (nothing yet, after "-", a lone "0", digits) as a number substate
+_JINT_SUB = (S0, NEG, ZERO, INT)
+_NUMBER_BYTES = frozenset(b"-+.eE0123456789")
+CONTENT_KEYS_LIMIT = 1 << 19  # interned content keys, and memo entries, per vocabulary (~100 MiB)
+NEXT_BYTES_LIMIT = 1 << 15  # memoised (256,) byte sets per vocabulary (~12 MiB)
+
+
+def _jstr_clamps(ins: JStr, count: int, top: int) -> tuple[int, int]:
+    """A string's characters still owed and still allowed at `count`, clamped at `top` (the
+    longest token): past it no token can tell two counts apart."""
+    return min(max(0, ins.min - count), top), min(ins.max - count, top)
+
+
+def _stack_key(st):
+    if st is None:
+        return None
+    ret, rl, parent, depth = st
+    return (ret, ret.coarse(rl), _stack_key(parent), depth)
+
+
+class ContentKeys:
+    """The content-key half of `Automaton` (a mixin, never built on its own): it reads the
+    automaton's thread sets and memos and walks its transitions."""
+
+    def _kid(self, content) -> int:
+        k = self._cids.get(content)
+        if k is None:
+            if len(self._cids) > CONTENT_KEYS_LIMIT or len(self._cmemo) > 2 * CONTENT_KEYS_LIMIT:
+                # ids are never reused: keys cached under the old ones just miss
+                self._cids.clear()
+                self._cmemo.clear()
+                self._lit_memo.clear()
+                self._costly.clear()
+            k = self._cids.setdefault(content, next(self._cnext))
+        return k
+
+    def _ckey(self, s: int) -> int:
+        """The content key of state `s` (see the module docstring): equal keys, equal masks."""
+        threads = self._sets[s]
+        if len(threads) == 1:
+            return self._top_key(*next(iter(threads)))
+        return self._kid(frozenset(self._top_key(*t) for t in threads))
+
+    def _top_key(self, ins, loc, st) -> int:
+        """The key of one thread at a token's start: its mask is a function of it. Where the
+        lookahead would cost too much to describe (a free-form JSON value after a string: every
+        byte opens many ways), the thread is keyed by its instruction, as precompute keys it."""
+        memo = self._cmemo
+        k = memo.get((ins, loc, st))
+        if k is not None:
+            return k
+        if (ins, st) not in self._costly:
+            self._budget = KEY_BUDGET
+            try:
+                return self._content_key(ins, loc, st)
+            except _Costly:
+                self._costly.add((ins, st))  # its other positions would cost as much: don't try
+        k = memo[(ins, loc, st)] = self._kid(("X", ins, ins.coarse(loc), _stack_key(st)))
+        return k
+
+    def _content_key(self, ins, loc, st) -> int:
+        memo = self._cmemo
+        t = type(ins)
+        top = self.vocab.max_token_len
+        if t is Lit:
+            # Every offset of the literal is keyed on first meeting it: a call's literal is met
+            # at a few offsets, each then a look-up.
+            data = ins.data
+            if (ins, None, st) not in memo:
+                memo[(ins, None, st)] = 0
+                for off in range(len(data) - 1):  # the last byte's is keyed when met
+                    memo[(ins, off, st)] = self._rest_key(data[off:], ins.next, st)
+                k = memo.get((ins, loc, st))
+                if k is not None:
+                    return k
+            k = memo[(ins, loc, st)] = self._rest_key(data[loc:], ins.next, st)
+            return k
+        if t is JStr:  # keyed by the clamped counts: a string's states mostly share one
+            count, sub = loc >> 4, loc & 15
+            need, room = _jstr_clamps(ins, count, top)
+            mk = (ins, -1 - sub, need, room, st)
+            k = memo.get(mk)
+            if k is None:
+                if not self._jstr_closes[sub]:  # no token closes the string from here
+                    k = self._kid(("S", sub, 0, room, None))
+                else:
+                    after = self._quote_key(ins.next, st) if need < top else None
+                    k = self._kid(("S", sub, need, room, after))
+                memo[mk] = k
+            memo[(ins, loc, st)] = k
+            return k
+        if t is Select:
+            chain = ins.chain(loc)
+            if chain is not None:  # one name left: keyed as the literal it is
+                return self._rest_key(chain[0], chain[1], st)
+            if ins.size(loc) > 2 * KEY_BUDGET:  # near a trie's root: one of a kind, keyed as itself
+                content = ("X", ins, loc, _stack_key(st))
+            else:
+                content = ("T", self._select_key(ins, loc, st, b""))
+        elif t is JNum:
+            n, sub = loc >> 4, loc & 15
+            room = min(MAX_NUMBER_CHARS - n, number_margin(self.vocab))
+            content = ("N", ins.integer, sub, room, self._akey(ins.next, st, self._num_ext(ins.next, st)))
+        elif t is JInt:  # which digits may come, as far as a token's number part reaches
+            tree = self._jint_tree(ins, loc, number_margin(self.vocab))
+            content = ("I", tree, self._akey(ins.next, st, self._num_ext(ins.next, st)))
+        else:
+            content = self._plain_key(ins, loc, st)
+        k = memo[(ins, loc, st)] = self._kid(content)
+        return k
+
+    def _rest_key(self, rest: bytes, nxt, st) -> int:
+        """The key of a literal's remaining text `rest`, followed by instruction `nxt`: the text
+        cut after the longest prefix some token starts with, and, only if some token spells all
+        of it, what follows as far as such tokens go."""
+        k = self._rest_cut(rest)
+        if k < 0:
+            k = self._kid(("L", rest, self._pkey_arrive(nxt, st, rest)))
+        return k
+
+    def _rest_cut(self, rest: bytes) -> int:
+        """The key of a literal's remaining text `rest` where no token spells all of it: `rest`
+        cut where no token reaches (-1 where some token spells all of it)."""
+        lits = self._lit_memo
+        k = lits.get(rest)  # literals of other keys and tools end alike
+        if k is None:
+            j = self._reach.get(rest[:2], 1)  # the longest token starting with its first two bytes
+            if j > 2:  # tokens go past two bytes: the longest prefix some token starts with
+                j = self._token_lcp(rest)
+            k = lits[rest] = self._kid(("L", rest[:j])) if j < len(rest) else -1
+        return k
+
+    def _jint_tree(self, ins: JInt, loc, depth: int) -> tuple:
+        """The number bytes a bounded integer accepts next, `depth` deep, each with whether the
+        integer may end there: all a token (which adds at most `depth` of them) can see of it."""
+        self._budget -= 1
+        if self._budget < 0:
+            raise _Costly  # a vocabulary with long runs of digits: ten branches a level
+        out = []
+        for b in b"-0123456789":
+            nl = ins._next(loc, b)
+            if nl is not None:
+                stage, neg, mag = nl
+                ends = stage >= 2 and ins._in(-mag if neg else mag)
+                out.append((b, ends, self._jint_tree(ins, nl, depth - 1) if depth > 1 else None))
+        return tuple(out)
+
+    def _plain_key(self, ins, loc, st):
+        if ins.accepting:
+            return ("A",)
+        tid = ins.special(loc)
+        if tid is not None:  # offered only if something may follow it (a recursion may end there)
+            return ("P", tid, self._akey(ins.next, st, 0))
+        return ("X", ins, ins.coarse(loc), _stack_key(st))  # the instruction itself
+
+    def _dkey(self, ins, loc, st, d: int) -> int:
+        """The key of one thread `d` bytes into a token's lookahead: what it accepts of the
+        next `d` bytes (0: only that it is alive)."""
+        if d <= 0:
+            return 0
+        mk = (ins, loc, st, d)
+        k = self._cmemo.get(mk)
+        if k is not None:
+            return k
+        self._budget -= 1
+        if self._budget < 0:
+            raise _Costly
+        t = type(ins)
+        if t is Lit:
+            rest = ins.data[loc:]
+            # at exactly its length, whether anything may follow still matters
+            content = ("l", rest[:d]) if len(rest) > d else ("l", rest, self._akey(ins.next, st, d - len(rest)))
+        elif t is Select:
+            kids, term = ins.children, ins.terminal
+            content = ("t", tuple(
+                (b, self._akey(term[c], st, d - 1) if c in term else None,
+                 self._dkey(ins, c, st, d - 1) if kids[c] else None)
+                for b, c in sorted(kids[loc].items())))
+        elif t is JStr:
+            count, sub = loc >> 4, loc & 15
+            need = max(0, ins.min - count)
+            after = self._akey(ins.next, st, d - 1) if need < d else None
+            content = ("s", sub, min(need, d), min(ins.max - count, d), after)
+        elif t is JNum:
+            n, sub = loc >> 4, loc & 15
+            content = ("n", ins.integer, sub, min(MAX_NUMBER_CHARS - n, d), self._akey(ins.next, st, d - 1))
+        elif t is JInt:
+            content = ("i", ins.lo, ins.hi, loc, self._akey(ins.next, st, d - 1))
+        else:
+            content = self._plain_key(ins, loc, st)
+        k = self._cmemo[mk] = self._kid(content)
+        return k
+
+    def _quote_key(self, ins, st) -> int:
+        """The key of what may follow a string's closing quote (arriving at `ins` with stack
+        `st`): a token that closes a string is legal exactly when the text after its quote is,
+        and that text is one of `quote_rests`. Literals are cut after the longest prefix such a
+        text spells (`_quote_lits`), so strings followed by `,"city":` and by `,"unit":` share
+        one key where no token spells `","c` or `","u`; otherwise, which of those texts the
+        state accepts, walked. Memoised."""
+        mk = ("q", ins, st)
+        k = self._cmemo.get(mk)
+        if k is None:
+            saved, self._budget = self._budget, KEY_BUDGET  # this key may be part of another
+            try:
+                k = self._quote_lits(ins, st, b"")
+            except _Costly:
+                k = None
+            finally:
+                self._budget = saved
+            if k is None:  # alive here: an empty arrival would have keyed without cost
+                k = self._kid(("q", tuple(self._accepted_texts(self._after(ins, st), quote_rests(self.vocab)))))
+            self._cmemo[mk] = k
+        return k
+
+    def _quote_lits(self, ins, st, p: bytes) -> int:
+        """`_quote_key` for a text after a quote that has spelled `p` so far: a literal cut
+        after what such a text spells of it; anything else (a string, a number, the end) as
+        far as the longest such text reaches (`_dkey`; may raise _Costly)."""
+        out: set = set()
+        ins.arrive(0, st, out)
+        rests = quote_rests(self.vocab)
+        parts = []
+        for i, loc, s in out:
+            if type(i) is not Lit:
+                parts.append(self._kid(("qd", self._dkey(i, loc, s, quote_reach(self.vocab) - len(p)))))
+                continue
+            text = i.data[loc:]
+            j = _common_prefix(rests, p + text) - len(p)
+            if j < len(text):
+                parts.append(self._kid(("ql", text[:j])))
+            else:  # some text spells all of it: what follows matters too
+                after = self._quote_lits(i.next, s, p + text)
+                parts.append(self._kid(("ql", text, after)))
+        return self._kid(frozenset(parts))
+
+    def _arrive_key(self, ins, st, how, arg) -> int:
+        """The key of arriving at instruction `ins` with stack `st`: the set of its threads'
+        keys, each `how(ins, loc, st, arg)` (the empty set when nothing can follow); memoised."""
+        mk = (how.__name__, ins, st, arg)
+        k = self._cmemo.get(mk)
+        if k is None:
+            out: set = set()
+            ins.arrive(0, st, out)
+            k = self._cmemo[mk] = self._kid(frozenset(how(i, l, s, arg) for i, l, s in out))
+        return k
+
+    def _akey(self, ins, st, d: int) -> int:
+        """Arriving at `ins`, `d` bytes of lookahead (`_dkey`)."""
+        return self._arrive_key(ins, st, self._dkey, d)
+
+    def _pkey_arrive(self, ins, st, p: bytes) -> int:
+        """Arriving at `ins` inside a token that has spelled `p` so far: only what tokens
+        starting with `p` can go on to spell matters (`_pkey`)."""
+        return self._arrive_key(ins, st, self._pkey, p)
+
+    def _pkey(self, ins, loc, st, p: bytes) -> int:
+        """The key of one thread inside a token that has spelled `p`: a literal or a trie cut
+        where no token can follow; anything else as far as the longest token starting with `p`
+        reaches (`_dkey`)."""
+        e = self._ext(p)
+        if e <= 0:
+            return 0  # no token goes on past p: only that the thread is alive matters
+        t = type(ins)
+        if t is Lit:
+            self._budget -= 1
+            if self._budget < 0:
+                raise _Costly
+            rest = ins.data[loc:]
+            j = self._token_lcp(p + rest) - len(p)
+            if j < len(rest):
+                return self._kid(("pl", rest[:j]))
+            return self._kid(("pl", rest, self._pkey_arrive(ins.next, st, p + rest)))
+        if t is Select:
+            return self._kid(("pt", self._select_key(ins, loc, st, p)))
+        go = np.flatnonzero(self._next_bytes(p) & ins.allowed(loc)).tolist()
+        if not go:
+            return 0  # no token goes on from p with a byte this thread accepts: alive is all
+        # as far as the longest token that goes on from p with one of those bytes reaches
+        return self._dkey(ins, loc, st, 1 + max(self._ext(p + bytes((b,))) for b in go))
+
+    def _next_bytes(self, p: bytes) -> np.ndarray:
+        """(256,) bool: the bytes that follow `p` in some text token (memoised per prefix)."""
+        hit = self._nextm.get(p)
+        if hit is None:
+            v = self.vocab
+            sb, sid = v.sorted_index
+            a, b = v.prefix_range(p)
+            hit = np.zeros(256, dtype=bool)
+            n = len(p)
+            if b - a <= 64:
+                hit[[t[n] for t in sb[a:b] if len(t) > n]] = True
+            else:
+                ids = sid[a:b]
+                ids = ids[v.lengths[ids] > n]
+                hit[v.byte_matrix[n, ids]] = True
+            if len(self._nextm) > NEXT_BYTES_LIMIT:
+                self._nextm.clear()
+            self._nextm[p] = hit
+        return hit
+
+    def _select_key(self, ins: Select, node: int, st, p: bytes) -> tuple:
+        """A trie of keys from `node`, where tokens are `p` so far: only branches some token
+        spells, and past a key's end only as far as a token reaches."""
+        items = []
+        kids, term = ins.children, ins.terminal
+        self._budget -= 1
+        if self._budget < 0:
+            raise _Costly
+        for b, child in sorted(kids[node].items()):
+            q = p + bytes((b,))
+            e = self._ext(q)
+            if e < 0:
+                continue  # no token starts with q: nothing down this branch is in the mask
+            cont = term.get(child)
+            tk = self._pkey_arrive(cont, st, q) if cont is not None else None
+            ck = (self._select_key(ins, child, st, q) if e > 0 else 0) if kids[child] else None
+            items.append((b, tk, ck))
+        return tuple(items)
+
+    def _token_lcp(self, data: bytes) -> int:
+        """The length of the longest prefix of `data` that some token starts with."""
+        return _common_prefix(self.vocab.sorted_index[0], data)
+
+    def _ext(self, p: bytes) -> int:
+        """How many bytes past `p` the longest token starting with `p` spells (-1: none)."""
+        if len(p) <= 3:
+            return self._reach.get(p, len(p) - 1) - len(p) if p else self.vocab.max_token_len
+        e = self._extm.get(p)
+        if e is None:
+            v = self.vocab
+            a, b = v.prefix_range(p)
+            if a == b:
+                e = -1
+            elif b - a <= 32:
+                e = max(len(x) for x in v.sorted_index[0][a:b]) - len(p)
+            else:
+                e = int(sorted_lengths(v)[a:b].max()) - len(p)
+            if len(self._extm) > CONTENT_KEYS_LIMIT:
+                self._extm.clear()
+            self._extm[p] = e
+        return e
+
+    def _num_ext(self, ins, st) -> int:
+        """How many bytes past a number's end a token may spell: the vocabulary's longest, unless
+        what follows may itself start with a number character (then where the number ends is
+        not fixed by the token, and the whole token may lie past it)."""
+        mk = ("#", ins, st)
+        e = self._cmemo.get(mk)
+        if e is None:
+            out: set = set()
+            ins.arrive(0, st, out)
+            if any(i.data[l] in _NUMBER_BYTES if type(i) is Lit else (i.allowed(l) & NUM_BYTES).any() for i, l, _ in out):
+                e = self.vocab.max_token_len - 1
+            else:
+                e = jnum_ext(self.vocab)
+            self._cmemo[mk] = e
+        return e
