@@ -207,7 +207,7 @@ def decode_stream(model, vocab, requests: Iterable[tuple], params: SamplingParam
     queue = [next(source, None)]  # one request of lookahead; None: no more
 
     def admit():
-        nonlocal lm, logits, slot
+        nonlocal lm, logits
         take = []
         while queue[0] is not None and len(live) + len(take) < max_rows:
             take.append(queue[0])

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from railcall.agent.builtins import ANSWER, MemoryStore, workspace_tools
-from railcall.agent.files import STATE_DIR, Workspace, sweep_temp
+from railcall.agent.files import Workspace, sweep_temp
 from railcall.agent.policy import Approver, Decision, Policy, View, view
 from railcall.agent.skills import RUN, SkillError, SkillStore
 from railcall.agent.table import ToolTable
