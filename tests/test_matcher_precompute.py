@@ -667,3 +667,31 @@ def test_clear_caches_starts_the_next_compile_cold(bpe_vocab):
     assert new is not old and new.auto is not old.auto and new.mask_computations == 0
     assert Matcher(new).legal_token_ids().tolist() == Matcher(old).legal_token_ids().tolist()
     assert new.mask_computations > 0
+
+
+QUOTED = SMALL + ['"ab', '"a"', '""', '"\\n', '"\u00e9', '"x",', '":"ab', '["a', '"a"}', '"ab"]', '"\\u00', '"a\\"',
+                  '"abc"', '":""', '[""', '"}}']
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_tokens_that_run_into_a_string_match_the_byte_oracle(eager, monkeypatch):
+    """Tokens that spell a literal's end and go on into a string (`":"ab`, `["a`, `"a"}`) are
+    classified per vocabulary rather than walked; near a string's minimum and maximum, inside
+    arrays and before what follows the closing quote, the masks are still exactly the oracle's."""
+    from railcall.matcher.automaton import Automaton
+
+    calls = []
+    into = Automaton._into_string
+    monkeypatch.setattr(Automaton, "_into_string", lambda self, *a: calls.append(a[0]) or into(self, *a))
+    v = Vocabulary.from_pieces(QUOTED, specials=["<end>"], stop=["<end>"])
+    s = lambda lo, hi: {"type": "string", "minLength": lo, "maxLength": hi}  # noqa: E731
+    tools = [Tool("f", "", {"type": "object", "properties": {
+        "a": s(0, 1), "b": s(2, 3), "c": {"type": "array", "items": s(1, 2), "maxItems": 3}, "d": s(0, 4)},
+        "required": ["a", "b"]}),
+             Tool("g", "", {"type": "object", "properties": {"e": {"type": "array", "items": s(0, 3)}}})]
+    g = CompiledGrammar(tool_grammar(tools), v)
+    if eager:
+        g.precompute()
+    rng = random.Random(5)
+    walk_against_oracle(g, rng, walks=25)
+    assert {b'":"', b'["', b'"'} & set(calls)

@@ -13,8 +13,8 @@ from railcall.grammar.program import MAX_NUMBER_CHARS, NUM_BYTES, JInt, JNum, JS
 from railcall.matcher.completion import Completions
 from railcall.matcher.entries import _Bits, entry_dense, entry_ids, _union, vocab_cache
 from railcall.matcher.indexes import (
-    _JSTR_REACH, JStrIndex, jnum_index, jstr_exit_groups, jstr_exit_rests, jstr_index, jstr_inside, prefix_reach,
-    _prefix_upper, sorted_ids_list,
+    _JSTR_REACH, JStrIndex, jnum_index, jstr_after_prefix, jstr_exit_groups, jstr_exit_rests, jstr_index,
+    jstr_inside, prefix_reach, _prefix_upper, sorted_ids_list,
 )
 from railcall.matcher.keys import _JINT_SUB, KEY_BUDGET, ContentKeys, _jstr_clamps, _stack_key
 from railcall.vocab import Vocabulary
@@ -518,10 +518,32 @@ class Automaton(ContentKeys, Completions):
                 if n + len(rest) <= v.max_token_len:
                     x2 = self._after(ins.next, st)
                     self._prefix_tokens(p + rest, x2, bits, exact_ok=x2 >= 0)
+            elif type(ins) is JStr:
+                # What follows is a string body (`"`, `":"`, `["` end in its opening quote): the
+                # tokens' remainders classified once per vocabulary, no state per count.
+                bits.add(self._into_string(p, *next(iter(threads))))
             else:
                 ids = sid[e:b]
                 bits.add(self._walk(ids, np.full(ids.size, n, dtype=np.int64), np.full(ids.size, x, dtype=np.int64)))
         return True
+
+    def _into_string(self, p: bytes, ins: JStr, loc: int, st) -> np.ndarray:
+        """The tokens longer than `p` that spell it and go on legally into string `ins` at `loc`:
+        those that stay inside within the room left, and those that close it with the characters
+        it owes and go on legally after the quote (each distinct text after it walked once)."""
+        idx = jstr_after_prefix(self.vocab, p, loc & 15)
+        count = loc >> 4
+        room = ins.max - count
+        legal = [idx.inside_ids[idx.inside_chars <= room]]
+        ok = (idx.exit_chars <= room) & (idx.exit_chars >= ins.min - count)
+        if ok.any():
+            x = self._after(ins.next, st)
+            if x >= 0:
+                tb, memo = self.vocab.token_bytes, {}
+                ids, pos = idx.exit_ids[ok].tolist(), idx.exit_pos[ok].tolist()
+                legal.append(np.array([t for t, q in zip(ids, pos) if self._walk_bytes(x, tb[t], q, memo) >= 0],
+                                      dtype=np.int64))
+        return np.concatenate(legal)
 
     def _rest_legal(self, rest: bytes, nxt, st, bits: "_Bits") -> None:
         """A literal's remaining text `rest`, then instruction `nxt`: the tokens that spell a

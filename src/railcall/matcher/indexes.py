@@ -344,15 +344,40 @@ def jstr_index(vocab: Vocabulary, sub: int) -> JStrIndex:
     """
     cache = vocab._extra.setdefault("jstr", {})
     hit = cache.get(sub)
-    if hit is not None:
-        return hit
+    if hit is None:
+        hit = cache[sub] = _jstr_classify(vocab, np.flatnonzero(vocab.lengths > 0), 0, sub)
+    return hit
+
+
+def jstr_after_prefix(vocab: Vocabulary, p: bytes, sub: int) -> JStrIndex:
+    """Per vocabulary, prefix and substate: `jstr_index` for the tokens longer than `p` that
+    start with it, read from just after `p` (a literal that ends in a string's opening quote,
+    `":"` or `["`, and the tokens that spell it and go on into the string). Cached: such
+    prefixes are few, the tails of a grammar's literals."""
+    cache = vocab._extra.setdefault("jstr_after", {})
+    hit = cache.get((p, sub))
+    if hit is None:
+        a, b = vocab.prefix_range(p)
+        ids = vocab.sorted_index[1][a:b]
+        if len(cache) > JSTR_AFTER_LIMIT:
+            cache.clear()
+        hit = cache[(p, sub)] = _jstr_classify(vocab, ids[vocab.lengths[ids] > len(p)], len(p), sub)
+    return hit
+
+
+JSTR_AFTER_LIMIT = 4096  # cached (prefix, substate) classifications per vocabulary
+
+
+def _jstr_classify(vocab: Vocabulary, ids: np.ndarray, start: int, sub: int) -> JStrIndex:
+    """How tokens `ids` behave in a JSON string entered in substate `sub` at their byte
+    `start`: one vectorised step of the string automaton per byte position."""
     lens = vocab.lengths
     B = vocab.byte_matrix
-    idx = np.flatnonzero(lens > 0)
+    idx = np.asarray(ids, dtype=np.int64)
     cur = np.full(idx.size, sub, dtype=np.int64)
     chars = np.zeros(idx.size, dtype=np.int64)
     inside_ids, inside_chars, inside_end, exit_ids, exit_chars, exit_pos = [], [], [], [], [], []
-    j = 0
+    j = start
     while idx.size:
         b = B[j, idx]
         t = JSTR_NEXT[cur, b].astype(np.int64)
@@ -376,6 +401,4 @@ def jstr_index(vocab: Vocabulary, sub: int) -> JStrIndex:
     def cat(xs):
         return np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64)
 
-    hit = JStrIndex(cat(inside_ids), cat(inside_chars), cat(inside_end), cat(exit_ids), cat(exit_chars), cat(exit_pos))
-    cache[sub] = hit
-    return hit
+    return JStrIndex(cat(inside_ids), cat(inside_chars), cat(inside_end), cat(exit_ids), cat(exit_chars), cat(exit_pos))

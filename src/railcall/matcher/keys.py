@@ -300,6 +300,12 @@ class ContentKeys:
             return self._kid(("pl", rest, self._pkey_arrive(ins.next, st, p + rest)))
         if t is Select:
             return self._kid(("pt", self._select_key(ins, loc, st, p)))
+        if t is JStr:
+            # A string accepts nearly every byte (all but raw control characters), so the
+            # longest token going on from p with one it accepts is, in practice, the longest
+            # going on from p at all: take that bound (a longer lookahead keys no less exactly)
+            # rather than one look-up per byte a string may take next.
+            return self._dkey(ins, loc, st, e)
         go = np.flatnonzero(self._next_bytes(p) & ins.allowed(loc)).tolist()
         if not go:
             return 0  # no token goes on from p with a byte this thread accepts: alive is all
