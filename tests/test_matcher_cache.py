@@ -24,18 +24,20 @@ def _entry(nbytes: int) -> tuple:
 
 
 def test_cache_drops_oldest_first_within_its_budget():
-    c = MaskCache(budget_bytes=3 * (64 + 400))
-    for k in "abc":
+    size = 64 + 400  # what one entry below counts for
+    c = MaskCache(budget_bytes=8 * size)
+    for k in range(8):
         c.put(k, _entry(400))
-    assert len(c) == 3 and c.used == 3 * 464
-    assert c.get("a") is not None  # a hit does not make "a" the newest
-    c.put("d", _entry(400))
-    assert c.get("a") is None and [c.get(k) is not None for k in "bcd"] == [True] * 3
-    assert c.used <= c.budget
-    c.put("d", _entry(400))  # a key already held: nothing changes
-    assert len(c) == 3 and c.used == 3 * 464
-    c.put("big", _entry(4000))  # larger than the budget: kept alone (the newest always stays)
-    assert len(c) == 1 and c.get("big") is not None
+    assert len(c) == 8 and c.used == 8 * size
+    assert c.get(0) is not None  # a hit does not make 0 the newest
+    c.put(8, _entry(400))  # over budget: the oldest go in one batch, down to 7/8 of it (so a
+    # full cache rebuilds once per eighth of its budget, not once per insertion)
+    assert [k for k in range(9) if c.get(k) is not None] == list(range(2, 9))
+    assert c.used == 7 * size <= c.budget * 7 // 8
+    c.put(8, _entry(400))  # a key already held: nothing changes
+    assert len(c) == 7 and c.used == 7 * size
+    c.put("big", _entry(40_000))  # larger than the budget: kept alone (the newest always stays)
+    assert len(c) == 1 and c.get("big") is not None and c.used == 64 + 40_000
 
 
 def _walk_masks(vocab) -> list[np.ndarray]:

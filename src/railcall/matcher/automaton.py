@@ -21,7 +21,6 @@ from railcall.vocab import Vocabulary
 
 UNBUILT = -2  # a transition not computed yet
 DEAD = -1
-TOKEN_NEXT_LIMIT = 1 << 20
 
 
 class Automaton(ContentKeys, Completions):

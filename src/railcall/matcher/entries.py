@@ -135,7 +135,8 @@ class MaskCache:
     SmolLM2 mask is 6 KiB, a Gemma 3 mask 32 KiB), the oldest entries dropped first. A hit does
     not reorder: every state keeps a reference to its own mask (Automaton._state_mask), so the
     cache only decides which masks a state seen for the first time can find, and that first
-    visit is the hot path (an LRU's reordering cost 3% of a tool table's median step)."""
+    visit is the hot path (an LRU's reordering cost 3% of a tool table's median step, and an
+    OrderedDict's look-up another 4%)."""
 
     def __init__(self, budget_bytes: int = 256 << 20):
         self.budget = budget_bytes
@@ -151,9 +152,22 @@ class MaskCache:
             if key not in self._d:
                 self._d[key] = value
                 self.used += _entry_nbytes(value)
-                while self.used > self.budget and len(self._d) > 1:
-                    old = self._d.pop(next(iter(self._d)))
-                    self.used -= _entry_nbytes(old)
+                if self.used > self.budget and len(self._d) > 1:
+                    self._evict()
+
+    def _evict(self) -> None:
+        """Drop the oldest entries down to 7/8 of the budget (the newest always stays), in one
+        rebuild: a dict's first entry, taken one at a time, is found by scanning the slots that
+        earlier removals left empty (~20x slower per insertion once the cache is full)."""
+        target = self.budget - self.budget // 8
+        drop, used, last = 0, self.used, len(self._d) - 1
+        for v in self._d.values():
+            if used <= target or drop == last:
+                break
+            used -= _entry_nbytes(v)
+            drop += 1
+        self._d = dict(itertools.islice(self._d.items(), drop, None))  # readers see the old or the new
+        self.used = used
 
     def __len__(self) -> int:
         return len(self._d)

@@ -12,12 +12,13 @@ from railcall.bitmask import allocate_bitmask, unpack_bitmask
 from railcall.errors import MatcherError
 from railcall.grammar import ir
 from railcall.grammar.program import Fragments, JStr, Lit, compile_grammar
-from railcall.matcher.automaton import TOKEN_NEXT_LIMIT, UNBUILT, Automaton
+from railcall.matcher.automaton import UNBUILT, Automaton
 from railcall.matcher.entries import vocab_cache
 from railcall.matcher.indexes import fill_stops, jstr_moves, number_margin
 from railcall.matcher.keys import _jstr_clamps
 from railcall.vocab import Vocabulary, single_token
 
+TOKEN_NEXT_LIMIT = 1 << 20  # (state, token) -> state entries kept for consume_token's fast path
 AUTOMATON_STATES = 100_000  # states in one shared automaton before new grammars get a fresh one
 MAX_STRING = 256  # by default, the most characters of a string whose schema gives no maxLength
 
