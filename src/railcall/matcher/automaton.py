@@ -42,6 +42,9 @@ class Automaton(ContentKeys, Completions):
         self._zeros = np.zeros(self.words, dtype=np.int32)
         self._zeros.flags.writeable = False
         self.stop_ids = np.array(sorted(vocab.stop_ids), dtype=np.int64)
+        # consume_token's checks, as plain Python (a bytes index costs less than a numpy one)
+        self._n_tokens = vocab.size
+        self._is_special = bytes(np.asarray(vocab.special, dtype=np.uint8))
         self._stop_set = frozenset(vocab.stop_ids)
         self._lock = threading.RLock()
         self._sets: list[frozenset] = []
@@ -90,9 +93,15 @@ class Automaton(ContentKeys, Completions):
                 grow = np.full((self._table.shape[0], 256), UNBUILT, dtype=np.int32)
                 self._table = np.concatenate([self._table, grow])
             self._sets.append(threads)
-            acc = any(t[0].accepting for t in threads)
+            if len(threads) == 1:  # most states: no generator to run
+                for t in threads:
+                    acc = only = t[0].accepting
+            else:
+                flags = [t[0].accepting for t in threads]
+                acc = any(flags)
+                only = acc and all(flags)
             self._accepting.append(acc)
-            self._only_accept.append(acc and all(t[0].accepting for t in threads))
+            self._only_accept.append(only)
             self._specials.append(None)
             self._first.append(None)
             self._row_init.append(False)

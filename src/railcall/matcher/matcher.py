@@ -226,15 +226,16 @@ class Matcher:
                 return True
             return self._fail(f"stop token {token_id} before the grammar is complete")
         v = g.vocab
-        if not isinstance(token_id, (int, np.integer)) or not 0 <= token_id < v.size:
+        if not isinstance(token_id, (int, np.integer)) or not 0 <= token_id < g._n_tokens:
             return self._fail(f"token {token_id} is outside the vocabulary (padding)")
         token_id = int(token_id)
-        if v.special[token_id] or token_id in self._tags:  # a tag that is an ordinary token: by id
+        special = g._is_special[token_id]
+        if special or token_id in self._tags:  # a tag that is an ordinary token: by id
             nxt = g.specials(s).get(token_id)
             if nxt is not None:
                 self._states.append(nxt)
                 return True
-            if v.special[token_id]:
+            if special:
                 return self._fail(f"special token {v.token_text(token_id)} is not allowed here")
         data = v.token_bytes[token_id]
         if not data:
