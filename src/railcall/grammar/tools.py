@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -163,7 +164,7 @@ class ToolGrammarBuilder:
             raise GrammarError("the tool table is empty (or the policy view removed every tool): "
                                "no call can be written")
         names = [t.name for t in tools]
-        dup = {n for n in names if names.count(n) > 1}
+        dup = [n for n, k in Counter(names).items() if k > 1]
         if dup:
             raise GrammarError(f"duplicate tool names: {sorted(dup)}")
         choices, rules = [], []

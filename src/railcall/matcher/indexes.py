@@ -216,6 +216,7 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     sorted_ids_list(vocab)
     vocab.lookup
     vocab.duplicates
+    vocab.special_id("")  # the special tokens by text (each compile resolves its tags there)
     number_margin(vocab)
     words = (vocab.logits_width + 31) // 32
     for sub in range(13):
