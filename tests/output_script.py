@@ -11,8 +11,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 
-from railcall.output import single_token
-from railcall.vocab import Vocabulary
+from railcall.vocab import Vocabulary, single_token
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ def test_unclosed_call_is_content_at_finish(bytes_vocab):
 
 def test_resolution_needs_the_round_trip():
     """A text that encodes to one token which decodes to something else keeps no token id."""
-    from railcall.output import single_token
+    from railcall.vocab import single_token
     from railcall.vocab import Vocabulary
 
     v = Vocabulary.from_pieces(["a", "b"], specials=["<|end|>", "<think>"], stop=["<|end|>"])

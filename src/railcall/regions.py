@@ -153,11 +153,14 @@ def _prefix_tokens(vocab: Vocabulary, rest: bytes) -> np.ndarray:
     c = _cache(vocab).setdefault("prefix", {})
     hit = c.get(rest)
     if hit is None:
-        B, lens = vocab.byte_matrix, vocab.lengths
-        ok = (lens > 0) & (lens <= len(rest)) & ~vocab.special
-        for j in range(min(len(rest), B.shape[0])):
-            ok &= (lens <= j) | (B[j] == rest[j])
-        hit = c[rest] = pack_ids(np.flatnonzero(ok), vocab.logits_width)
+        look, dups = vocab.lookup, vocab.duplicates
+        ids = []
+        for j in range(1, min(len(rest), vocab.max_token_len) + 1):
+            t = look.get(rest[:j])
+            if t is not None:
+                ids.append(t)
+                ids.extend(dups.get(rest[:j], ()))
+        hit = c[rest] = pack_ids(ids, vocab.logits_width)
     return hit
 
 

@@ -14,7 +14,7 @@ from railcall.matcher.completion import Completions
 from railcall.matcher.entries import _Bits, entry_dense, entry_ids, _union, vocab_cache
 from railcall.matcher.indexes import (
     _JSTR_REACH, JStrIndex, jnum_index, jstr_after_prefix, jstr_exit_groups, jstr_exit_rests, jstr_index,
-    jstr_inside, prefix_reach, _prefix_upper, sorted_ids_list,
+    jstr_inside, prefix_reach, _prefix_upper, sorted_ids_list, special_flags,
 )
 from railcall.matcher.keys import _JINT_SUB, KEY_BUDGET, ContentKeys, _jstr_clamps, _stack_key
 from railcall.vocab import Vocabulary
@@ -42,9 +42,8 @@ class Automaton(ContentKeys, Completions):
         self._zeros = np.zeros(self.words, dtype=np.int32)
         self._zeros.flags.writeable = False
         self.stop_ids = np.array(sorted(vocab.stop_ids), dtype=np.int64)
-        # consume_token's checks, as plain Python (a bytes index costs less than a numpy one)
-        self._n_tokens = vocab.size
-        self._is_special = bytes(np.asarray(vocab.special, dtype=np.uint8))
+        self._n_tokens = vocab.size  # consume_token's checks, as plain Python
+        self._is_special = special_flags(vocab)
         self._stop_set = frozenset(vocab.stop_ids)
         self._lock = threading.RLock()
         self._sets: list[frozenset] = []

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from railcall.decode import generate
 from railcall.errors import RequestError
 from railcall.matcher import MAX_STRING
-from railcall.output import Delimiters, single_token
+from railcall.output import Delimiters
 from railcall.prompt import has_native_tools
 from railcall.server.plan import Plan, messages_for_template
+from railcall.vocab import single_token
 
 log = logging.getLogger("railcall.server")
 
