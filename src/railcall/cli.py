@@ -187,6 +187,18 @@ def bench(
 
 
 @app.command()
+def speedups(
+    action: str = typer.Argument("status", help="build: compile the engine's modules with Cython; clean: remove them; status: say which run."),
+) -> None:
+    """The engine's modules compiled by Cython from their Python source (`make setup` builds them)."""
+    from railcall import speedups as sp
+
+    if action not in ("build", "clean", "status"):
+        _fail(ValueError(f"unknown action {action!r}; use build, clean or status"))
+    raise typer.Exit(sp.main([action]))
+
+
+@app.command()
 def coverage(
     data: str = typer.Option("../shared/data/jsts", "--data", help="The JSON-Schema-Test-Suite folder (holding draft2020-12/)."),
     out: str = typer.Option("docs/schema-coverage.md", "--out", help="The Markdown report to write."),

@@ -60,6 +60,7 @@ def load_vocab(name: str):
 
 def run_cell(engine_name: str, vocab_name: str, workload: str, paths_per_table: int, quick: bool, data_dir: Path,
              samples: str | None = None, walks: int = 3) -> dict:
+    from railcall import speedups
     from railcall.bench.engines import ENGINES
     from railcall.bench.workloads import valid_calls, workloads
 
@@ -155,6 +156,7 @@ def run_cell(engine_name: str, vocab_name: str, workload: str, paths_per_table: 
         "peak_mem_mb": max(0.0, peak_mb - base_mem),
         "rejected_paths": rejected,
         "note": None,
+        "build": speedups.describe(),
     }
 
 

@@ -14,6 +14,8 @@ from railcall.bench.workloads import peer_schema
 NOTES = {
     "railcall": "tool grammar; strings capped at 256 characters, required strings non-empty; masks computed "
                 "on first use (the default)",
+    "railcall-py": "railcall's default mode run from its Python source (RAILCALL_PURE=1), without the "
+                   "Cython-compiled modules: what the compiled build buys",
     "railcall-eager": "the same grammar compiled with precompute=True: every structural mask is computed at "
                       "compile time, so TTFM includes that walk",
     "llguidance": "JSON schema with the same caps; accepts \\uXXXX only for control characters and no \\/",
@@ -78,6 +80,20 @@ class Railcall(Engine):
 
     def consume(self, m, token):
         return m.consume_token(token)
+
+
+class RailcallPy(Railcall):
+    """The default mode from the Python source: the runner starts its cell with RAILCALL_PURE=1
+    (see PURE), so railcall's compiled modules are not loaded."""
+
+    name = "railcall-py"
+
+    def setup(self, vocab, tokenizer_json, stop_ids):
+        from railcall.speedups import status
+
+        if status()["compiled"] or not status()["pure"]:
+            raise RuntimeError("railcall-py must run with RAILCALL_PURE=1 (the bench runner sets it)")
+        super().setup(vocab, tokenizer_json, stop_ids)
 
 
 class RailcallEager(Railcall):
@@ -176,13 +192,14 @@ class OutlinesCore(Engine):
             return False
 
 
-ENGINES = {e.name: e for e in (Railcall, RailcallEager, LLGuidance, XGrammar, OutlinesCore)}
+ENGINES = {e.name: e for e in (Railcall, RailcallPy, RailcallEager, LLGuidance, XGrammar, OutlinesCore)}
+PURE = {"railcall-py"}  # engines whose cell runs with RAILCALL_PURE=1
 
 
 def engine_version(name: str) -> str:
     import importlib.metadata
 
-    dist = {"railcall": "railcall", "railcall-eager": "railcall", "llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines_core"}[name]
+    dist = {"railcall": "railcall", "railcall-py": "railcall", "railcall-eager": "railcall", "llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines_core"}[name]
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

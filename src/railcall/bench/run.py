@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 from railcall.atomic import atomic_savefig, atomic_write
-from railcall.bench.engines import ENGINES, NOTES, engine_version
+from railcall.bench.engines import ENGINES, NOTES, PURE, engine_version
 
 FIGURES = ["ttfm_cold_us_p50", "ttfm_warm_us_p50", "tbm_us_p50", "tbm_us_p99", "tbm_us_max", "consume_us_p50", "peak_mem_mb"]
 PEERS = ["llguidance", "xgrammar", "outlines-core"]
-OURS = ["railcall", "railcall-eager"]
+OURS = ["railcall", "railcall-py", "railcall-eager"]
 
 
 def run_cell(engine: str, vocab: str, workload: str, *, paths: int, quick: bool, data: Path, timeout: float,
@@ -31,7 +31,8 @@ def run_cell(engine: str, vocab: str, workload: str, *, paths: int, quick: bool,
     empty = {"engine": engine, "vocab": vocab, "workload": workload, **{f: None for f in FIGURES}}
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                             env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+                             env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                                  "RAILCALL_PURE": "1" if engine in PURE else "0"})
     except subprocess.TimeoutExpired:
         return {**empty, "note": f"did not finish within {timeout:.0f} s (compile time)"}
     for line in out.stdout.splitlines()[::-1]:
@@ -136,10 +137,13 @@ def ratios(results: list[dict]) -> list[dict]:
 def machine() -> dict:
     import numpy
 
+    from railcall import speedups
+
     return {
         "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
         "processor": platform.processor() or platform.machine(), "numpy": numpy.__version__,
         "engines": {e: engine_version(e) for e in ENGINES},
+        "railcall_build": speedups.describe(),
     }
 
 
@@ -225,6 +229,8 @@ def print_report(report: dict, console) -> None:
     m = report["machine"]
     console.print(f"machine: {m['processor']}, {m['cpu_count']} cores, Python {m['python']}, numpy {m['numpy']}")
     console.print("engines: " + ", ".join(f"{k} {v}" for k, v in m["engines"].items()))
+    if m.get("railcall_build"):
+        console.print(f"railcall (default and eager): {m['railcall_build']}")
     sizes = {r["vocab"]: r.get("vocab_size") for r in report["results"] if r.get("vocab_size")}
     console.print("vocabularies: " + ", ".join(f"{k} ({v} tokens)" for k, v in sizes.items()))
     heads = ["TTFM cold", "TTFM warm", "mask p50", "mask p99", "mask max", "consume p50", "peak MB"]
@@ -263,7 +269,8 @@ def markdown(report: dict) -> str:
     lines = []
     m = report["machine"]
     lines.append(f"Machine: {m['processor']}, {m['cpu_count']} cores, Python {m['python']}, numpy {m['numpy']}; "
-                 + ", ".join(f"{k} {v}" for k, v in m["engines"].items()) + ".")
+                 + ", ".join(f"{k} {v}" for k, v in m["engines"].items()) + "."
+                 + (f" railcall (default and eager): {m['railcall_build']}." if m.get("railcall_build") else ""))
     heads = ["engine", "TTFM cold", "TTFM warm", "mask p50", "mask p99", "mask max", "consume p50", "peak MB", "note"]
     for vocab, wl in sorted({(r["vocab"], r["workload"]) for r in report["results"]}, key=lambda c: (c[0] != "smollm2", c)):
         size = next((r.get("vocab_size") for r in report["results"] if r["vocab"] == vocab and r.get("vocab_size")), "?")

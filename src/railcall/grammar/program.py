@@ -664,7 +664,7 @@ class JInt(_Stepper):
 # inside a multi-byte UTF-8 character.
 P_CHAR, P_ESC, P_HEX, P_UTF8 = 0, 1, 2, 3
 _SIMPLE_ESCAPES = {0x22: 0x22, 0x5C: 0x5C, 0x2F: 0x2F, 0x62: 0x08, 0x66: 0x0C, 0x6E: 0x0A, 0x72: 0x0D, 0x74: 0x09}
-_HEX = {b: int(chr(b), 16) for b in b"0123456789abcdefABCDEF"}
+_HEX = {ord(c): int(c, 16) for c in "0123456789abcdefABCDEF"}
 _UTF8_MIN = {2: 0x80, 3: 0x800, 4: 0x10000}
 
 
