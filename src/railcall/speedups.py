@@ -25,6 +25,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -178,10 +179,14 @@ def build(jobs: int | None = None, root: Path = SRC) -> Path:
     cmd.ensure_finalized()
     cmd.run()
     for e in exts:
-        # renamed into place, never written over: a process that has the old one loaded (this
-        # one, a running server) keeps a valid mapping of it
+        # copied beside the target and renamed over it, never written into: a process that has
+        # the old one loaded (this one, a running server) keeps a valid mapping of it. The copy
+        # in build/ stays, so the next build recompiles only the modules whose source changed.
         built = Path(cmd.get_ext_fullpath(e.name))
-        os.replace(built, source_path(e.name, root).with_name(built.name))
+        target = source_path(e.name, root).with_name(built.name)
+        tmp = target.with_name(target.name + ".new")
+        shutil.copy2(built, tmp)
+        os.replace(tmp, target)
     manifest = root / "railcall" / MANIFEST.name
     atomic_write(manifest, json.dumps({"cython": Cython.__version__, "modules": hashes}, indent=1) + "\n")
     return manifest
