@@ -80,13 +80,18 @@ def test_compiled_and_source_compute_the_same_masks():
 
 
 def test_plan_tells_current_stale_and_unbuilt_modules(tmp_path):
-    mods = speedups.MODULES[:3]
+    import importlib.machinery
+
+    mods = speedups.MODULES[:4]
     for m in mods:
         p = speedups.source_path(m, tmp_path)
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(f"# {m}\n")
-    manifest = {"modules": {m: speedups.source_hash(speedups.source_path(m, tmp_path)) for m in mods[:2]}}
-    assert speedups.plan(manifest, tmp_path) == (list(mods[:2]), [])
+        if m != mods[2]:  # an extension (a stand-in) beside every source but one
+            p.with_name(p.stem + importlib.machinery.EXTENSION_SUFFIXES[0]).write_bytes(b"")
+    manifest = {"modules": {m: speedups.source_hash(speedups.source_path(m, tmp_path)) for m in mods}}
+    del manifest["modules"][mods[3]]  # built beside, but not by this build: not trusted
+    assert speedups.plan(manifest, tmp_path) == (list(mods[:2]), [])  # mods[2]: its extension is gone
     speedups.source_path(mods[1], tmp_path).write_text("# edited\n")
     assert speedups.plan(manifest, tmp_path) == ([mods[0]], [mods[1]])
     speedups.source_path(mods[0], tmp_path).unlink()  # a source gone: not trusted either

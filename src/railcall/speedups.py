@@ -75,17 +75,28 @@ def read_manifest(path: Path = MANIFEST) -> dict:
     return data if isinstance(data, dict) and isinstance(data.get("modules"), dict) else {}
 
 
+def extension_path(module: str, root: Path = SRC) -> Path | None:
+    """The compiled module this interpreter would import for `module`, if there is one."""
+    p = source_path(module, root)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        f = p.with_name(p.stem + suffix)
+        if f.exists():
+            return f
+    return None
+
+
 def plan(manifest: dict, root: Path = SRC, pure: bool = False) -> tuple[list[str], list[str]]:
     """(compiled, stale): the modules whose compiled build matches their source now, and those
-    built from a source that has changed since. A module the manifest does not name is
-    neither (it runs from source, as nothing was built for it)."""
+    built from a source that has changed since. A module the manifest does not name, or whose
+    extension this interpreter cannot find (removed, or built for another Python), is neither:
+    it runs from source."""
     if pure:
         return [], []
     built = manifest.get("modules", {})
     compiled, stale = [], []
     for m in MODULES:
         h = built.get(m)
-        if h is None:
+        if h is None or extension_path(m, root) is None:
             continue
         try:
             same = source_hash(source_path(m, root)) == h
@@ -184,7 +195,7 @@ def build(jobs: int | None = None, root: Path = SRC) -> Path:
         # in build/ stays, so the next build recompiles only the modules whose source changed.
         built = Path(cmd.get_ext_fullpath(e.name))
         target = source_path(e.name, root).with_name(built.name)
-        tmp = target.with_name(target.name + ".new")
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.new")
         shutil.copy2(built, tmp)
         os.replace(tmp, target)
     manifest = root / "railcall" / MANIFEST.name
@@ -196,12 +207,11 @@ def clean(root: Path = SRC) -> list[Path]:
     """Remove the compiled modules and the manifest; railcall then runs from source."""
     gone = []
     for m in MODULES:
-        p = source_path(m, root)
-        for ext in importlib.machinery.EXTENSION_SUFFIXES:
-            f = p.with_name(p.stem + ext)
-            if f.exists():
-                f.unlink()
-                gone.append(f)
+        f = extension_path(m, root)
+        while f is not None:
+            f.unlink()
+            gone.append(f)
+            f = extension_path(m, root)
     man = root / "railcall" / MANIFEST.name
     if man.exists():
         man.unlink()
