@@ -132,3 +132,22 @@ def test_an_edited_module_runs_from_its_source_with_a_warning(tmp_path):
     assert r["stale"] == [edited]
     assert r["edited"] is True and r["file"].endswith(".py")
     assert len(r["warnings"]) == 1 and edited in r["warnings"][0] and "make setup" in r["warnings"][0]
+
+
+def test_cli_status_and_a_bad_action():
+    from typer.testing import CliRunner
+
+    from railcall.cli import app
+
+    r = CliRunner().invoke(app, ["speedups", "status"])
+    assert r.exit_code == 0 and speedups.describe() in r.output
+    r = CliRunner().invoke(app, ["speedups", "rebuild"])
+    assert r.exit_code == 2 and "unknown action 'rebuild'" in r.output and "build, clean or status" in r.output
+
+
+def test_a_build_without_cython_says_what_is_missing(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "Cython", None)  # import Cython now raises ImportError
+    monkeypatch.setitem(sys.modules, "Cython.Build", None)
+    assert speedups.main(["build"]) == 1
+    err = capsys.readouterr().err
+    assert "needs Cython and setuptools" in err and "pip install -e '.[speedups]'" in err and "Python source" in err
