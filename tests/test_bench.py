@@ -23,8 +23,8 @@ def test_quick_bench_produces_every_figure(tmp_path):
     r = CliRunner().invoke(app, ["bench", "--quick", "--out", str(out), "--data", str(DATA)])
     assert r.exit_code == 0, r.output
     report = json.loads(out.read_text())
-    assert {x["engine"] for x in report["results"]} == {"railcall", "railcall-py", "railcall-eager", "llguidance", "xgrammar",
-                                                        "outlines-core"}
+    assert {x["engine"] for x in report["results"]} == {"railcall", "railcall-py", "railcall-warm", "railcall-eager",
+                                                        "llguidance", "xgrammar", "outlines-core"}
     assert {x["workload"] for x in report["results"]} == {"seed3", "bfcl20"}
     for rec in report["results"]:
         for f in FIGURES + ["engine", "vocab", "workload", "note"]:
@@ -33,7 +33,7 @@ def test_quick_bench_produces_every_figure(tmp_path):
             assert all(isinstance(rec[f], (int, float)) for f in FIGURES), rec
             assert rec["walks"] == 3 and len(rec["tbm_us_p99_each_walk"]) == 3, rec
     ours = [x for x in report["results"] if x["engine"].startswith("railcall")]
-    assert len(ours) == 6 and all(x["rejected_paths"] == 0 for x in ours)  # railcall accepts every valid call
+    assert len(ours) == 8 and all(x["rejected_paths"] == 0 for x in ours)  # railcall accepts every valid call
     # railcall-py really ran from the Python source; the default mode as this checkout is built
     from railcall import speedups
 
@@ -48,7 +48,7 @@ def test_quick_bench_produces_every_figure(tmp_path):
     md = out.with_suffix(".md").read_text()
     assert "railcall / best peer" in md and "railcall-eager / best peer" in md and "railcall-py / best peer" in md
     assert {(x["engine"], x["workload"]) for x in report["ratios"]} == {
-        (e, w) for e in ("railcall", "railcall-py", "railcall-eager") for w in ("seed3", "bfcl20")}
+        (e, w) for e in ("railcall", "railcall-py", "railcall-warm", "railcall-eager") for w in ("seed3", "bfcl20")}
     (build,) = report["vocab_builds"]
     assert build["tokens"] == 49152 and build["build_cached_s"] > 0
     e2e = report["end_to_end"]

@@ -695,3 +695,91 @@ def test_tokens_that_run_into_a_string_match_the_byte_oracle(eager, monkeypatch)
     rng = random.Random(5)
     walk_against_oracle(g, rng, walks=25)
     assert {b'":"', b'["', b'"'} & set(calls)
+
+
+def _position_start(g: CompiledGrammar, s: int) -> bool:
+    """Whether state `s` is one thread at a place `prewarm` keys and masks: a literal at its
+    first or last byte, a string just inside its quote, a trie at its root, a number before its
+    first digit (at most one frame of recursion deep)."""
+    from railcall.grammar.program import JInt, JNum, JStr, Lit, Select
+
+    threads = g._sets[s]
+    if len(threads) != 1:
+        return False
+    (ins, loc, st), = threads
+    if st is not None and st[3] > 1:
+        return False
+    if type(ins) is Lit:
+        return loc in (0, len(ins.data) - 1)
+    if type(ins) in (JStr, JNum, Select):
+        return loc == 0
+    return type(ins) is JInt and loc == (0, False, 0)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_prewarmed_masks_equal_lazy_masks_and_are_there_at_every_position(vocab, seed):
+    """`prewarm` changes no mask, and a matcher finds the mask of every position start it
+    reaches already computed (the lazy grammar computes them as it goes)."""
+    rng = random.Random(seed)
+    tools = random_tools(rng)
+    fmt, parallel = ("hermes", seed % 4 == 1) if seed % 2 else ("json", seed % 4 == 2)
+    lazy = CompiledGrammar(tool_grammar(tools, fmt, parallel=parallel), twin(vocab))
+    warm = CompiledGrammar(tool_grammar(tools, fmt, parallel=parallel), twin(vocab))
+    assert warm.prewarm() > 1 and warm.prewarmed and not warm.precomputed
+    starts = lazy_new = 0
+    for _ in range(4):
+        a, b = Matcher(lazy), Matcher(warm)
+        bm_a, bm_b = allocate_bitmask(lazy.width), allocate_bitmask(warm.width)
+        for _ in range(60):
+            before_a, before_b = lazy.auto.mask_computations, warm.auto.mask_computations
+            assert a.fill_bitmask(bm_a) == b.fill_bitmask(bm_b) and np.array_equal(bm_a, bm_b)
+            if _position_start(warm, b.state):
+                starts += 1
+                lazy_new += lazy.auto.mask_computations - before_a
+                assert warm.auto.mask_computations == before_b, warm._sets[b.state]
+            if a.is_done():
+                break
+            t = pick_token(rng, a.legal_token_ids(), lazy.vocab, set(lazy.vocab.stop_ids))
+            assert a.consume_token(t) and b.consume_token(t)
+    assert starts > 4
+
+
+def test_prewarm_computes_what_first_visits_would(smollm2_vocab, smollm2_tokenizer):
+    """Calls to tools not seen before: after prewarm, the walk builds few content keys and
+    computes fewer masks than the lazy grammar does on the same calls."""
+    from railcall.bench.workloads import synthetic_tools
+
+    tools = synthetic_tools(24, seed=5)
+    lazy = CompiledGrammar(tool_grammar(tools), twin(smollm2_vocab))
+    warm = CompiledGrammar(tool_grammar(tools), twin(smollm2_vocab))
+    warm.prewarm()
+    computed, keys = [], []
+    for g in (lazy, warm):
+        before, keys_before = g.auto.mask_computations, len(g.auto._cids)
+        bm = allocate_bitmask(g.width)
+        for text in valid_calls(tools, 12, seed=7):
+            m = Matcher(g)
+            for t in smollm2_tokenizer.encode(text, add_special_tokens=False):
+                m.fill_bitmask(bm)
+                assert m.consume_token(t)
+        computed.append(g.auto.mask_computations - before)
+        keys.append(len(g.auto._cids) - keys_before)
+    # the masks left are states inside a position (a string's count near its cap, a digit, a
+    # trie's inner node, several optional keys at once), mostly unions and look-ups of keys
+    # prewarm built
+    assert computed[1] < computed[0] * 0.8 and keys[1] * 3 < keys[0], (computed, keys)
+
+
+def test_compiled_grammar_prewarms_once(bpe_vocab, monkeypatch):
+    v = twin(bpe_vocab)
+    grammar = tool_grammar(random_tools(random.Random(4), 2))
+    g = compiled_grammar(grammar, v)
+    assert not g.prewarmed
+    calls = []
+    real = CompiledGrammar.prewarm
+    monkeypatch.setattr(CompiledGrammar, "prewarm", lambda self: calls.append(self) or real(self))
+    assert compiled_grammar(grammar, v, prewarm=True) is g and g.prewarmed
+    assert compiled_grammar(grammar, v, prewarm=True) is g
+    assert calls == [g]  # the LRU hit does not warm again
+    other = compiled_grammar(tool_grammar(random_tools(random.Random(5), 2)), v, precompute=True)
+    assert compiled_grammar(other.grammar, v, prewarm=True) is other and calls == [g]  # precompute covers it

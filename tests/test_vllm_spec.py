@@ -89,3 +89,12 @@ def test_a_grammar_that_fails_in_the_engine_step_ends_that_request_only(plugin, 
     bad.output_ids.append(bytes_vocab.lookup[b"t"])  # a token that got past the mask: still no exception
     bad.advance()
     assert bad.matcher.is_error()
+
+
+def test_prewarm_in_the_spec(plugin):
+    plugin._SPECS.clear()
+    with pytest.raises(ValueError, match="prewarm must be true or false"):
+        plugin.RailcallLogitsProcessor.validate_params(params({"tools": [], "prewarm": "yes"}))
+    spec = plugin.request_spec(params({"tools": [tool({"type": "object"})], "prewarm": True}))
+    assert spec.prewarm and not spec.precompute
+    assert not plugin.request_spec(params({"tools": [tool({"type": "object"})]})).prewarm

@@ -102,3 +102,12 @@ def test_precompute_in_the_spec(proc):
     assert req.matcher.compiled.precomputed
     lazy = proc._new_request(_params(MATH), [])
     assert not lazy.matcher.compiled.precomputed
+
+
+def test_prewarm_in_the_spec(proc):
+    with pytest.raises(ValueError, match="prewarm must be true or false"):
+        RailcallLogitsProcessor.validate_params(SamplingParams(extra_args={"railcall": {"tools": [], "prewarm": 1}}))
+    p = SamplingParams(max_tokens=64, extra_args=railcall_args(openai_tools(MATH), prewarm=True))
+    p._all_stop_token_ids = {2}
+    req = proc._new_request(p, [])
+    assert req.matcher.compiled.prewarmed and not req.matcher.compiled.precomputed

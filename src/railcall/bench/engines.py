@@ -16,6 +16,8 @@ NOTES = {
                 "on first use (the default)",
     "railcall-py": "railcall's default mode run from its Python source (RAILCALL_PURE=1), without the "
                    "Cython-compiled modules: what the compiled build buys",
+    "railcall-warm": "the same grammar compiled with prewarm=True: every grammar position's keys and first "
+                     "mask computed at compile time, so TTFM includes that",
     "railcall-eager": "the same grammar compiled with precompute=True: every structural mask is computed at "
                       "compile time, so TTFM includes that walk",
     "llguidance": "JSON schema with the same caps; accepts \\uXXXX only for control characters and no \\/",
@@ -53,6 +55,7 @@ class Engine:
 class Railcall(Engine):
     name = "railcall"
     precompute = False
+    prewarm = False
 
     def setup(self, vocab, tokenizer_json, stop_ids):
         from railcall.grammar.tools import tool_grammar
@@ -63,7 +66,7 @@ class Railcall(Engine):
         prepare_vocabulary(vocab)
 
     def compile(self, tools):
-        return self._compiled(self._tool_grammar(tools), self.vocab, precompute=self.precompute)
+        return self._compiled(self._tool_grammar(tools), self.vocab, precompute=self.precompute, prewarm=self.prewarm)
 
     def fresh(self, tables, compiled):
         # masks and states are cached per vocabulary across requests: drop them, compile again
@@ -94,6 +97,11 @@ class RailcallPy(Railcall):
         if status()["compiled"] or not status()["pure"]:
             raise RuntimeError("railcall-py must run with RAILCALL_PURE=1 (the bench runner sets it)")
         super().setup(vocab, tokenizer_json, stop_ids)
+
+
+class RailcallWarm(Railcall):
+    name = "railcall-warm"
+    prewarm = True
 
 
 class RailcallEager(Railcall):
@@ -192,14 +200,14 @@ class OutlinesCore(Engine):
             return False
 
 
-ENGINES = {e.name: e for e in (Railcall, RailcallPy, RailcallEager, LLGuidance, XGrammar, OutlinesCore)}
+ENGINES = {e.name: e for e in (Railcall, RailcallPy, RailcallWarm, RailcallEager, LLGuidance, XGrammar, OutlinesCore)}
 PURE = {"railcall-py"}  # engines whose cell runs with RAILCALL_PURE=1
 
 
 def engine_version(name: str) -> str:
     import importlib.metadata
 
-    dist = {"railcall": "railcall", "railcall-py": "railcall", "railcall-eager": "railcall", "llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines_core"}[name]
+    dist = {"railcall": "railcall", "railcall-py": "railcall", "railcall-warm": "railcall", "railcall-eager": "railcall", "llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines_core"}[name]
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

@@ -477,6 +477,47 @@ class Automaton(ContentKeys, Completions):
             expanded.clear()
         return len(seen)
 
+    def prewarm(self, start: int, max_depth: int = 1) -> int:
+        """Key and mask every grammar position a call can reach (an instruction with the frames
+        open above it), where it starts: a literal at its first byte, with every offset keyed,
+        and at its last byte (keyed with what follows it); a string just inside its quote; a
+        trie at its root (and past an opening quote, where the root has only that); a number or
+        an integer before its first digit. Returns the number of positions.
+
+        Not every state: the states of a position (a literal's offsets, a string's counts, a
+        number's digits) mostly share its content keys and masks, so a first visit later is a
+        look-up or a small mask. A table of 128 tools has ~1,400 positions: ~12 ms on SmolLM2's
+        vocabulary, ~40 ms on Gemma 3's (its strings close in 325 ways after the quote, against
+        63); without it, a run that keeps calling tools not seen before pays that work a few
+        positions at a time, tens of µs a first visit, but only for the tools it calls. Deeper
+        than `max_depth` frames of recursion (free-form JSON, $ref) stays lazy, as in
+        `precompute`."""
+        seen: set = set()
+        todo = list(self._sets[start])
+        while todo:
+            t = todo.pop()
+            ins, loc, st = t
+            if st is not None and st[3] > max_depth:
+                continue
+            where = (ins, _stack_key(st))
+            if where in seen:
+                continue
+            seen.add(where)
+            kind = type(ins)
+            if kind is Lit or kind is JStr:
+                self._thread_mask(t)
+                if kind is Lit and len(ins.data) > 1:  # its last byte, keyed with what follows
+                    self._thread_mask((ins, len(ins.data) - 1, st))
+            elif ins.consumes and not ins.accepting:
+                self.mask(self._intern(frozenset([t])))
+                if kind is Select and len(ins.children[loc]) == 1 and ins.children[loc].get(0x22) is not None:
+                    self.mask(self._intern(frozenset([(ins, ins.children[loc][0x22], st)])))
+            out: set = set()
+            for cont in ins.need_parts():
+                cont.arrive(0, st, out)
+            todo.extend(out)
+        return len(seen)
+
     def _after(self, ins, st) -> int:
         """The state entered at instruction `ins` with stack `st` (DEAD if none); memoised (the
         offsets of one literal, the states of one string, all ask for the same one)."""

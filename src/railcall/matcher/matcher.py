@@ -82,6 +82,7 @@ class CompiledGrammar:
         if not start:
             raise MatcherError("the grammar matches nothing")
         self.start_state = auto._intern(frozenset(start))
+        self.prewarmed = False
         self._computations_before = auto.mask_computations
 
     def __getattr__(self, name: str):
@@ -94,6 +95,16 @@ class CompiledGrammar:
     def mask_computations(self) -> int:
         """Masks computed in the shared automaton since this grammar was compiled."""
         return self.auto.mask_computations - self._computations_before
+
+    def prewarm(self) -> int:
+        """Every position's content keys and first mask now (see Automaton.prewarm); returns the
+        number of positions. Between the lazy default and `precompute`: ~12 ms for 128 tools
+        on SmolLM2's vocabulary (~40 ms on Gemma 3's), against ~0.4 s for `precompute`, after
+        which a call to a tool not seen before costs a few µs a step where it cost tens."""
+        n = self.auto.prewarm(self.start_state)
+        self.prewarmed = True
+        self._computations_before = self.auto.mask_computations
+        return n
 
     def precompute(self, max_states: int = 50_000, small: int = 4096, per_instr_cap: int = 8,
                    max_depth: int = 1) -> int:
@@ -394,9 +405,11 @@ def clear_caches(vocab: Vocabulary) -> None:
 
 
 def compiled_grammar(grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = MAX_STRING,
-                     precompute: bool = False) -> CompiledGrammar:
+                     precompute: bool = False, prewarm: bool = False) -> CompiledGrammar:
     """The shared CompiledGrammar for (grammar, vocab), compiled on first use. `precompute`:
-    also compute every structural mask now (`CompiledGrammar.precompute`), once per grammar."""
+    also compute every structural mask now (`CompiledGrammar.precompute`); `prewarm`: every
+    position's keys and first mask (`CompiledGrammar.prewarm`, less work); each once per
+    grammar."""
     key = (grammar.key, vocab.key, max_string)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
@@ -405,10 +418,14 @@ def compiled_grammar(grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int 
     if hit is not None:
         if precompute and not hit.precomputed:
             hit.precompute()
+        elif prewarm and not (hit.prewarmed or hit.precomputed):
+            hit.prewarm()
         return hit
     cg = CompiledGrammar(grammar, vocab, max_string=max_string)
     if precompute:
         cg.precompute()
+    elif prewarm:
+        cg.prewarm()
     with _CACHE_LOCK:
         _CACHE[key] = cg
         while len(_CACHE) > CACHE_SIZE:
