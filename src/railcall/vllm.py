@@ -21,9 +21,9 @@ args hold only strings and numbers). A request without them is untouched. The sp
                tool table and worker; see docs/engine.md): later requests with the same table
                find every mask of a call cached. The walk runs inline, in the step that admits
                the request (~10 ms for a few tools, ~1 s for 128)
-    prewarm    less of that: every grammar position's keys and first mask (~12 ms for 128 tools
-               on SmolLM2, ~40 ms on Gemma 3), so a call to a tool not seen before costs a few µs
-               a step instead of tens
+    prewarm    less of that: every grammar position's keys and first mask (~15 ms for 128 tools
+               on SmolLM2, ~40 ms on Gemma 3): the first call to a tool then finds most of its
+               masks' work done (SmolLM2, 128 tools: mask p99 24 µs instead of 43)
 
 Lifecycles (vLLM builds the processor once per worker, in the worker process):
 - RailcallLogitsProcessor: once per engine worker. Holds the model's Vocabulary (built from the

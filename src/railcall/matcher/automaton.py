@@ -486,7 +486,7 @@ class Automaton(ContentKeys, Completions):
 
         Not every state: the states of a position (a literal's offsets, a string's counts, a
         number's digits) mostly share its content keys and masks, so a first visit later is a
-        look-up or a small mask. A table of 128 tools has ~1,400 positions: ~12 ms on SmolLM2's
+        look-up or a small mask. A table of 128 tools has ~1,400 positions: ~15 ms on SmolLM2's
         vocabulary, ~40 ms on Gemma 3's (its strings close in 325 ways after the quote, against
         63); without it, a run that keeps calling tools not seen before pays that work a few
         positions at a time, tens of µs a first visit, but only for the tools it calls. Deeper

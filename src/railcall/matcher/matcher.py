@@ -98,9 +98,10 @@ class CompiledGrammar:
 
     def prewarm(self) -> int:
         """Every position's content keys and first mask now (see Automaton.prewarm); returns the
-        number of positions. Between the lazy default and `precompute`: ~12 ms for 128 tools
+        number of positions. Between the lazy default and `precompute`: ~15 ms for 128 tools
         on SmolLM2's vocabulary (~40 ms on Gemma 3's), against ~0.4 s for `precompute`, after
-        which a call to a tool not seen before costs a few µs a step where it cost tens."""
+        which the first call to a tool finds most of its masks' work done (SmolLM2, 128 tools:
+        mask p99 24 µs against the lazy default's 43)."""
         n = self.auto.prewarm(self.start_state)
         self.prewarmed = True
         self._computations_before = self.auto.mask_computations
