@@ -783,3 +783,30 @@ def test_compiled_grammar_prewarms_once(bpe_vocab, monkeypatch):
     assert calls == [g]  # the LRU hit does not warm again
     other = compiled_grammar(tool_grammar(random_tools(random.Random(5), 2)), v, precompute=True)
     assert compiled_grammar(other.grammar, v, prewarm=True) is other and calls == [g]  # precompute covers it
+
+
+def test_prewarm_counts_in_mask_computations_as_precompute_does(bpe_vocab):
+    """`mask_computations` counts every mask computed since the grammar was compiled, whether
+    prewarm, precompute or a matcher computed it."""
+    tools = random_tools(random.Random(8), 3)
+    warm = CompiledGrammar(tool_grammar(tools), twin(bpe_vocab))
+    assert warm.mask_computations == 0
+    warm.prewarm()
+    assert warm.mask_computations == warm.auto.mask_computations > 0
+    pre = CompiledGrammar(tool_grammar(tools), twin(bpe_vocab))
+    pre.precompute()
+    assert pre.mask_computations == pre.auto.mask_computations > 0
+
+
+def test_prewarm_stops_at_its_position_budget(bpe_vocab):
+    """Nested arrays with minItems give a position per item count at every level (here 60 x 60):
+    prewarm visits at most `max_positions` of them, and the matcher stays exact past them."""
+    inner = {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 60, "maxItems": 60}
+    tool = Tool("grid", "", {"type": "object", "properties": {"rows": {"type": "array", "items": inner,
+                                                                       "minItems": 60, "maxItems": 60}},
+                             "required": ["rows"]})
+    g = CompiledGrammar(tool_grammar([tool]), twin(bpe_vocab))
+    assert g.auto.prewarm(g.start_state, max_positions=500) == 500
+    full = CompiledGrammar(tool_grammar([tool]), twin(bpe_vocab))
+    assert full.auto.prewarm(full.start_state, max_positions=10**6) > 3_600  # what the budget cut
+    walk_against_oracle(g, random.Random(3), walks=2, steps=30)

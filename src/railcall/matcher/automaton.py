@@ -21,6 +21,10 @@ from railcall.vocab import Vocabulary
 
 UNBUILT = -2  # a transition not computed yet
 DEAD = -1
+# The most positions `prewarm` visits. A table of 128 tools has ~1,400; nested arrays with
+# minItems multiply them (a frame per item count: 300 x 300 gave 180,000 positions and 2.6 s).
+# Past this, prewarm stops and the rest stays lazy: ~0.1 s of work at most on SmolLM2's vocabulary.
+PREWARM_POSITIONS = 8_192
 
 
 class Automaton(ContentKeys, Completions):
@@ -477,7 +481,7 @@ class Automaton(ContentKeys, Completions):
             expanded.clear()
         return len(seen)
 
-    def prewarm(self, start: int, max_depth: int = 1) -> int:
+    def prewarm(self, start: int, max_depth: int = 1, max_positions: int = PREWARM_POSITIONS) -> int:
         """Key and mask every grammar position a call can reach (an instruction with the frames
         open above it), where it starts: a literal at its first byte, with every offset keyed,
         and at its last byte (keyed with what follows it); a string just inside its quote; a
@@ -491,10 +495,11 @@ class Automaton(ContentKeys, Completions):
         63); without it, a run that keeps calling tools not seen before pays that work a few
         positions at a time, tens of µs a first visit, but only for the tools it calls. Deeper
         than `max_depth` frames of recursion (free-form JSON, $ref) stays lazy, as in
-        `precompute`."""
+        `precompute`, and so does what lies past the first `max_positions` positions (see
+        PREWARM_POSITIONS)."""
         seen: set = set()
         todo = list(self._sets[start])
-        while todo:
+        while todo and len(seen) < max_positions:
             t = todo.pop()
             ins, loc, st = t
             if st is not None and st[3] > max_depth:

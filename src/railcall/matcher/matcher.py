@@ -104,7 +104,6 @@ class CompiledGrammar:
         mask p99 24 µs against the lazy default's 43)."""
         n = self.auto.prewarm(self.start_state)
         self.prewarmed = True
-        self._computations_before = self.auto.mask_computations
         return n
 
     def precompute(self, max_states: int = 50_000, small: int = 4096, per_instr_cap: int = 8,
