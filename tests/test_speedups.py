@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from railcall import speedups
 
 TESTS = Path(__file__).resolve().parent
@@ -79,59 +81,240 @@ def test_compiled_and_source_compute_the_same_masks():
     assert pure["digest"] == built["digest"]
 
 
-def test_plan_tells_current_stale_and_unbuilt_modules(tmp_path):
-    import importlib.machinery
-
-    mods = speedups.MODULES[:4]
+def _fake_build(root: Path, mods, text: bytes = b"built") -> dict:
+    """Sources for `mods` under `root`, a stand-in extension for each in the build folder, and
+    the manifest a build of them would write."""
+    out = speedups.out_dir(root)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {}
     for m in mods:
-        p = speedups.source_path(m, tmp_path)
+        p = speedups.source_path(m, root)
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(f"# {m}\n")
-        if m != mods[2]:  # an extension (a stand-in) beside every source but one
-            p.with_name(p.stem + importlib.machinery.EXTENSION_SUFFIXES[0]).write_bytes(b"")
-    manifest = {"modules": {m: speedups.source_hash(speedups.source_path(m, tmp_path)) for m in mods}}
-    del manifest["modules"][mods[3]]  # built beside, but not by this build: not trusted
-    assert speedups.plan(manifest, tmp_path) == (list(mods[:2]), [])  # mods[2]: its extension is gone
+        f = out / (m + speedups.EXT_SUFFIX)
+        f.write_bytes(text + m.encode())
+        record[m] = {"source": speedups.file_hash(p), "fingerprint": "-", "file": f.name, "sha256": speedups.file_hash(f)}
+    manifest = {"cython": "3.3.1", "abi": speedups.EXT_SUFFIX, "modules": record}
+    speedups.manifest_path(root).write_text(json.dumps(manifest))
+    return manifest
+
+
+def test_plan_tells_current_stale_and_unbuilt_modules(tmp_path):
+    mods = speedups.MODULES[:5]
+    manifest = _fake_build(tmp_path, mods)
+    assert speedups.read_manifest(speedups.manifest_path(tmp_path)) == manifest
+    assert speedups.plan(manifest, tmp_path) == (list(mods), [])
+    del manifest["modules"][mods[4]]  # built, but not recorded by this build: not trusted
+    (speedups.out_dir(tmp_path) / (mods[3] + speedups.EXT_SUFFIX)).unlink()  # its extension gone
+    assert speedups.plan(manifest, tmp_path) == (list(mods[:3]), [])
     speedups.source_path(mods[1], tmp_path).write_text("# edited\n")
-    assert speedups.plan(manifest, tmp_path) == ([mods[0]], [mods[1]])
+    (speedups.out_dir(tmp_path) / (mods[2] + speedups.EXT_SUFFIX)).write_bytes(b"replaced")
+    assert speedups.plan(manifest, tmp_path) == ([mods[0]], [mods[1], mods[2]])
     speedups.source_path(mods[0], tmp_path).unlink()  # a source gone: not trusted either
-    assert speedups.plan(manifest, tmp_path) == ([], [mods[0], mods[1]])
+    assert speedups.plan(manifest, tmp_path) == ([], [mods[0], mods[1], mods[2]])
     assert speedups.plan(manifest, tmp_path, pure=True) == ([], [])
     assert speedups.plan({}, tmp_path) == ([], [])
 
 
-def test_an_edited_module_runs_from_its_source_with_a_warning(tmp_path):
-    """A checkout whose source changed after the build: Python would import the extension left
-    beside the edited .py; the guard loads the edit instead and says to rebuild."""
-    shutil.copytree(SRC / "railcall", tmp_path / "railcall", ignore=shutil.ignore_patterns("__pycache__"))
-    root = tmp_path
-    edited = "railcall.matcher.keys"
-    if speedups.extension_path(edited, root) is None:  # no build here: an empty stand-in, never to be imported
-        import importlib.machinery
+def test_a_manifest_for_another_interpreter_is_not_read(tmp_path):
+    manifest = _fake_build(tmp_path, speedups.MODULES[:2])
+    manifest["abi"] = ".cpython-39-x86_64-linux-gnu.so"
+    speedups.manifest_path(tmp_path).write_text(json.dumps(manifest))
+    assert speedups.read_manifest(speedups.manifest_path(tmp_path)) == {}
+    speedups.manifest_path(tmp_path).write_text("{not json")
+    assert speedups.read_manifest(speedups.manifest_path(tmp_path)) == {}
 
-        p = speedups.source_path(edited, root)
-        p.with_name(p.stem + importlib.machinery.EXTENSION_SUFFIXES[0]).write_bytes(b"")
-    # the manifest as a build of this source would leave it, for the modules built here
-    hashes = {m: speedups.source_hash(speedups.source_path(m, root)) for m in speedups.MODULES
-              if speedups.extension_path(m, root) is not None}
-    (root / "railcall" / "_speedups.json").write_text(json.dumps({"cython": "test", "modules": hashes}))
+
+def _copy_checkout(tmp_path: Path, with_build: bool) -> Path:
+    """This checkout's railcall package (and its build, if asked) under tmp_path; returns the
+    source folder to put on PYTHONPATH."""
+    src = tmp_path / "src"
+    shutil.copytree(SRC / "railcall", src / "railcall", ignore=shutil.ignore_patterns("__pycache__", "*.so", "_speedups.json"))
+    if with_build and speedups.out_dir().is_dir():
+        shutil.copytree(speedups.out_dir(), speedups.out_dir(src))
+    return src
+
+
+_IMPORT_KEYS = (
+    "import importlib, json, warnings\n"
+    "with warnings.catch_warnings(record=True) as w:\n"
+    "    warnings.simplefilter('always')\n"
+    "    import railcall\n"
+    "from railcall import speedups\n"
+    "mod = importlib.import_module('railcall.matcher.keys')\n"
+    "print(json.dumps({'stale': speedups.status()['stale'], 'file': mod.__file__,\n"
+    "                  'edited': getattr(mod, 'EDITED_AFTER_THE_BUILD', False),\n"
+    "                  'loaded': speedups.status()['loaded'],\n"
+    "                  'warnings': [str(x.message) for x in w if x.category is speedups.SpeedupsWarning]}))\n"
+)
+
+
+def test_an_edited_module_runs_from_its_source_with_a_warning(tmp_path):
+    """A checkout whose source changed after the build: the guard loads the edit, not the
+    extension built from the source before it, and says to rebuild; the rest stays compiled."""
+    root = _copy_checkout(tmp_path, with_build=True)
+    edited = "railcall.matcher.keys"
+    if speedups.extension_path(edited, root) is None:  # no build here: a stand-in, never to be imported
+        _fake_build(root, [edited])
+        speedups.source_path(edited, root).write_bytes(speedups.source_path(edited).read_bytes())
+        man = json.loads(speedups.manifest_path(root).read_text())
+        man["modules"][edited]["source"] = speedups.file_hash(speedups.source_path(edited, root))
+        speedups.manifest_path(root).write_text(json.dumps(man))
     with speedups.source_path(edited, root).open("a") as f:
         f.write("\nEDITED_AFTER_THE_BUILD = True\n")
-    script = (
-        "import importlib, json, warnings\n"
-        "with warnings.catch_warnings(record=True) as w:\n"
-        "    warnings.simplefilter('always')\n"
-        "    import railcall\n"
-        "from railcall import speedups\n"
-        f"mod = importlib.import_module({edited!r})\n"
-        "print(json.dumps({'stale': speedups.status()['stale'], 'file': mod.__file__,\n"
-        "                  'edited': getattr(mod, 'EDITED_AFTER_THE_BUILD', False),\n"
-        "                  'warnings': [str(x.message) for x in w if x.category is speedups.SpeedupsWarning]}))\n"
-    )
-    r = _run(script, pure=False, pythonpath=root)
+    r = _run(_IMPORT_KEYS, pure=False, pythonpath=root)
     assert r["stale"] == [edited]
     assert r["edited"] is True and r["file"].endswith(".py")
     assert len(r["warnings"]) == 1 and edited in r["warnings"][0] and "make setup" in r["warnings"][0]
+    others = {m: how for m, how in r["loaded"].items() if m != edited}
+    assert set(others.values()) == ({"compiled"} if speedups.status()["compiled"] else {"source"})
+
+
+def test_an_extension_beside_the_source_is_never_imported(tmp_path):
+    """An older layout put extensions beside their .py, where Python imports them ahead of the
+    source whatever the source says. railcall loads only what its manifest vouches for: a
+    corrupt extension left there does not stop the import."""
+    root = _copy_checkout(tmp_path, with_build=False)
+    p = speedups.source_path("railcall.matcher.keys", root)
+    p.with_name(p.stem + speedups.EXT_SUFFIX).write_bytes(b"not an extension")
+    r = _run(_IMPORT_KEYS, pure=False, pythonpath=root)
+    assert r["file"] == str(p) and r["stale"] == [] and r["warnings"] == []
+
+
+def test_clean_removes_every_build_and_older_layouts(tmp_path):
+    _fake_build(tmp_path, speedups.MODULES[:2])
+    other = speedups.build_root(tmp_path) / "cpython-39-x86_64-linux-gnu"
+    other.mkdir()
+    (other / "manifest.json").write_text("{}")
+    keys = speedups.source_path("railcall.matcher.keys", tmp_path)
+    keys.parent.mkdir(parents=True, exist_ok=True)
+    keys.write_text("")
+    legacy = [keys.with_name("keys.cpython-311-x86_64-linux-gnu.so"), keys.with_name("keys.cpython-39-darwin.so"),
+              tmp_path / "railcall" / "_speedups.json"]
+    for f in legacy:
+        f.write_bytes(b"")
+    gone = speedups.clean(tmp_path)
+    assert set(gone) == set(legacy) | {speedups.out_dir(tmp_path), other}
+    assert not any(f.exists() for f in gone) and keys.exists()
+    assert [f.name for f in speedups.build_root(tmp_path).iterdir()] == [".lock"]
+
+
+def test_builds_and_cleans_take_turns(tmp_path):
+    """A build holds an exclusive lock on build/speedups/.lock: another process waits for it."""
+    probe = ("import fcntl, sys\n"
+             "f = open(sys.argv[1], 'a+')\n"
+             "try:\n    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('free')\n"
+             "except BlockingIOError:\n    print('held')\n")
+    lock = str(speedups.build_root(tmp_path) / ".lock")
+
+    def other() -> str:
+        return subprocess.run([sys.executable, "-c", probe, lock], capture_output=True, text=True).stdout.strip()
+
+    with speedups._locked(speedups.build_root(tmp_path)):
+        assert other() == "held"
+    assert other() == "free"
+
+
+def test_a_module_without_its_source_is_a_clear_import_error(tmp_path):
+    finder = speedups._Finder({}, {"railcall.gone": tmp_path / "gone.py"})
+    with pytest.raises(ModuleNotFoundError, match="has no source at .*gone.py.*restore it"):
+        finder.find_spec("railcall.gone")
+    assert finder.find_spec("json") is None
+
+
+def test_describe_names_the_cython_that_built_the_modules(monkeypatch):
+    monkeypatch.setitem(speedups._status, "pure", False)
+    monkeypatch.setitem(speedups._status, "compiled", list(speedups.MODULES[:3]))
+    monkeypatch.setitem(speedups._status, "stale", [speedups.MODULES[4]])
+    monkeypatch.setitem(speedups._status, "cython", "9.8.7")
+    assert speedups.describe() == f"3 of {len(speedups.MODULES)} modules compiled by Cython 9.8.7, 1 stale"
+
+
+TINY = "def answer():\n    return 41 + 1\n"
+
+
+def test_build_goes_by_content_and_installs_only_what_loads(tmp_path):
+    """A real build of a one-module package: recompiled when its source changes (even to an
+    older file time), not when nothing changed, and not installed when it cannot load."""
+    root = tmp_path / "src"
+    src = root / "tinypkg" / "tiny.py"
+    src.parent.mkdir(parents=True)
+    (src.parent / "__init__.py").write_text("")
+    src.write_text(TINY)
+    mods = ("tinypkg.tiny",)
+    assert speedups.build(jobs=1, root=root, modules=mods) == list(mods)
+    man = json.loads(speedups.manifest_path(root).read_text())
+    e = man["modules"]["tinypkg.tiny"]
+    ext = speedups.out_dir(root) / e["file"]
+    assert man["abi"] == speedups.EXT_SUFFIX and e["sha256"] == speedups.file_hash(ext)
+    assert e["source"] == speedups.file_hash(src)
+    first = ext.stat().st_mtime_ns
+
+    assert speedups.build(jobs=1, root=root, modules=mods) == []  # current: nothing compiled
+    assert ext.stat().st_mtime_ns == first
+
+    old = src.stat()
+    src.write_text(TINY.replace("41", "40"))
+    os.utime(src, ns=(old.st_atime_ns - 10**12, old.st_mtime_ns - 10**12))  # older than anything built
+    assert speedups.build(jobs=1, root=root, modules=mods) == list(mods)
+    good = json.loads(speedups.manifest_path(root).read_text())
+    assert good["modules"]["tinypkg.tiny"]["source"] == speedups.file_hash(src)
+
+    src.write_text("import cython\nif cython.compiled:\n    raise ImportError('refuses to run compiled')\n")
+    with pytest.raises(RuntimeError, match="(?s)failed to load.*refuses to run compiled"):
+        speedups.build(jobs=1, root=root, modules=mods)
+    assert json.loads(speedups.manifest_path(root).read_text()) == good  # the last good build, untouched
+    assert speedups.file_hash(ext) == good["modules"]["tinypkg.tiny"]["sha256"]
+
+
+# Inputs nested far deeper than any limit: the compiled build does not count recursion, so each
+# must meet an explicit limit (or a loop) and fail the same way from source and compiled.
+HOSTILE = r"""
+import json, sys
+from railcall import speedups
+from railcall.grammar import ir
+from railcall.grammar.regex import parse
+from railcall.grammar.schema import schema_to_ir
+
+def deep(n, wrap, x):
+    for _ in range(n):
+        x = wrap(x)
+    return x
+
+N = 20_000
+cases = {
+    "properties": lambda: schema_to_ir(deep(N, lambda s: {"type": "object", "properties": {"a": s}}, {"type": "string"})),
+    "unused $defs": lambda: schema_to_ir({"type": "string", "$defs": {"x": deep(N, lambda s: {"not": s}, {})}}),
+    "allOf": lambda: schema_to_ir(deep(N, lambda s: {"allOf": [s]}, {"type": "string"})),
+    "const": lambda: schema_to_ir({"const": deep(N, lambda s: [s], 1)}),
+    "groups": lambda: parse("(" * 400 + "a" + ")" * 400),
+    "quantifiers": lambda: parse("a" + "{1}" * 400),
+    "pattern": lambda: schema_to_ir({"type": "string", "pattern": "(" * 400 + "a" + ")" * 400}),
+    "IR": lambda: ir.Grammar(deep(N, lambda n: ir.Seq((ir.Lit(b"a"), n)), ir.Lit(b"b"))),
+}
+out = {}
+for name, f in cases.items():
+    try:
+        f()
+        out[name] = "ok"
+    except Exception as e:
+        out[name] = f"{type(e).__name__}: {str(e)[:60]} ... {str(e)[-160:]}"  # the pointer can be long
+print(json.dumps({"outcomes": out, "build": speedups.describe()}))
+"""
+
+
+def test_hostile_nesting_fails_the_same_compiled_and_from_source():
+    pure = _run(HOSTILE, pure=True)
+    built = _run(HOSTILE, pure=False)
+    assert pure["outcomes"] == built["outcomes"]
+    got = pure["outcomes"]
+    assert got["unused $defs"] == "ok"  # never compiled, so never too deep
+    for name in ("properties", "allOf", "const", "pattern"):
+        assert got[name].startswith("SchemaError"), (name, got[name])
+    assert "max_depth" in got["properties"] or "deeper than" in got["properties"]
+    assert got["IR"].startswith("GrammarError") and "nests too deeply" in got["IR"]
+    for name in ("groups", "quantifiers"):
+        assert got[name].startswith("RegexError") and "nested more than 64 deep" in got[name]
 
 
 def test_cli_status_and_a_bad_action():

@@ -9,24 +9,33 @@ runs both, as `railcall` and `railcall-py`). Nothing here changes what the code 
 Python source stays the reference: without a C compiler, or with RAILCALL_PURE=1, railcall runs
 it directly.
 
-A compiled module is used only while the source it was compiled from is the source on disk: the
-build records each module's source hash in MANIFEST, and `guard()` (run when railcall is
-imported, before any of these modules is) loads the Python source of any module whose source has
-changed since, with a warning to rebuild. Python would otherwise import the stale extension,
-which sits beside the .py and takes precedence over it.
+Where the extensions live, and why. A build writes them outside the package, into
+`build/speedups/<abi>/` beside `src/` (one folder per interpreter ABI, ignored by git), with a
+manifest that records, per module, the source hash it was compiled from and the extension's
+file name and sha256. Python never finds them there by itself: `guard()` (run when railcall is
+imported, before any of these modules is) puts a finder first on sys.meta_path that loads a
+module's extension only when the manifest says it was built from the source on disk and the
+file is the one the build wrote; every other module loads from its .py, with a warning to
+rebuild where a build exists but no longer matches. An extension beside its .py would instead be
+imported by Python ahead of the source, by any checkout of any commit, whatever its source says.
 
-Built once per checkout; the extensions are ignored by git.
+Rebuilds go by content, not by file times: each module's fingerprint is the hash of its source,
+the Cython version, the compiler's settings and the ABI; a build recompiles the modules whose
+fingerprint changed, and certifies nothing it has not loaded once in a fresh interpreter.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.machinery
 import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
+import sysconfig
 import warnings
 from pathlib import Path
 
@@ -47,99 +56,148 @@ MODULES = (
     "railcall.matcher.matcher",
 )
 SRC = Path(__file__).resolve().parent.parent  # the folder holding the railcall package
-MANIFEST = SRC / "railcall" / "_speedups.json"
+# What this interpreter's extensions end in (".cpython-312-x86_64-linux-gnu.so"): names the build
+# folder, so interpreters of different ABIs sharing a checkout never load each other's builds.
+EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or importlib.machinery.EXTENSION_SUFFIXES[0]
 # Cython compiles with these. annotation_typing off: a type annotation is documentation here, as
 # in Python, never a C type or a runtime check, so the compiled code behaves as the source does.
 DIRECTIVES = {"language_level": 3, "annotation_typing": False}
+# Without debug information the extensions are a third of the size (~10 MB against ~31 MB), and
+# `guard()` reads every one of them to check its hash when railcall is imported.
+COMPILE_ARGS = ["-g0"] if os.name == "posix" else []
 
 
 class SpeedupsWarning(UserWarning):
-    """A compiled module is older than its source; its Python source runs instead."""
+    """A compiled module no longer matches its build record; its Python source runs instead."""
+
+
+def build_root(root: Path = SRC) -> Path:
+    """The folder every ABI's build lives under: `build/speedups` beside the source folder."""
+    return root.parent / "build" / "speedups"
+
+
+def out_dir(root: Path = SRC) -> Path:
+    """This interpreter's build: its extensions and manifest."""
+    return build_root(root) / EXT_SUFFIX.strip(".").rsplit(".", 1)[0]
+
+
+def manifest_path(root: Path = SRC) -> Path:
+    return out_dir(root) / "manifest.json"
 
 
 def source_path(module: str, root: Path = SRC) -> Path:
     return root.joinpath(*module.split(".")).with_suffix(".py")
 
 
-def source_hash(path: Path) -> str:
+def file_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def read_manifest(path: Path = MANIFEST) -> dict:
-    """The build's record ({"cython": version, "modules": {module: source hash}}), or {} when
-    there is none or it cannot be read (then nothing compiled is trusted)."""
+source_hash = file_hash
+
+
+def fingerprint(source_sha: str, cython_version: str) -> str:
+    """What a module's extension depends on: its source, the compiler and its settings, the ABI.
+    Equal fingerprints, equal extensions; a build recompiles a module whose fingerprint changed."""
+    what = {"source": source_sha, "cython": cython_version, "directives": DIRECTIVES, "args": COMPILE_ARGS,
+            "abi": EXT_SUFFIX}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def read_manifest(path: Path | None = None) -> dict:
+    """The build's record, or {} when there is none, it cannot be read, or it is for another
+    ABI (then nothing compiled is trusted):
+    {"cython": version, "abi": EXT_SUFFIX, "modules": {module: {"source", "fingerprint", "file", "sha256"}}}."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads((path or manifest_path()).read_text())
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) and isinstance(data.get("modules"), dict) else {}
+    if not (isinstance(data, dict) and isinstance(data.get("modules"), dict) and data.get("abi") == EXT_SUFFIX):
+        return {}
+    return data
 
 
-def extension_path(module: str, root: Path = SRC) -> Path | None:
-    """The compiled module this interpreter would import for `module`, if there is one."""
-    p = source_path(module, root)
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        f = p.with_name(p.stem + suffix)
-        if f.exists():
-            return f
-    return None
+def _entry(manifest: dict, module: str) -> dict | None:
+    e = manifest.get("modules", {}).get(module)
+    return e if isinstance(e, dict) and all(isinstance(e.get(k), str) for k in ("source", "file", "sha256")) else None
+
+
+def extension_path(module: str, root: Path = SRC, manifest: dict | None = None) -> Path | None:
+    """The extension the manifest records for `module`, if that file exists."""
+    e = _entry(read_manifest(manifest_path(root)) if manifest is None else manifest, module)
+    if e is None:
+        return None
+    f = out_dir(root) / e["file"]
+    return f if f.exists() else None
 
 
 def plan(manifest: dict, root: Path = SRC, pure: bool = False) -> tuple[list[str], list[str]]:
-    """(compiled, stale): the modules whose compiled build matches their source now, and those
-    built from a source that has changed since. A module the manifest does not name, or whose
-    extension this interpreter cannot find (removed, or built for another Python), is neither:
-    it runs from source."""
+    """(compiled, stale): the modules whose recorded extension is there, is the file the build
+    wrote (same sha256), and was built from their source as it is now; and those whose build no
+    longer matches (the source edited, the extension replaced or corrupted). A module the
+    manifest does not name, or whose extension is gone, is neither: it runs from source."""
     if pure:
         return [], []
-    built = manifest.get("modules", {})
     compiled, stale = [], []
     for m in MODULES:
-        h = built.get(m)
-        if h is None or extension_path(m, root) is None:
+        e = _entry(manifest, m)
+        f = out_dir(root) / e["file"] if e else None
+        if f is None or not f.exists():
             continue
         try:
-            same = source_hash(source_path(m, root)) == h
+            same = file_hash(source_path(m, root)) == e["source"] and file_hash(f) == e["sha256"]
         except OSError:
             same = False
         (compiled if same else stale).append(m)
     return compiled, stale
 
 
-class _SourceFinder:
-    """Finds the listed modules as their .py source, ahead of an extension module beside it."""
+class _Finder:
+    """Finds every module in MODULES: as its extension when the build is current, otherwise as
+    its .py source (ahead of any extension an older layout left beside it)."""
 
-    def __init__(self, modules: dict[str, Path]):
-        self.modules = modules
+    def __init__(self, compiled: dict[str, Path], source: dict[str, Path]):
+        self.compiled = compiled
+        self.source = source
 
     def find_spec(self, name, path=None, target=None):
-        p = self.modules.get(name)
-        if p is None or not p.exists():
+        ext = self.compiled.get(name)
+        if ext is not None:
+            return importlib.util.spec_from_file_location(name, ext, loader=importlib.machinery.ExtensionFileLoader(name, str(ext)))
+        p = self.source.get(name)
+        if p is None:
             return None
+        if not p.exists():
+            raise ModuleNotFoundError(f"railcall's module {name} has no source at {p}: the checkout is incomplete "
+                                      "(restore it with git, or reinstall railcall)", name=name)
         return importlib.util.spec_from_file_location(name, p, loader=importlib.machinery.SourceFileLoader(name, str(p)))
 
 
-_status: dict = {"compiled": [], "stale": [], "pure": False}
+_status: dict = {"compiled": [], "stale": [], "pure": False, "cython": None}
 
 
-def guard() -> None:
+def guard(root: Path = SRC) -> None:
     """Make every module in MODULES load from its Python source unless its compiled build is
     current. Idempotent; called by `railcall/__init__` before it imports any of them."""
-    if any(isinstance(f, _SourceFinder) for f in sys.meta_path):
+    if any(isinstance(f, _Finder) for f in sys.meta_path):
         return
     pure = os.environ.get("RAILCALL_PURE", "") not in ("", "0")
-    compiled, stale = plan(read_manifest(), pure=pure) if pure or MANIFEST.exists() else ([], [])
-    _status.update(compiled=compiled, stale=stale, pure=pure)
-    forced = {m: source_path(m) for m in MODULES if m not in compiled}
-    sys.meta_path.insert(0, _SourceFinder(forced))
+    manifest = {} if pure else read_manifest(manifest_path(root))
+    compiled, stale = plan(manifest, root, pure=pure)
+    _status.update(compiled=compiled, stale=stale, pure=pure, cython=manifest.get("cython"))
+    d = out_dir(root)
+    sys.meta_path.insert(0, _Finder({m: d / manifest["modules"][m]["file"] for m in compiled},
+                                    {m: source_path(m, root) for m in MODULES if m not in compiled}))
     if stale:
-        warnings.warn(f"railcall: {len(stale)} compiled module(s) are older than their source ({', '.join(stale)}); "
-                      "running the Python source for those. Rebuild with `make setup` "
-                      "(or `railcall speedups build`).", SpeedupsWarning, stacklevel=3)
+        warnings.warn(f"railcall: {len(stale)} compiled module(s) no longer match their build "
+                      f"({', '.join(stale)}: the source was edited, or the extension replaced); running the Python "
+                      "source for those. Rebuild with `make setup` (or `railcall speedups build`).",
+                      SpeedupsWarning, stacklevel=3)
 
 
 def status() -> dict:
-    """Which modules run compiled: {"compiled": [...], "stale": [...], "pure": bool, "loaded": {module: "compiled"|"source"}}."""
+    """Which modules run compiled: {"compiled": [...], "stale": [...], "pure": bool, "cython":
+    the build's Cython version or None, "loaded": {module: "compiled"|"source"}}."""
     loaded = {}
     for m in MODULES:
         mod = sys.modules.get(m)
@@ -155,19 +213,52 @@ def describe() -> str:
         return "Python source (RAILCALL_PURE=1)"
     n = len(s["compiled"])
     if not n:
-        return "Python source (no compiled build)"
-    try:
-        import Cython
-
-        by = f"Cython {Cython.__version__}"
-    except ImportError:
-        by = "Cython"
-    return f"{n} of {len(MODULES)} modules compiled by {by}" + (f", {len(s['stale'])} stale" if s["stale"] else "")
+        return "Python source (no compiled build)" + (f", {len(s['stale'])} stale" if s["stale"] else "")
+    return (f"{n} of {len(MODULES)} modules compiled by Cython {s['cython'] or '?'}"
+            + (f", {len(s['stale'])} stale" if s["stale"] else ""))
 
 
-def build(jobs: int | None = None, root: Path = SRC) -> Path:
-    """Compile MODULES in place (extensions beside their .py) and record their source hashes.
-    Needs Cython, setuptools and a C compiler; raises with what is missing."""
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """One build or clean at a time per checkout: an exclusive lock on `folder/.lock`, waited
+    for (two `make` runs at once would otherwise write the same files)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a+") as f:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock to take
+            yield
+            return
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+# Run in a fresh interpreter on a candidate build: load every new extension once (its module body
+# runs: imports, constants), its dependencies from source (RAILCALL_PURE=1), without putting it in
+# sys.modules. A build that cannot load is not installed.
+_SMOKE = r"""
+import importlib.util, json, sys
+for name, path in json.loads(sys.argv[1]).items():
+    parent = name.rpartition(".")[0]
+    if parent:
+        importlib.import_module(parent)
+    spec = importlib.util.spec_from_file_location(name, path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+"""
+
+
+class _LoadFailed(RuntimeError):
+    """A freshly compiled module did not load in a fresh interpreter."""
+
+
+def build(jobs: int | None = None, root: Path = SRC, modules: tuple[str, ...] = MODULES) -> list[str]:
+    """Compile the modules whose fingerprint changed since the last build into `out_dir(root)`,
+    load each once in a fresh interpreter, and record the build in the manifest; returns the
+    modules compiled now (none when the build is current). Needs Cython, setuptools and a C
+    compiler; raises with what is missing or what failed, leaving the last good build in place."""
     try:
         import Cython
         from Cython.Build import cythonize
@@ -178,44 +269,92 @@ def build(jobs: int | None = None, root: Path = SRC) -> Path:
     from railcall.atomic import atomic_write
 
     jobs = jobs or os.cpu_count() or 1
-    hashes = {m: source_hash(source_path(m, root)) for m in MODULES}  # before compiling: an edit during the build reads as stale
-    build_dir = root.parent / "build"
-    exts = [Extension(m, [str(source_path(m, root))]) for m in MODULES]
-    exts = cythonize(exts, compiler_directives=DIRECTIVES, build_dir=str(build_dir / "cython"), nthreads=jobs, quiet=True)
-    dist = Distribution({"ext_modules": exts, "script_name": "railcall-speedups"})
-    cmd = dist.get_command_obj("build_ext")
-    cmd.parallel = jobs
-    cmd.build_temp = str(build_dir / "temp")
-    cmd.build_lib = str(build_dir / "lib")
-    cmd.ensure_finalized()
-    cmd.run()
-    for e in exts:
-        # copied beside the target and renamed over it, never written into: a process that has
-        # the old one loaded (this one, a running server) keeps a valid mapping of it. The copy
-        # in build/ stays, so the next build recompiles only the modules whose source changed.
-        built = Path(cmd.get_ext_fullpath(e.name))
-        target = source_path(e.name, root).with_name(built.name)
-        tmp = target.with_name(f"{target.name}.{os.getpid()}.new")
-        shutil.copy2(built, tmp)
-        os.replace(tmp, target)
-    manifest = root / "railcall" / MANIFEST.name
-    atomic_write(manifest, json.dumps({"cython": Cython.__version__, "modules": hashes}, indent=1) + "\n")
-    return manifest
+    out = out_dir(root)
+    work = build_root(root) / "work"  # Cython's C files and the compiler's objects, kept between builds
+    with _locked(build_root(root)):
+        old = read_manifest(manifest_path(root))
+        record: dict = {}
+        todo = []
+        for m in modules:
+            src_sha = file_hash(source_path(m, root))  # before compiling: an edit during the build reads as stale
+            fp = fingerprint(src_sha, Cython.__version__)
+            e = _entry(old, m)
+            f = out / e["file"] if e else None
+            if e and e.get("fingerprint") == fp and f.exists() and file_hash(f) == e["sha256"]:
+                record[m] = e
+                continue
+            record[m] = {"source": src_sha, "fingerprint": fp}
+            todo.append(m)
+        if todo:
+            exts = [Extension(m, [str(source_path(m, root))], extra_compile_args=COMPILE_ARGS) for m in todo]
+            # force: what to rebuild was decided by content above, never by file times
+            exts = cythonize(exts, compiler_directives=DIRECTIVES, build_dir=str(work / "cython"),
+                             nthreads=jobs, quiet=True, force=True)
+            dist = Distribution({"ext_modules": exts, "script_name": "railcall-speedups"})
+            cmd = dist.get_command_obj("build_ext")
+            cmd.parallel = jobs
+            cmd.force = True
+            cmd.build_temp = str(work / "temp")
+            cmd.build_lib = str(work / "lib")
+            cmd.ensure_finalized()
+            cmd.run()
+            built = {e.name: Path(cmd.get_ext_fullpath(e.name)) for e in exts}
+            env = {**os.environ, "RAILCALL_PURE": "1",
+                   "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
+            r = subprocess.run([sys.executable, "-c", _SMOKE, json.dumps({m: str(p) for m, p in built.items()})],
+                               capture_output=True, text=True, env=env, timeout=300)
+            if r.returncode != 0:
+                raise _LoadFailed("a compiled module failed to load, so the build was not installed:\n"
+                                   + r.stderr.strip()[-2000:])
+            out.mkdir(parents=True, exist_ok=True)
+            for m, path in built.items():
+                # copied beside the target and renamed over it, never written into: a process that
+                # has the old one loaded (a running server) keeps a valid mapping of it
+                target = out / (m + EXT_SUFFIX)
+                tmp = target.with_name(f"{target.name}.{os.getpid()}.new")
+                try:
+                    shutil.copy2(path, tmp)
+                    os.replace(tmp, target)
+                finally:
+                    tmp.unlink(missing_ok=True)
+                record[m].update(file=target.name, sha256=file_hash(target))
+        if todo or old.get("modules") != record:
+            manifest = {"cython": Cython.__version__, "abi": EXT_SUFFIX, "modules": record}
+            atomic_write(manifest_path(root), json.dumps(manifest, indent=1) + "\n")
+        for f in out.glob("*" + EXT_SUFFIX):  # extensions of modules no longer built
+            if f.name not in {e["file"] for e in record.values()}:
+                f.unlink()
+        for f in _legacy_extensions(root):  # one layout at a time
+            f.unlink()
+    return todo
+
+
+def _legacy_extensions(root: Path) -> list[Path]:
+    """Extensions an older layout built beside the source (`keys.cpython-312-....so`), of any
+    ABI, and its manifest: Python would import such an extension ahead of its .py."""
+    found = []
+    for m in MODULES:
+        p = source_path(m, root)
+        for suffix in (".so", ".pyd"):
+            found += [f for f in p.parent.glob(f"{p.stem}.*{suffix}") if f.is_file()]
+    man = root / "railcall" / "_speedups.json"
+    return found + ([man] if man.exists() else [])
 
 
 def clean(root: Path = SRC) -> list[Path]:
-    """Remove the compiled modules and the manifest; railcall then runs from source."""
+    """Remove every build (each ABI's) and any extension an older layout left beside the source;
+    railcall then runs from source."""
     gone = []
-    for m in MODULES:
-        f = extension_path(m, root)
-        while f is not None:
+    base = build_root(root)
+    with _locked(base):
+        for f in _legacy_extensions(root):
             f.unlink()
             gone.append(f)
-            f = extension_path(m, root)
-    man = root / "railcall" / MANIFEST.name
-    if man.exists():
-        man.unlink()
-        gone.append(man)
+        if base.is_dir():
+            for d in sorted(base.iterdir()):
+                if d.is_dir():
+                    shutil.rmtree(d)
+                    gone.append(d)
     return gone
 
 
@@ -223,12 +362,14 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["build"]:
         try:
-            path = build()
+            done = build()
         except Exception as e:  # noqa: BLE001 - a failed build leaves railcall on its Python source
+            hint = "" if isinstance(e, _LoadFailed) else " A C compiler and the Python headers are needed."
             print(f"railcall: the compiled build failed ({type(e).__name__}: {e}); railcall runs from its Python source, "
-                  "which is correct but slower. A C compiler and the Python headers are needed.", file=sys.stderr)
+                  f"which is correct but slower.{hint}", file=sys.stderr)
             return 1
-        print(f"railcall: compiled {len(MODULES)} modules; manifest {path}")
+        said = f"compiled {len(done)} of {len(MODULES)} modules" if done else f"all {len(MODULES)} modules were current"
+        print(f"railcall: {said}; manifest {manifest_path()}")
         return 0
     if args[:1] == ["clean"]:
         for p in clean():

@@ -191,7 +191,11 @@ class Grammar:
 
     def __post_init__(self):
         if not self.key:
-            object.__setattr__(self, "key", _digest((self.start, self.rules)))
+            try:
+                object.__setattr__(self, "key", _digest((self.start, self.rules)))
+            except RecursionError:  # the repr recurses (a Python frame per level), so this bounds the nesting
+                raise GrammarError("the grammar nests too deeply (about a thousand levels); "
+                                   "flatten it, or use Ref rules for recursion") from None
 
     def rule(self, name: str) -> Node:
         for n, node in self.rules:

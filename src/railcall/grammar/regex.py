@@ -29,6 +29,10 @@ MAX_UNICODE = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 MAX_NFA_STATES = 20_000
 MAX_DFA_STATES = 4_000
+# How deep groups and stacked quantifiers may nest. The parser and the automaton builder recurse
+# once or twice per level; an explicit limit keeps a hostile pattern a RegexError, the same from
+# the Python source as from the compiled build (which does not count recursion, and would crash).
+MAX_NESTING = 64
 
 
 class RegexError(GrammarError):
@@ -78,6 +82,7 @@ class _Parser:
     def __init__(self, pattern: str):
         self.p = pattern
         self.i = 0
+        self.depth = 0  # groups and quantifiers open around the current atom
 
     def error(self, what: str) -> RegexError:
         return RegexError(f"pattern {self.p!r}: {what} at offset {self.i}")
@@ -106,6 +111,7 @@ class _Parser:
 
     def quantified(self):
         atom = self.atom()
+        stacked = 0
         while True:
             c = self.peek()
             if c in ("*", "+", "?"):
@@ -120,6 +126,12 @@ class _Parser:
             if atom[0] == "anchor":
                 raise self.error("a quantifier on an anchor")
             atom = ("rep", atom, lo, hi)
+            stacked += 1
+            self._check_depth(stacked)
+
+    def _check_depth(self, more: int = 0) -> None:
+        if self.depth + more > MAX_NESTING:
+            raise self.error(f"groups and quantifiers nested more than {MAX_NESTING} deep")
 
     def _braces(self):
         """`{n}`, `{n,}`, `{n,m}` as a quantifier; None if the brace is a literal (ECMA annex B)."""
@@ -152,7 +164,10 @@ class _Parser:
                 self.i = j + 1
             elif self.peek() == "?":
                 raise self.error("lookaround assertions are not supported")
+            self.depth += 1
+            self._check_depth()
             node = self.alt()
+            self.depth -= 1
             if self.peek() != ")":
                 raise self.error("a missing ')'")
             self.i += 1

@@ -182,23 +182,26 @@ def _index(ctx: _Ctx, node, base: str) -> None:
     resolve the way 2020-12 says: against the nearest enclosing `$id`."""
     from urllib.parse import urldefrag, urljoin
 
-    if isinstance(node, list):
-        for x in node:
-            _index(ctx, x, base)
-        return
-    if not isinstance(node, dict):
-        return
-    sid = node.get("$id")
-    if isinstance(sid, str):
-        base = urldefrag(urljoin(base, sid))[0]
-        ctx.docs.setdefault(base, node)
-    ctx.base_of[id(node)] = base
-    anchor = node.get("$anchor")
-    if isinstance(anchor, str):
-        ctx.anchors[(base, anchor)] = node
-    for k, v in node.items():
-        if k not in _NOT_SCHEMAS and isinstance(v, (dict, list)):
-            _index(ctx, v, base)
+    # A loop over an explicit stack, not recursion: this walks the whole document before any
+    # depth limit applies (a subschema under $defs is compiled only if referenced), and a
+    # document can nest thousands deep.
+    todo = [(node, base)]
+    while todo:
+        node, base = todo.pop()
+        if isinstance(node, list):
+            todo.extend((x, base) for x in reversed(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        sid = node.get("$id")
+        if isinstance(sid, str):
+            base = urldefrag(urljoin(base, sid))[0]
+            ctx.docs.setdefault(base, node)
+        ctx.base_of[id(node)] = base
+        anchor = node.get("$anchor")
+        if isinstance(anchor, str):
+            ctx.anchors[(base, anchor)] = node
+        todo.extend((v, base) for k, v in reversed(node.items()) if k not in _NOT_SCHEMAS and isinstance(v, (dict, list)))
 
 
 def schema_to_ir(schema: dict, options: SchemaOptions | None = None, *, required: bool = False) -> tuple[ir.Node, tuple]:
