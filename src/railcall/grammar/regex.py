@@ -29,9 +29,10 @@ MAX_UNICODE = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 MAX_NFA_STATES = 20_000
 MAX_DFA_STATES = 4_000
-# How deep groups and stacked quantifiers may nest. The parser and the automaton builder recurse
-# once or twice per level; an explicit limit keeps a hostile pattern a RegexError, the same from
-# the Python source as from the compiled build (which does not count recursion, and would crash).
+# How deep groups and quantifiers may nest, counted along any path of the pattern (`((a{1}){1})`
+# is 4 deep). The parser and every walk over the syntax tree recurse once or twice per level; an
+# explicit limit keeps a hostile pattern a RegexError, the same from the Python source as from the
+# compiled build (which does not count recursion, and would crash).
 MAX_NESTING = 64
 
 
@@ -82,7 +83,8 @@ class _Parser:
     def __init__(self, pattern: str):
         self.p = pattern
         self.i = 0
-        self.depth = 0  # groups and quantifiers open around the current atom
+        self.depth = 0  # groups open around the current atom: bounds the parser's own recursion
+        self.nest: dict[int, int] = {}  # id(node) -> groups and quantifiers nested in it (0 if absent)
 
     def error(self, what: str) -> RegexError:
         return RegexError(f"pattern {self.p!r}: {what} at offset {self.i}")
@@ -101,17 +103,30 @@ class _Parser:
         while self.peek() == "|":
             self.i += 1
             branches.append(self.cat())
-        return branches[0] if len(branches) == 1 else ("alt", branches)
+        if len(branches) == 1:
+            return branches[0]
+        return self._nested(("alt", branches), max(self._nest(b) for b in branches))
 
     def cat(self):
         items = []
         while (c := self.peek()) is not None and c not in "|)":
             items.append(self.quantified())
-        return ("cat", items)
+        return self._nested(("cat", items), max((self._nest(x) for x in items), default=0))
+
+    def _nest(self, node) -> int:
+        return self.nest.get(id(node), 0)
+
+    def _nested(self, node, n: int):
+        """Record that `node` holds `n` levels of groups and quantifiers (nodes stay alive for the
+        whole parse, so their ids are not reused)."""
+        if n > MAX_NESTING:
+            raise self.error(f"groups and quantifiers nested more than {MAX_NESTING} deep")
+        if n:
+            self.nest[id(node)] = n
+        return node
 
     def quantified(self):
         atom = self.atom()
-        stacked = 0
         while True:
             c = self.peek()
             if c in ("*", "+", "?"):
@@ -125,13 +140,7 @@ class _Parser:
                 self.i += 1
             if atom[0] == "anchor":
                 raise self.error("a quantifier on an anchor")
-            atom = ("rep", atom, lo, hi)
-            stacked += 1
-            self._check_depth(stacked)
-
-    def _check_depth(self, more: int = 0) -> None:
-        if self.depth + more > MAX_NESTING:
-            raise self.error(f"groups and quantifiers nested more than {MAX_NESTING} deep")
+            atom = self._nested(("rep", atom, lo, hi), self._nest(atom) + 1)
 
     def _braces(self):
         """`{n}`, `{n,}`, `{n,m}` as a quantifier; None if the brace is a literal (ECMA annex B)."""
@@ -165,13 +174,14 @@ class _Parser:
             elif self.peek() == "?":
                 raise self.error("lookaround assertions are not supported")
             self.depth += 1
-            self._check_depth()
+            if self.depth > MAX_NESTING:
+                raise self.error(f"groups and quantifiers nested more than {MAX_NESTING} deep")
             node = self.alt()
             self.depth -= 1
             if self.peek() != ")":
                 raise self.error("a missing ')'")
             self.i += 1
-            return node
+            return self._nested(node, self._nest(node) + 1)
         if c == "[":
             return ("set", self._class())
         if c == ".":
