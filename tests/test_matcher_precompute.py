@@ -697,6 +697,37 @@ def test_tokens_that_run_into_a_string_match_the_byte_oracle(eager, monkeypatch)
     assert {b'":"', b'["', b'"'} & set(calls)
 
 
+CLOSING = SMALL + ['"}', '"},', '","b', '","b":', '","c":"', '"}}', '"]', '"],"', 'a","', 'a"}', '","', '"}]']
+
+
+def test_a_string_followed_by_several_literals_closes_exactly(monkeypatch):
+    """After a string that an optional property may follow, what comes after the closing quote
+    is one of several literals (`,"b":` or `}`). The closing tokens are then matched against
+    each literal by binary search, not walked one text at a time; the masks along random walks
+    are still exactly the byte oracle's, tokens that run past a literal's end included."""
+    from railcall.matcher.automaton import Automaton
+
+    by_literal, by_walk = [], []
+    into, rest = Automaton._exits_into_literal, Automaton._exits_by_rest
+    monkeypatch.setattr(Automaton, "_exits_into_literal",
+                        lambda self, sub, t, idx: by_literal.append(t[0].data[t[1]:]) or into(self, sub, t, idx))
+    monkeypatch.setattr(Automaton, "_exits_by_rest", lambda self, *a: by_walk.append(a) or rest(self, *a))
+    v = Vocabulary.from_pieces(CLOSING, specials=["<end>"], stop=["<end>"])
+    s = {"type": "string", "minLength": 1, "maxLength": 3}
+    tools = [Tool("f", "", {"type": "object", "properties": {
+        "a": s, "b": {"type": "integer"}, "c": s, "d": {"type": "array", "items": s, "maxItems": 2}},
+        "required": ["a"]})]
+    g = CompiledGrammar(tool_grammar(tools), v)
+    walk_against_oracle(g, random.Random(9), walks=40)
+    for text in (b'{"tool":"f","args":{"a":"x","b":1}}', b'{"tool":"f","args":{"a":"x","c":"y"}}',
+                 b'{"tool":"f","args":{"a":"x"}}', b'{"tool":"f","args":{"a":"x","d":["y"]}}'):
+        m = Matcher(g)
+        for b in text[:-2]:
+            assert m.consume_bytes(bytes([b]))
+            assert m.legal_token_ids().tolist() == byte_legal(m)
+    assert {b',"b":', b'}}'} <= set(by_literal) and not by_walk
+
+
 def _position_start(g: CompiledGrammar, s: int) -> bool:
     """Whether state `s` is one thread at a place `prewarm` keys and masks: a literal at its
     first or last byte, a string just inside its quote, a trie at its root, a number before its

@@ -742,9 +742,14 @@ class Automaton(ContentKeys, Completions):
         if hit is not None:
             return hit[0]
         threads = self._sets[x]
-        lit = next(iter(threads)) if len(threads) == 1 else None
-        if lit is not None and isinstance(lit[0], Lit):
-            legal = self._exits_into_literal(sub, lit, idx)
+        if all(type(t[0]) is Lit for t in threads):
+            # Literals only (one, or several where an optional property may follow: `,"b":`
+            # or `}`): threads run independently, so a text after the quote is legal exactly
+            # when one literal takes it. One binary search each, no walk over the texts.
+            legal = None
+            for t in threads:
+                part = self._exits_into_literal(sub, t, idx)
+                legal = part if legal is None else np.logical_or(legal, part, out=legal)
         else:
             legal = self._exits_by_rest(sub, x, idx)
         self._masks.put(key, (legal,))
