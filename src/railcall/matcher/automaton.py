@@ -68,7 +68,7 @@ class Automaton(ContentKeys, Completions):
         vc = vocab_cache(vocab)
         self._masks = vc.masks  # shared by every automaton on this vocabulary
         self._cids, self._cmemo, self._cnext = vc.content_ids, vc.content_memo, vc.content_next
-        self._extm, self._lit_memo = vc.token_ext, vc.literal_keys
+        self._extm, self._lit_memo, self._lit_cut_memo = vc.token_ext, vc.literal_keys, vc.literal_cuts
         self._reach = prefix_reach(vocab)
         # per string substate: whether some token closes a string from there (on SmolLM2 and
         # Gemma 3 only between characters and after a backslash)
@@ -175,10 +175,16 @@ class Automaton(ContentKeys, Completions):
         key = None
         if len(threads) == 1:
             t, = threads  # a thread is its own memo key (see _top_key)
-            key = self._cmemo.get(t)
-            if key is None and type(t[0]) is JStr:  # a string at a new count: by its clamps
-                ins, loc, st = t
-                key = self._cmemo.get((ins, -1 - (loc & 15), *_jstr_clamps(ins, loc >> 4, self.vocab.max_token_len), st))
+            ins = t[0]
+            if type(ins) is Lit:  # keyed by its text alone, where no token spells all that remains
+                key = self._lit_cuts(ins.data)[t[1]]
+                if key < 0:
+                    key = self._cmemo.get(t)
+            else:
+                key = self._cmemo.get(t)
+                if key is None and type(ins) is JStr:  # a string at a new count: by its clamps
+                    ins, loc, st = t
+                    key = self._cmemo.get((ins, -1 - (loc & 15), *_jstr_clamps(ins, loc >> 4, self.vocab.max_token_len), st))
         if key is None:
             key = self._ckey(s)
         hit = self._masks._d.get(key)  # MaskCache.get, inlined: the common case of a first visit
@@ -205,9 +211,7 @@ class Automaton(ContentKeys, Completions):
         ins = t[0]
         if type(ins) is not Lit and type(ins) is not JStr:
             return self.mask(self._intern(frozenset([t])))
-        key = self._cmemo.get(t)
-        if key is None:
-            key = self._top_key(*t)
+        key = self._top_key(*t)
         hit = self._masks.get(key)
         if hit is None:
             hit = self._thread_entry(t)

@@ -192,6 +192,7 @@ class VocabCache:
         self.next_bytes: dict[bytes, np.ndarray] = {}
         self.costly_keys: set = set()  # threads (and continuations) whose content key costs too much
         self.literal_keys: dict[bytes, int] = {}  # a literal's rest -> its key, or -1: depends on what follows
+        self.literal_cuts: dict[bytes, list] = {}  # a literal's text -> each offset's key, or -1 (see _lit_cuts)
 
 
 def vocab_cache(vocab: Vocabulary) -> VocabCache:

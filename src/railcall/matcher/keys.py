@@ -57,6 +57,7 @@ class ContentKeys:
                 self._cids.clear()
                 self._cmemo.clear()
                 self._lit_memo.clear()
+                self._lit_cut_memo.clear()
                 self._costly.clear()
             k = self._cids.setdefault(content, next(self._cnext))
         return k
@@ -72,6 +73,10 @@ class ContentKeys:
         """The key of one thread at a token's start: its mask is a function of it. Where the
         lookahead would cost too much to describe (a free-form JSON value after a string: every
         byte opens many ways), the thread is keyed by its instruction, as precompute keys it."""
+        if type(ins) is Lit:
+            k = self._lit_cuts(ins.data)[loc]
+            if k >= 0:
+                return k
         memo = self._cmemo
         k = memo.get((ins, loc, st))
         if k is not None:
@@ -90,23 +95,9 @@ class ContentKeys:
         t = type(ins)
         top = self.vocab.max_token_len
         if t is Lit:
-            # On first meeting the literal, every offset whose key is its text alone (no token
-            # spells all that remains) is keyed: a call's literal is met at a few offsets, each
-            # then a look-up. An offset whose key looks past the literal's end (a token spells
-            # all of it) is keyed when met: that lookahead is most of a key's cost, and keying
-            # it for every offset of every literal at once made the first step into a new tool
-            # the slowest of a walk (SmolLM2, 128 tools: mask p99 ~170 against ~115 us).
-            data = ins.data
-            if (ins, None, st) not in memo:
-                memo[(ins, None, st)] = 0
-                for off in range(len(data) - 1):  # the last byte's is keyed when met
-                    k = self._rest_cut(data[off:])
-                    if k >= 0:
-                        memo[(ins, off, st)] = k
-                k = memo.get((ins, loc, st))
-                if k is not None:
-                    return k
-            k = memo[(ins, loc, st)] = self._rest_key(data[loc:], ins.next, st)
+            # An offset keyed by its text alone is `_lit_cuts`'s (see _top_key); here is one
+            # whose key looks past the literal's end (a token spells all that remains).
+            k = memo[(ins, loc, st)] = self._rest_key(ins.data[loc:], ins.next, st)
             return k
         if t is JStr:  # keyed by the clamped counts: a string's states mostly share one
             count, sub = loc >> 4, loc & 15
@@ -150,6 +141,20 @@ class ContentKeys:
         if k < 0:
             k = self._kid(("L", rest, self._pkey_arrive(nxt, st, rest)))
         return k
+
+    def _lit_cuts(self, data: bytes) -> list:
+        """Per offset of a literal's text, `_rest_cut` of what remains there: its key where that
+        is the text alone (no token spells all of it), else -1. Memoised per text, so the
+        literals of every tool, table and grammar that end alike (`,"city":`, `"}}`) share one
+        list, and a state inside a literal is keyed by one look-up: the first visit to a new
+        tool's literals costs nothing per offset. Where -1, the key also looks past the
+        literal's end (`_rest_key`) and is memoised per thread when met: that lookahead is most
+        of a key's cost, and computing it for every offset of every literal at once made the
+        first step into a new tool the slowest of a walk."""
+        cuts = self._lit_cut_memo.get(data)
+        if cuts is None:
+            cuts = self._lit_cut_memo[data] = [self._rest_cut(data[off:]) for off in range(len(data))]
+        return cuts
 
     def _rest_cut(self, rest: bytes) -> int:
         """The key of a literal's remaining text `rest` where no token spells all of it: `rest`
