@@ -728,6 +728,36 @@ def test_a_string_followed_by_several_literals_closes_exactly(monkeypatch):
     assert {b',"b":', b'}}'} <= set(by_literal) and not by_walk
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_text_is_accepted_through_literals_as_a_byte_walk_accepts_it(seed):
+    """`_accepts` (a text taken through literals by comparing bytes, without a state per byte)
+    agrees with the byte walk for every state random walks meet, on the texts tokens spell
+    after a quote, on the tails of the grammar's own literals and on random bytes."""
+    from railcall.grammar.program import Lit
+    from railcall.matcher import DEAD, quote_rests
+
+    rng = random.Random(seed)
+    v = Vocabulary.from_pieces(CLOSING, specials=["<end>"], stop=["<end>"])
+    g = CompiledGrammar(tool_grammar(random_tools(rng)), v)
+    walk_against_oracle(g, rng, walks=6)
+    auto = g.auto
+    lits = {ins.data[k:] + tail for threads in auto._sets for ins, _, _ in threads if type(ins) is Lit
+            for k in range(len(ins.data)) for tail in (b"", b"a", b'"', b"1}", b'"}}')}
+    texts = sorted(set(quote_rests(v)) | lits | {bytes(rng.choice(b'{}[],:"a1x') for _ in range(rng.randint(1, 9)))
+                                                 for _ in range(200)})
+    checked = literal_states = 0
+    for s in range(len(auto._sets)):
+        if not auto._sets[s]:
+            continue
+        literal_states += all(type(t[0]) is Lit for t in auto._sets[s])
+        for text in texts:
+            for start in {0, len(text) // 2}:
+                walked = auto._walk_bytes(s, text, start, {}) != DEAD
+                assert auto._accepts(s, text, start, {}) == walked, (auto._sets[s], text, start)
+                checked += 1
+    assert literal_states >= 20 and checked > 10_000
+
+
 def _position_start(g: CompiledGrammar, s: int) -> bool:
     """Whether state `s` is one thread at a place `prewarm` keys and masks: a literal at its
     first or last byte, a string just inside its quote, a trie at its root, a number before its

@@ -348,6 +348,35 @@ class Automaton(ContentKeys, Completions):
             memo[key] = n
         return n
 
+    def _accepts(self, s: int, data: bytes, start: int, memo: dict) -> bool:
+        """Whether state `s` (alive) takes `data[start:]` and stays alive: `_walk_bytes`, but
+        through literals by comparing bytes instead of making a state per byte. A text after a
+        string's quote mostly runs into a literal (`,"city":`, `"}}`), and the states a byte
+        walk made there were most of a first mask's cost. Memoised in `memo`."""
+        if start == len(data):
+            return True
+        key = (s, data, start)
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        threads = self._sets[s]
+        ok = False
+        if all(type(t[0]) is Lit for t in threads):
+            n = len(data) - start
+            for ins, loc, st in threads:
+                rest = ins.data[loc:]
+                if len(rest) > n:
+                    ok = rest.startswith(data[start:])
+                elif data.startswith(rest, start):  # all of it, and maybe more after it
+                    x = self._after(ins.next, st)
+                    ok = x >= 0 and self._accepts(x, data, start + len(rest), memo)
+                if ok:
+                    break
+        else:
+            ok = self._walk_bytes(s, data, start, memo) >= 0
+        memo[key] = ok
+        return ok
+
     # -- precomputation -------------------------------------------------------------------------
 
     def precompute(self, start: int, max_states: int = 50_000, small: int = 4096, per_instr_cap: int = 8,
@@ -598,7 +627,7 @@ class Automaton(ContentKeys, Completions):
             if x >= 0:
                 tb, memo = self.vocab.token_bytes, {}
                 ids, pos = idx.exit_ids[ok].tolist(), idx.exit_pos[ok].tolist()
-                legal.append(np.array([t for t, q in zip(ids, pos) if self._walk_bytes(x, tb[t], q, memo) >= 0],
+                legal.append(np.array([t for t, q in zip(ids, pos) if self._accepts(x, tb[t], q, memo)],
                                       dtype=np.int64))
         return np.concatenate(legal)
 
@@ -780,15 +809,10 @@ class Automaton(ContentKeys, Completions):
             for i in range(a, b):
                 if keys[i] != prev:
                     prev = keys[i]
-                    ok = self._walk_bytes(x, prev, 0, memo) >= 0
+                    ok = self._accepts(x, prev, 0, memo)
                 if ok:
                     hits.append(i)
         return hits
-
-    def _walk_marks(self, ids: np.ndarray, pos: np.ndarray, x: int) -> np.ndarray:
-        """(k,) bool: which of tokens `ids`, each from byte `pos`, end alive from state x."""
-        ok = self._walk(ids, pos, np.full(ids.size, x, dtype=np.int64))
-        return np.isin(ids, ok)
 
     def _exits_into_literal(self, sub: int, thread, idx: "JStrIndex") -> np.ndarray:
         """The string-closing tokens legal when a literal follows the quote (`","text":"`, `"}}`:
@@ -808,10 +832,16 @@ class Automaton(ContentKeys, Completions):
         if a < b:
             x2 = self._after(ins.next, st)
             if x2 >= 0:
-                sel = order[a:b]
-                exact = np.array([len(keys[i]) == len(lit) for i in range(a, b)], dtype=bool)
-                legal[sel[exact]] = True
-                more = sel[~exact]
-                if more.size:
-                    legal[more] = self._walk_marks(idx.exit_ids[more], idx.exit_pos[more] + len(lit), x2)
+                # the texts that spell all of the literal: legal if what they add past its end
+                # is, from there (each distinct text walked once; they sort together)
+                n, memo, hits, prev, ok = len(lit), {}, [], None, False
+                for i in range(a, b):
+                    text = keys[i]
+                    if text != prev:
+                        prev = text
+                        ok = len(text) == n or self._accepts(x2, text, n, memo)
+                    if ok:
+                        hits.append(i)
+                if hits:
+                    legal[order[hits]] = True
         return legal
