@@ -871,3 +871,24 @@ def test_prewarm_stops_at_its_position_budget(bpe_vocab):
     full = CompiledGrammar(tool_grammar([tool]), twin(bpe_vocab))
     assert full.auto.prewarm(full.start_state, max_positions=10**6) > 3_600  # what the budget cut
     walk_against_oracle(g, random.Random(3), walks=2, steps=30)
+
+
+def test_a_prepared_vocabulary_leaves_no_index_for_the_first_compile_to_build(smollm2_vocab):
+    """`prepare_vocabulary` builds every per-vocabulary index a tool table's masks use, so the
+    first compile and its masks (prewarm: every position) pay only for the grammar. SmolLM2,
+    seed 000's table and 128 mixed tools: no index is added or grown."""
+    from railcall.bench.workloads import seed_tools, synthetic_tools
+    from railcall.matcher import prepare_vocabulary
+
+    v = dataclasses.replace(smollm2_vocab, key="prepared-twin", _extra={})
+    prepare_vocabulary(v)
+    grammar_caches = {"railcall_cache", "tag_ids", "tag_token_ids"}  # per grammar, not indexes
+
+    def indexes():
+        return {k: len(x) if isinstance(x, (dict, list, set)) else id(x) for k, x in v._extra.items()
+                if k not in grammar_caches}
+
+    before = indexes()
+    for tools in (seed_tools(), synthetic_tools(128)):
+        CompiledGrammar(tool_grammar(tools), v).prewarm()
+    assert indexes() == before

@@ -240,6 +240,8 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     for integer in (False, True):
         for sub in range(9):
             jnum_index(vocab, sub, integer)
+    for p in STRING_OPENERS:
+        jstr_after_prefix(vocab, p, 0)
     quote_reach(vocab)
     jnum_ext(vocab)
     sorted_lengths(vocab)
@@ -377,6 +379,10 @@ def jstr_after_prefix(vocab: Vocabulary, p: bytes, sub: int) -> JStrIndex:
 
 
 JSTR_AFTER_LIMIT = 4096  # cached (prefix, substate) classifications per vocabulary
+# What precedes a string in compact JSON, ending in its opening quote: the tokens that spell one
+# and go on into the string are classified when the vocabulary is prepared, not by the first
+# mask that meets one (`"` alone, every string value's: ~0.6 ms on Gemma 3's vocabulary).
+STRING_OPENERS = (b'"', b',"', b'["', b':"', b'":"', b'{"')
 
 
 def _jstr_classify(vocab: Vocabulary, ids: np.ndarray, start: int, sub: int) -> JStrIndex:
