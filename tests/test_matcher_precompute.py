@@ -730,10 +730,10 @@ def test_a_string_followed_by_several_literals_closes_exactly(monkeypatch):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_a_text_is_accepted_through_literals_as_a_byte_walk_accepts_it(seed):
-    """`_accepts` (a text taken through literals by comparing bytes, without a state per byte)
-    agrees with the byte walk for every state random walks meet, on the texts tokens spell
-    after a quote, on the tails of the grammar's own literals and on random bytes."""
-    from railcall.grammar.program import Lit
+    """`_accepts` (a text taken through literals and tries by comparing bytes, without a state
+    per byte) agrees with the byte walk for every state random walks meet, on the texts tokens
+    spell after a quote, on the tails of the grammar's own literals and on random bytes."""
+    from railcall.grammar.program import Lit, Select
     from railcall.matcher import DEAD, quote_rests
 
     rng = random.Random(seed)
@@ -743,19 +743,29 @@ def test_a_text_is_accepted_through_literals_as_a_byte_walk_accepts_it(seed):
     auto = g.auto
     lits = {ins.data[k:] + tail for threads in auto._sets for ins, _, _ in threads if type(ins) is Lit
             for k in range(len(ins.data)) for tail in (b"", b"a", b'"', b"1}", b'"}}')}
+
+    def keys_below(trie, node, acc=b""):  # the keys of a trie from `node`, and what they may end in
+        for b, child in trie.children[node].items():
+            if child in trie.terminal:
+                yield acc + bytes([b])
+            yield from keys_below(trie, child, acc + bytes([b]))
+
+    lits |= {k + tail for threads in auto._sets for ins, loc, _ in threads if type(ins) is Select
+             for k in keys_below(ins, loc) for tail in (b"", b'"', b'",', b'"}', b"x")}
     texts = sorted(set(quote_rests(v)) | lits | {bytes(rng.choice(b'{}[],:"a1x') for _ in range(rng.randint(1, 9)))
                                                  for _ in range(200)})
-    checked = literal_states = 0
+    checked = literal_states = trie_states = 0
     for s in range(len(auto._sets)):
         if not auto._sets[s]:
             continue
         literal_states += all(type(t[0]) is Lit for t in auto._sets[s])
+        trie_states += any(type(t[0]) is Select for t in auto._sets[s])
         for text in texts:
             for start in {0, len(text) // 2}:
                 walked = auto._walk_bytes(s, text, start, {}) != DEAD
                 assert auto._accepts(s, text, start, {}) == walked, (auto._sets[s], text, start)
                 checked += 1
-    assert literal_states >= 20 and checked > 10_000
+    assert literal_states >= 20 and trie_states >= 5 and checked > 10_000
 
 
 def _position_start(g: CompiledGrammar, s: int) -> bool:

@@ -302,21 +302,11 @@ class Automaton(ContentKeys, Completions):
         """Walk tokens `idx`, each from its byte offset `pos` in state `cur`; return those that
         end alive. Shapes: all (k,) int64."""
         if idx.size <= 48:
-            # a few tokens: byte by byte in Python costs less than numpy's per-call overhead
-            tb, table, step = self.vocab.token_bytes, self._table, self.step
-            legal = []
-            for t, p, s in zip(idx.tolist(), pos.tolist(), cur.tolist()):
-                for b in tb[t][p:]:
-                    n = int(table[s, b])
-                    if n == UNBUILT:
-                        n = step(s, b)
-                        table = self._table
-                    s = n
-                    if s < 0:
-                        break
-                else:
-                    legal.append(t)
-            return np.array(legal, dtype=np.int64)
+            # a few tokens: one by one in Python costs less than numpy's per-call overhead, and
+            # through literals and tries without a state per byte (`_accepts`)
+            tb, memo, accepts = self.vocab.token_bytes, {}, self._accepts
+            return np.array([t for t, p, s in zip(idx.tolist(), pos.tolist(), cur.tolist()) if accepts(s, tb[t], p, memo)],
+                            dtype=np.int64)
         v = self.vocab
         lens = v.lengths
         B = v.byte_matrix
@@ -350,9 +340,11 @@ class Automaton(ContentKeys, Completions):
 
     def _accepts(self, s: int, data: bytes, start: int, memo: dict) -> bool:
         """Whether state `s` (alive) takes `data[start:]` and stays alive: `_walk_bytes`, but
-        through literals by comparing bytes instead of making a state per byte. A text after a
-        string's quote mostly runs into a literal (`,"city":`, `"}}`), and the states a byte
-        walk made there were most of a first mask's cost. Memoised in `memo`."""
+        through literals and tries by comparing bytes instead of making a state per byte. Threads
+        run independently, so the state takes the text when one of its threads does. A text
+        after a string's quote mostly runs into a literal (`,"city":`, `"}}`), a token past a
+        literal's end into a trie of keys or values, and the states a byte walk made there were
+        most of a first mask's cost. Memoised in `memo`."""
         if start == len(data):
             return True
         key = (s, data, start)
@@ -361,21 +353,44 @@ class Automaton(ContentKeys, Completions):
             return hit
         threads = self._sets[s]
         ok = False
-        if all(type(t[0]) is Lit for t in threads):
-            n = len(data) - start
-            for ins, loc, st in threads:
-                rest = ins.data[loc:]
-                if len(rest) > n:
-                    ok = rest.startswith(data[start:])
-                elif data.startswith(rest, start):  # all of it, and maybe more after it
-                    x = self._after(ins.next, st)
-                    ok = x >= 0 and self._accepts(x, data, start + len(rest), memo)
-                if ok:
-                    break
-        else:
+        if len(threads) == 1 and type(next(iter(threads))[0]) not in (Lit, Select):
             ok = self._walk_bytes(s, data, start, memo) >= 0
+        else:
+            for t in threads:
+                if self._thread_accepts(t, data, start, memo):
+                    ok = True
+                    break
         memo[key] = ok
         return ok
+
+    def _thread_accepts(self, t: tuple, data: bytes, start: int, memo: dict) -> bool:
+        """`_accepts` for one thread `t` of a state (`start` < len(data))."""
+        ins, loc, st = t
+        kind = type(ins)
+        if kind is Lit:
+            rest = ins.data[loc:]
+            if len(rest) > len(data) - start:
+                return rest.startswith(data[start:])
+            if not data.startswith(rest, start):
+                return False
+            x = self._after(ins.next, st)  # all of it, and maybe more after it
+            return x >= 0 and self._accepts(x, data, start + len(rest), memo)
+        if kind is Select:
+            kids, term = ins.children, ins.terminal
+            node = loc
+            for i in range(start, len(data)):
+                node = kids[node].get(data[i])
+                if node is None:
+                    return False
+                cont = term.get(node)
+                if cont is not None:  # a key ends here: what follows it may take the rest
+                    x = self._after(cont, st)
+                    if x >= 0 and self._accepts(x, data, i + 1, memo):
+                        return True
+                    if not kids[node]:
+                        return False
+            return True  # the text ends inside the trie, on a path to some key
+        return self._walk_bytes(self._intern(frozenset([t])), data, start, memo) >= 0
 
     # -- precomputation -------------------------------------------------------------------------
 
