@@ -169,3 +169,22 @@ def test_reordering_a_tools_properties_is_a_new_grammar(bytes_vocab):
     assert tool_grammar([ab]).key != tool_grammar([ba]).key
     assert accepts(bytes_vocab, tool_grammar([ba]), b'{"tool":"f","args":{"b":2,"a":1}}')
     assert not accepts(bytes_vocab, tool_grammar([ba]), b'{"tool":"f","args":{"a":1,"b":2}}')
+
+
+def test_a_trie_knows_how_many_nodes_lie_below_each_node():
+    """`Select.size(node)`: the nodes below `node`, itself included (counted when the trie is
+    built; the content key of a trie position asks for it)."""
+    import random
+
+    from railcall.grammar.program import Select
+
+    rng = random.Random(4)
+    keys = sorted({"".join(rng.choice("abc_") for _ in range(rng.randint(1, 7))).encode() for _ in range(300)})
+    trie = Select([(k, None) for k in keys])
+
+    def below(n):
+        return 1 + sum(below(c) for c in trie.children[n].values())
+
+    sizes = [trie.size(n) for n in range(len(trie.children))]
+    assert sizes == [below(n) for n in range(len(trie.children))]
+    assert sizes[0] == len(trie.children) and min(sizes) == 1

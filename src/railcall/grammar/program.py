@@ -196,7 +196,14 @@ class Select(Instr):
                 raise GrammarError(f"duplicate choice {key!r}")
             self.terminal[node] = cont
         self._masks: dict[int, np.ndarray] = {}
-        self._sizes: list[int] | None = None
+        # the nodes below each node, itself included, counted once here (a child's index exceeds
+        # its parent's): the content key asks at every node, and counting a 128-tool table's
+        # 700 name nodes on the first mask inside a name was half of that mask
+        sizes = [1] * len(self.children)
+        for n in range(len(self.children) - 1, -1, -1):
+            for c in self.children[n].values():
+                sizes[n] += sizes[c]
+        self._sizes = sizes
         self._chains: dict[int, tuple | None] = {}
         self.next = None
 
@@ -220,12 +227,6 @@ class Select(Instr):
 
     def size(self, node: int) -> int:
         """How many trie nodes lie below `node` (itself included)."""
-        if self._sizes is None:
-            sizes = [1] * len(self.children)
-            for n in range(len(self.children) - 1, -1, -1):  # a child's index exceeds its parent's
-                for c in self.children[n].values():
-                    sizes[n] += sizes[c]
-            self._sizes = sizes
         return self._sizes[node]
 
     def step(self, local, stack, b, out):
