@@ -279,3 +279,20 @@ def test_an_any_of_branch_no_value_fits_is_dropped(bytes_vocab):
     assert e.value.empty
     with pytest.raises(SchemaError, match="frobnicate"):  # any other error still stands
         schema_grammar({"anyOf": [{"type": "string"}, {"type": "integer", "frobnicate": 1}]})
+
+
+def test_the_reference_index_is_built_only_for_a_schema_that_refers(monkeypatch):
+    """The `$id`/`$anchor` index walks the whole document; a schema without `$ref` (most tool
+    parameters) never builds it, and one with references builds it once, however many there are."""
+    from railcall.grammar import schema as schema_mod
+
+    calls = []
+    index = schema_mod._index
+    monkeypatch.setattr(schema_mod, "_index", lambda ctx, node, base: calls.append(base) or index(ctx, node, base))
+    plain = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "array", "items": {"type": "integer"}}}}
+    schema_grammar(plain)
+    assert calls == []
+    refs = {"$id": "urn:x", "type": "object", "$defs": {"n": {"$anchor": "num", "type": "integer"}},
+            "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"$ref": "#num"}, "c": {"$ref": "urn:x#/$defs/n"}}}
+    schema_grammar(refs)
+    assert calls == ["urn:x"]

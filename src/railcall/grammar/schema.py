@@ -145,6 +145,7 @@ class _Ctx:
     anchors: dict = field(default_factory=dict)  # (base URI, $anchor) -> subschema
     base_of: dict = field(default_factory=dict)  # id(subschema) -> its base URI
     root_base: str = ""
+    indexed: bool = False  # docs, anchors and base_of filled (on the first $ref: see _resolve_ref)
 
 
 _NOT_SCHEMAS = frozenset({"enum", "const", "default", "examples"})
@@ -214,7 +215,6 @@ def schema_to_ir(schema: dict, options: SchemaOptions | None = None, *, required
         sid = schema.get("$id")
         ctx.root_base = urldefrag(sid)[0] if isinstance(sid, str) else ""
         ctx.docs[ctx.root_base] = schema
-        _index(ctx, schema, ctx.root_base)
     try:
         node = _node(ctx, schema, "", required, 0)
     except RecursionError:
@@ -767,6 +767,9 @@ def _resolve_ref(ctx: _Ctx, ref, pointer: str, holder=None):
 
     if not isinstance(ref, str):
         raise SchemaError(f"$ref must be a string, not {ref!r}", pointer=pointer, keyword="$ref")
+    if not ctx.indexed:  # the whole document, once, and only if something refers into it
+        _index(ctx, ctx.root, ctx.root_base)
+        ctx.indexed = True
     base = ctx.base_of.get(id(holder), ctx.root_base) if holder is not None else ctx.root_base
     if ref.startswith("#") or not base:
         uri = base + ref  # urljoin does not know URN bases; a fragment only replaces the fragment
