@@ -730,16 +730,22 @@ def test_a_string_followed_by_several_literals_closes_exactly(monkeypatch):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_a_text_is_accepted_through_literals_as_a_byte_walk_accepts_it(seed):
-    """`_accepts` (a text taken through literals and tries by comparing bytes, without a state
-    per byte) agrees with the byte walk for every state random walks meet, on the texts tokens
-    spell after a quote, on the tails of the grammar's own literals and on random bytes."""
-    from railcall.grammar.program import Lit, Select
+    """`_accepts` (a text taken through literals, tries and strings by comparing bytes, without
+    a state per byte) agrees with the byte walk for every state random walks meet, on the texts
+    tokens spell after a quote, on the tails of the grammar's own literals and keys, and on
+    random bytes (quotes, escapes, a two-byte character)."""
+    from railcall.grammar.program import JStr, Lit, Select
     from railcall.matcher import DEAD, quote_rests
 
     rng = random.Random(seed)
     v = Vocabulary.from_pieces(CLOSING, specials=["<end>"], stop=["<end>"])
-    g = CompiledGrammar(tool_grammar(random_tools(rng)), v)
-    walk_against_oracle(g, rng, walks=6)
+    strings = Tool("strs", "", {"type": "object", "properties": {
+        "a": {"type": "string", "maxLength": 4}, "b": {"type": "array", "items": {"type": "string", "minLength": 2}}},
+        "required": ["a"]})
+    g = CompiledGrammar(tool_grammar(random_tools(rng) + [strings]), v)
+    walk_against_oracle(g, rng, walks=10)
+    for text in (b'{"tool":"strs","args":{"a":"ab","b":["xy","\\n\u00e9"]}}', b'{"tool":"strs","args":{"a":"x"}}'):
+        assert Matcher(g).consume_bytes(text)
     auto = g.auto
     lits = {ins.data[k:] + tail for threads in auto._sets for ins, _, _ in threads if type(ins) is Lit
             for k in range(len(ins.data)) for tail in (b"", b"a", b'"', b"1}", b'"}}')}
@@ -752,20 +758,22 @@ def test_a_text_is_accepted_through_literals_as_a_byte_walk_accepts_it(seed):
 
     lits |= {k + tail for threads in auto._sets for ins, loc, _ in threads if type(ins) is Select
              for k in keys_below(ins, loc) for tail in (b"", b'"', b'",', b'"}', b"x")}
-    texts = sorted(set(quote_rests(v)) | lits | {bytes(rng.choice(b'{}[],:"a1x') for _ in range(rng.randint(1, 9)))
-                                                 for _ in range(200)})
-    checked = literal_states = trie_states = 0
+    alphabet = b'{}[],:"a1x\\nu0' + "\u00e9".encode()
+    texts = sorted(set(quote_rests(v)) | lits | {bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 9)))
+                                                 for _ in range(300)})
+    checked = literal_states = trie_states = string_states = 0
     for s in range(len(auto._sets)):
         if not auto._sets[s]:
             continue
         literal_states += all(type(t[0]) is Lit for t in auto._sets[s])
         trie_states += any(type(t[0]) is Select for t in auto._sets[s])
+        string_states += any(type(t[0]) is JStr for t in auto._sets[s])
         for text in texts:
             for start in {0, len(text) // 2}:
                 walked = auto._walk_bytes(s, text, start, {}) != DEAD
                 assert auto._accepts(s, text, start, {}) == walked, (auto._sets[s], text, start)
                 checked += 1
-    assert literal_states >= 20 and trie_states >= 5 and checked > 10_000
+    assert literal_states >= 20 and trie_states >= 5 and string_states >= 10 and checked > 10_000
 
 
 def _position_start(g: CompiledGrammar, s: int) -> bool:

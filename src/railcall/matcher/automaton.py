@@ -9,7 +9,7 @@ from bisect import bisect_left, bisect_right
 import numpy as np
 
 from railcall.bitmask import bitmask_words, unpack_bitmask
-from railcall.grammar.program import MAX_NUMBER_CHARS, NUM_BYTES, JInt, JNum, JStr, Lit, Select
+from railcall.grammar.program import _JI, _JN, EXIT, MAX_NUMBER_CHARS, NUM_BYTES, JInt, JNum, JStr, Lit, Select
 from railcall.matcher.completion import Completions
 from railcall.matcher.entries import _Bits, entry_dense, entry_ids, _union, vocab_cache
 from railcall.matcher.indexes import (
@@ -340,7 +340,8 @@ class Automaton(ContentKeys, Completions):
 
     def _accepts(self, s: int, data: bytes, start: int, memo: dict) -> bool:
         """Whether state `s` (alive) takes `data[start:]` and stays alive: `_walk_bytes`, but
-        through literals and tries by comparing bytes instead of making a state per byte. Threads
+        through literals, tries and strings by comparing bytes (a string: its own byte automaton,
+        counting characters) instead of making a state per byte. Threads
         run independently, so the state takes the text when one of its threads does. A text
         after a string's quote mostly runs into a literal (`,"city":`, `"}}`), a token past a
         literal's end into a trie of keys or values, and the states a byte walk made there were
@@ -353,7 +354,7 @@ class Automaton(ContentKeys, Completions):
             return hit
         threads = self._sets[s]
         ok = False
-        if len(threads) == 1 and type(next(iter(threads))[0]) not in (Lit, Select):
+        if len(threads) == 1 and type(next(iter(threads))[0]) not in (Lit, Select, JStr):
             ok = self._walk_bytes(s, data, start, memo) >= 0
         else:
             for t in threads:
@@ -390,6 +391,22 @@ class Automaton(ContentKeys, Completions):
                     if not kids[node]:
                         return False
             return True  # the text ends inside the trie, on a path to some key
+        if kind is JStr:  # JStr.step, byte by byte, without a state per count
+            sub, count, hi = loc & 15, loc >> 4, ins.max
+            for i in range(start, len(data)):
+                b = data[i]
+                nxt = _JN[sub][b]
+                if nxt >= 0:
+                    count += _JI[sub][b]
+                    if count > hi:
+                        return False
+                    sub = nxt
+                elif nxt == EXIT and count >= ins.min:  # closed: what follows takes the rest
+                    x = self._after(ins.next, st)
+                    return x >= 0 and self._accepts(x, data, i + 1, memo)
+                else:
+                    return False
+            return True
         return self._walk_bytes(self._intern(frozenset([t])), data, start, memo) >= 0
 
     # -- precomputation -------------------------------------------------------------------------
