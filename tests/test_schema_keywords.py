@@ -296,3 +296,14 @@ def test_the_reference_index_is_built_only_for_a_schema_that_refers(monkeypatch)
             "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"$ref": "#num"}, "c": {"$ref": "urn:x#/$defs/n"}}}
     schema_grammar(refs)
     assert calls == ["urn:x"]
+
+
+def test_a_schema_with_several_malformed_keywords_reports_the_same_one_in_any_key_order():
+    """Shapes are checked in a fixed keyword order, whatever order the schema's keys come in."""
+    bad = [("maxLength", "10"), ("type", 3), ("required", "a"), ("pattern", 5)]
+    seen = set()
+    for keys in (bad, bad[::-1], bad[1:] + bad[:1]):
+        with pytest.raises(SchemaError) as e:
+            schema_grammar({"type": "object", "properties": {"a": dict(keys)}})
+        seen.add((e.value.keyword, str(e.value)))
+    assert len(seen) == 1, seen

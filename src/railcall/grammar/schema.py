@@ -164,7 +164,28 @@ _SHAPES = {
 }
 
 
+_NUMERIC_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+                               "minItems", "maxItems", "minProperties", "maxProperties"})
+
+
 def _check_shapes(schema: dict, pointer: str) -> None:
+    """A keyword whose value has the wrong type is a SchemaError. The schema's own few keys are
+    checked first (every schema node is, and most are well formed); only a wrong one runs the
+    checks in their fixed order, so the error reported does not depend on key order."""
+    for k, v in schema.items():
+        spec = _SHAPES.get(k)
+        if spec is not None and not isinstance(v, spec[0]):
+            break
+        if k in _NUMERIC_KEYWORDS and v is not None and not isinstance(v, (int, float)):
+            break
+        if k == "required" and not (isinstance(v, list) and all(isinstance(r, str) for r in v)):
+            break
+    else:
+        return
+    _shape_error(schema, pointer)
+
+
+def _shape_error(schema: dict, pointer: str) -> None:
     for k, (types, what) in _SHAPES.items():
         if k in schema and not isinstance(schema[k], types):
             raise SchemaError(f"{k} must be {what}, not {schema[k]!r}", pointer=pointer + "/" + k, keyword=k)
