@@ -555,9 +555,9 @@ class Automaton(ContentKeys, Completions):
 
         Not every state: the states of a position (a literal's offsets, a string's counts, a
         number's digits) mostly share its content keys and masks, so a first visit later is a
-        look-up or a small mask. A table of 128 tools has ~1,400 positions: ~15 ms on SmolLM2's
-        vocabulary, ~40 ms on Gemma 3's (its strings close in 325 ways after the quote, against
-        63); without it, a run that keeps calling tools not seen before pays that work a few
+        look-up or a small mask. A table of 128 tools has ~1,400 positions: ~38 ms on SmolLM2's
+        vocabulary, ~90 ms on Gemma 3's, on the README's benchmark host (Gemma 3's strings close
+        in 325 ways after the quote, against 63); without it, a run that keeps calling tools not seen before pays that work a few
         positions at a time, tens of µs a first visit, but only for the tools it calls. Deeper
         than `max_depth` frames of recursion (free-form JSON, $ref) stays lazy, as in
         `precompute`, and so does what lies past the first `max_positions` positions (see
