@@ -68,3 +68,19 @@ def test_masks_exact_when_the_cache_keeps_almost_nothing():
     clear_caches(tight)
     vocab_cache(tight).masks = MaskCache(budget_bytes=1)
     assert all(np.array_equal(a, b) for a, b in zip(expected, _walk_masks(tight)))
+
+
+def test_literal_keys_stay_bounded_and_exact(monkeypatch):
+    """The memo of literal texts' offset keys is bounded (a server compiling table after table
+    must not grow it forever): past its limit it starts again, and masks stay exact."""
+    from railcall.matcher import keys
+
+    roomy = byte_level_vocab()
+    expected = _walk_masks(roomy)
+    monkeypatch.setattr(keys, "LITERAL_TEXTS_LIMIT", 3)
+    tight = byte_level_vocab()
+    got = _walk_masks(tight)
+    assert all(np.array_equal(a, b) for a, b in zip(expected, got)) and len(got) == len(expected)
+    memo = vocab_cache(tight).literal_cuts
+    assert 0 < len(memo) <= 4
+    assert len(vocab_cache(roomy).literal_cuts) > 4  # the same walks keep more where there is room

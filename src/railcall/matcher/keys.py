@@ -30,6 +30,7 @@ _JINT_SUB = (S0, NEG, ZERO, INT)
 _NUMBER_BYTES = frozenset(b"-+.eE0123456789")
 CONTENT_KEYS_LIMIT = 1 << 19  # interned content keys, and memo entries, per vocabulary (~100 MiB)
 NEXT_BYTES_LIMIT = 1 << 15  # memoised (256,) byte sets per vocabulary (~12 MiB)
+LITERAL_TEXTS_LIMIT = 1 << 16  # literal texts whose offsets' keys are memoised, per vocabulary
 
 
 def _jstr_clamps(ins: JStr, count: int, top: int) -> tuple[int, int]:
@@ -151,9 +152,13 @@ class ContentKeys:
         literal's end (`_rest_key`) and is memoised per thread when met: that lookahead is most
         of a key's cost, and computing it for every offset of every literal at once made the
         first step into a new tool the slowest of a walk."""
-        cuts = self._lit_cut_memo.get(data)
+        memo = self._lit_cut_memo
+        cuts = memo.get(data)
         if cuts is None:
-            cuts = self._lit_cut_memo[data] = [self._rest_cut(data[off:]) for off in range(len(data))]
+            if len(memo) > LITERAL_TEXTS_LIMIT:  # texts of tables long gone: start again
+                memo.clear()
+                self._lit_memo.clear()
+            cuts = memo[data] = [self._rest_cut(data[off:]) for off in range(len(data))]
         return cuts
 
     def _rest_cut(self, rest: bytes) -> int:
