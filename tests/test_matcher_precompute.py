@@ -744,7 +744,7 @@ def test_a_text_is_accepted_through_literals_as_a_byte_walk_accepts_it(seed):
         "required": ["a"]})
     g = CompiledGrammar(tool_grammar(random_tools(rng) + [strings]), v)
     walk_against_oracle(g, rng, walks=10)
-    for text in (b'{"tool":"strs","args":{"a":"ab","b":["xy","\\n\u00e9"]}}', b'{"tool":"strs","args":{"a":"x"}}'):
+    for text in (b'{"tool":"strs","args":{"a":"ab","b":["xy","\\n\\u00e9"]}}', b'{"tool":"strs","args":{"a":"x"}}'):
         assert Matcher(g).consume_bytes(text)
     auto = g.auto
     lits = {ins.data[k:] + tail for threads in auto._sets for ins, _, _ in threads if type(ins) is Lit
