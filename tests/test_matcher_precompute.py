@@ -776,6 +776,46 @@ def test_a_text_is_accepted_through_literals_as_a_byte_walk_accepts_it(seed):
     assert literal_states >= 20 and trie_states >= 5 and string_states >= 10 and checked > 10_000
 
 
+ENUMS = SMALL + ['":"', '":"re', '":"red', 'r":"b', '":"blue"', '","c":"g', 'e","', 'ed"}', '"re', 'lue']
+
+
+def test_tokens_that_run_into_a_trie_of_values_match_the_byte_oracle(monkeypatch):
+    """Tokens that spell the end of a key and go on into an enum's values (`":"re`, `r":"b`) are
+    found by walking the values' trie with what they spelled so far, and those that spell a
+    value's end and go on into an optional key or the object's end (`ed"}`, `e","`) by look-ups
+    along each literal, not token by token; the masks along random walks are still exactly the
+    oracle's."""
+    from railcall.matcher.automaton import Automaton
+
+    from railcall.grammar.program import Lit
+
+    prefixes, into_literals = [], []
+    orig, chain = Automaton._select_legal, Automaton._prefix_tokens
+    monkeypatch.setattr(Automaton, "_select_legal",
+                        lambda self, ins, node, st, bits, prefix=b"": prefixes.append(prefix) or orig(self, ins, node, st, bits, prefix))
+
+    def spy(self, p, x, bits, exact_ok=True):
+        threads = self._sets[x] if x >= 0 else ()
+        if len(threads) > 1 and all(type(t[0]) is Lit for t in threads):
+            into_literals.append(p)
+        return chain(self, p, x, bits, exact_ok)
+
+    monkeypatch.setattr(Automaton, "_prefix_tokens", spy)
+    v = Vocabulary.from_pieces(ENUMS, specials=["<end>"], stop=["<end>"])
+    colour = {"type": "string", "enum": ["red", "reed", "blue", "green"]}
+    tools = [Tool("f", "", {"type": "object", "properties": {"c": colour, "r": colour, "n": {"type": "integer"}},
+                           "required": ["c"]})]
+    g = CompiledGrammar(tool_grammar(tools), v)
+    walk_against_oracle(g, random.Random(2), walks=30)
+    for text in (b'{"tool":"f","args":{"c":"red","r":"blue"}}', b'{"tool":"f","args":{"c":"green","n":1}}'):
+        m = Matcher(g)
+        for b in text[:-2]:
+            assert m.consume_bytes(bytes([b]))
+            assert m.legal_token_ids().tolist() == byte_legal(m)
+    assert any(p.endswith(b'":"') for p in prefixes)
+    assert into_literals  # a value's end followed by an optional key or the object's end
+
+
 def _position_start(g: CompiledGrammar, s: int) -> bool:
     """Whether state `s` is one thread at a place `prewarm` keys and masks: a literal at its
     first or last byte, a string just inside its quote, a trie at its root, a number before its

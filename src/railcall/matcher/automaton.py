@@ -619,27 +619,33 @@ class Automaton(ContentKeys, Completions):
         if e < b and x >= 0:
             threads = self._sets[x]
             ins = next(iter(threads))[0] if len(threads) == 1 else None
-            if isinstance(ins, Lit):
-                # What follows is a literal: chain through it with look-ups instead of a walk
-                # (a tool name's closing quote followed by `,"args":{"path":"`, say).
-                (ins, off, st), = threads
-                rest = ins.data[off:]
+            if all(type(t[0]) is Lit for t in threads):
+                # What follows is a literal, or several (an optional key or the object's end):
+                # chain through each with look-ups instead of a walk (a tool name's closing
+                # quote followed by `,"args":{"path":"`, say); the legal tokens are the union.
                 lookup, dups = v.lookup, v.duplicates
-                ids = []
-                for k in range(1, min(len(rest) - 1, v.max_token_len - n) + 1):
-                    t = lookup.get(p + rest[:k])
-                    if t is not None:
-                        ids.append(t)
-                        if dups:
-                            ids.extend(dups.get(p + rest[:k], ()))
-                bits.add(ids)
-                if n + len(rest) <= v.max_token_len:
-                    x2 = self._after(ins.next, st)
-                    self._prefix_tokens(p + rest, x2, bits, exact_ok=x2 >= 0)
+                for ins, off, st in threads:
+                    rest = ins.data[off:]
+                    ids = []
+                    for k in range(1, min(len(rest) - 1, v.max_token_len - n) + 1):
+                        t = lookup.get(p + rest[:k])
+                        if t is not None:
+                            ids.append(t)
+                            if dups:
+                                ids.extend(dups.get(p + rest[:k], ()))
+                    bits.add(ids)
+                    if n + len(rest) <= v.max_token_len:
+                        x2 = self._after(ins.next, st)
+                        self._prefix_tokens(p + rest, x2, bits, exact_ok=x2 >= 0)
             elif type(ins) is JStr:
                 # What follows is a string body (`"`, `":"`, `["` end in its opening quote): the
                 # tokens' remainders classified once per vocabulary, no state per count.
                 bits.add(self._into_string(p, *next(iter(threads))))
+            elif type(ins) is Select:
+                # What follows is a trie (an enum's values after `":"`): walked from its node
+                # with `p` spelled, look-ups as for a trie of its own, no walk per token.
+                (ins, node, st), = threads
+                self._select_legal(ins, node, st, bits, p)
             else:
                 ids = sid[e:b]
                 bits.add(self._walk(ids, np.full(ids.size, n, dtype=np.int64), np.full(ids.size, x, dtype=np.int64)))
@@ -682,16 +688,17 @@ class Automaton(ContentKeys, Completions):
             x = self._after(nxt, st)
             self._prefix_tokens(rest, x, bits, exact_ok=x >= 0)
 
-    def _select_legal(self, ins: Select, node: int, st, bits: "_Bits") -> None:
+    def _select_legal(self, ins: Select, node: int, st, bits: "_Bits", prefix: bytes = b"") -> None:
         """A trie of keys: walk the trie, pruning a branch as soon as no token starts with its
         bytes (a memoised look-up per prefix, shared by every trie on the vocabulary); a token
         is looked up by its bytes, and only where a key ends are the tokens that run on into
-        what follows walked."""
+        what follows walked. With `prefix`: the tokens that spell it and then go on into the
+        trie (`prefix` itself is not one of them)."""
         v = self.vocab
         lookup, dups, ext = v.lookup, v.duplicates, self._ext
         kids, term = ins.children, ins.terminal
         ids = []
-        todo = [(node, b"")]
+        todo = [(node, prefix)]
         while todo:
             n, acc = todo.pop()
             for byte, child in kids[n].items():
