@@ -274,7 +274,8 @@ import json, sys
 from railcall import speedups
 from railcall.grammar import ir
 from railcall.grammar.regex import parse
-from railcall.grammar.schema import schema_to_ir
+from railcall.grammar.program import compile_grammar
+from railcall.grammar.schema import schema_grammar, schema_to_ir
 
 def deep(n, wrap, x):
     for _ in range(n):
@@ -293,6 +294,14 @@ cases = {
     "groups and quantifiers": lambda: parse("(" * 63 + "a" + "".join(")" + "{1}" * (2 + j) for j in range(63))),
     "pattern": lambda: schema_to_ir({"type": "string", "pattern": "(" * 400 + "a" + ")" * 400}),
     "IR": lambda: ir.Grammar(deep(N, lambda n: ir.Seq((ir.Lit(b"a"), n)), ir.Lit(b"b"))),
+    # a Grammar given its own key skips the content hash (and its recursion): compiling must bound it
+    "IR with a key": lambda: compile_grammar(
+        ir.Grammar(deep(N, lambda n: ir.JsonArray(n, 0, 2), ir.JsonString(0, 3)), key="k"), {}, max_string=256),
+    "rules with a key": lambda: compile_grammar(ir.Grammar(ir.Ref("r"), rules=(
+        ("r", deep(N, lambda n: ir.Alt(ir.Lit(b"a"), n), ir.Lit(b"b"))),), key="k"), {}, max_string=256),
+    # wide, not deep: 5,000 properties are a loop
+    "wide object": lambda: compile_grammar(schema_grammar(
+        {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(5000)}}), {}, max_string=256),
 }
 out = {}
 for name, f in cases.items():
@@ -315,6 +324,9 @@ def test_hostile_nesting_fails_the_same_compiled_and_from_source():
         assert got[name].startswith("SchemaError"), (name, got[name])
     assert "max_depth" in got["properties"] or "deeper than" in got["properties"]
     assert got["IR"].startswith("GrammarError") and "nests too deeply" in got["IR"]
+    for name in ("IR with a key", "rules with a key"):
+        assert got[name].startswith("GrammarError") and "more than 400 levels" in got[name], (name, got[name])
+    assert got["wide object"] == "ok"
     for name in ("groups", "quantifiers", "groups and quantifiers"):
         assert got[name].startswith("RegexError") and "nested more than 64 deep" in got[name]
 

@@ -989,9 +989,33 @@ class Fragments:
 def compile_grammar(grammar: ir.Grammar, special_ids: dict[str, int], *, max_string: int,
                     fragments: Fragments | None = None) -> Program:
     """Compile IR to instructions. `special_ids` maps special-token text to ids; `fragments`
-    (per vocabulary) shares compiled pieces across grammars."""
-    depths = check_finite(grammar)
-    return _Compiler(grammar, special_ids, max_string, fragments or Fragments(1, 1), depths).run()
+    (per vocabulary) shares compiled pieces across grammars. An IR nested deeper than
+    MAX_IR_NESTING is a GrammarError, in the compiled build as from source: a `Grammar` built
+    with its own `key` skips the content hash whose recursion bounds the nesting otherwise,
+    and the compiled build does not count recursion."""
+    if grammar.rules:  # check_finite recurses over the rules' nodes: bound them first
+        _check_nesting([grammar.start, *(node for _, node in grammar.rules)])
+    try:
+        depths = check_finite(grammar)
+        return _Compiler(grammar, special_ids, max_string, fragments or Fragments(1, 1), depths).run()
+    except RecursionError:  # from source, the interpreter's limit can come first
+        raise GrammarError(_TOO_DEEP) from None
+
+
+MAX_IR_NESTING = 400  # compile() calls nested one in another, at the most (see compile_grammar)
+_TOO_DEEP = (f"the grammar nests too deeply (more than {MAX_IR_NESTING} levels); flatten it, or use Ref rules "
+             "for recursion")
+
+
+def _check_nesting(roots: list) -> None:
+    """GrammarError if IR nodes nest deeper than MAX_IR_NESTING below `roots` (a loop, not a
+    recursion)."""
+    todo = [(r, 1) for r in roots]
+    while todo:
+        node, d = todo.pop()
+        if d > MAX_IR_NESTING:
+            raise GrammarError(_TOO_DEEP)
+        todo.extend((c, d + 1) for c in _children(node))
 
 
 _NEVER = float("inf")
@@ -1116,6 +1140,7 @@ class _Compiler:
         self.max_string = max_string
         self.shared = fragments
         self.memo: dict[tuple[int, int], tuple] = {}
+        self._nesting = 0  # compile() calls open on the stack (bounded by MAX_IR_NESTING)
         self.rules: dict[str, Forward] = {}
         self._pending: list[tuple[str, Forward]] = []
 
@@ -1158,7 +1183,13 @@ class _Compiler:
         hit = self.memo.get(key) or self.shared.memo.get(key)
         if hit is not None:
             return hit[2]
-        out = self._compile(node, nxt)
+        self._nesting += 1
+        if self._nesting > MAX_IR_NESTING:
+            raise GrammarError(_TOO_DEEP)
+        try:
+            out = self._compile(node, nxt)
+        finally:
+            self._nesting -= 1
         self.memo[key] = (node, nxt, out)  # node and next kept alive, so their ids stay unique
         return out
 
@@ -1317,7 +1348,6 @@ class _Compiler:
         """
         props, ws = node.properties, node.ws
         close = self._punct(b"}", ws, nxt, before=True, after=False)
-        memo: dict[tuple[int, bool], Instr] = {}
         extras: dict[bool, Instr] = {}
 
         def tail(first: bool) -> Instr:
@@ -1332,23 +1362,28 @@ class _Compiler:
                 hit = extras[first] = self._repeat(Repeat(member, sep, 0, node.max_extra, close, lead_sep=not first))
             return hit
 
-        def rest(i: int, first: bool) -> Instr:
-            if i == len(props):
-                return tail(first)
-            hit = memo.get((i, first))
-            if hit is not None:
-                return hit
+        # From the last property back, so that a thousand properties are a loop, not a recursion
+        # a thousand deep. rest(i, False) is needed for every i >= 1 (a value's continuation);
+        # rest(i, True) only up to the first required property (before it, all were skippable).
+        n = len(props)
+        first_required = next((i for i, p in enumerate(props) if p[2]), n)
+        later = {False: tail(False)} if n else {}
+        if first_required == n:
+            later[True] = tail(True)
+        for i in range(n - 1, -1, -1):
             key, value, required = props[i]
-            value_entry = self.compile(value, rest(i + 1, False))
-            if ws:
-                emit = self.compile(ir.Lit(ir.json_literal(key)), self._punct(b":", ws, value_entry, before=True))
-                if not first:
-                    emit = self._punct(b",", ws, emit, before=True)
-            else:
-                head = (b"" if first else b",") + ir.json_literal(key) + b":"
-                emit = self.compile(ir.Lit(head), value_entry)
-            out = emit if required else self._split([emit, rest(i + 1, first)])
-            memo[(i, first)] = out
-            return out
+            value_entry = self.compile(value, later[False])
+            cur: dict[bool, Instr] = {}
+            for first in ((False,) if i else ()) + ((True,) if i <= first_required else ()):
+                if ws:
+                    emit = self.compile(ir.Lit(ir.json_literal(key)), self._punct(b":", ws, value_entry, before=True))
+                    if not first:
+                        emit = self._punct(b",", ws, emit, before=True)
+                else:
+                    head = (b"" if first else b",") + ir.json_literal(key) + b":"
+                    emit = self.compile(ir.Lit(head), value_entry)
+                cur[first] = emit if required else self._split([emit, later[first]])
+            later = cur
+        start = later[True]
 
-        return self._punct(b"{", ws, rest(0, True))
+        return self._punct(b"{", ws, start)
