@@ -1384,6 +1384,4 @@ class _Compiler:
                     emit = self.compile(ir.Lit(head), value_entry)
                 cur[first] = emit if required else self._split([emit, later[first]])
             later = cur
-        start = later[True]
-
-        return self._punct(b"{", ws, start)
+        return self._punct(b"{", ws, later[True])

@@ -164,8 +164,8 @@ _SHAPES = {
 }
 
 
-_NUMERIC_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
-                               "minItems", "maxItems", "minProperties", "maxProperties"})
+_NUMERIC_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems",
+                     "maxItems", "minProperties", "maxProperties")  # in the order their errors are reported
 
 
 def _check_shapes(schema: dict, pointer: str) -> None:
@@ -192,8 +192,7 @@ def _shape_error(schema: dict, pointer: str) -> None:
     req = schema.get("required")
     if req is not None and not all(isinstance(r, str) for r in req):
         raise SchemaError("required must be an array of names (strings)", pointer=pointer + "/required", keyword="required")
-    for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems",
-              "maxItems", "minProperties", "maxProperties"):
+    for k in _NUMERIC_KEYWORDS:
         v = schema.get(k)
         if v is not None and not isinstance(v, (int, float)):
             raise SchemaError(f"{k} must be a number, not {v!r}", pointer=pointer + "/" + k, keyword=k)

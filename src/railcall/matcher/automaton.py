@@ -844,14 +844,21 @@ class Automaton(ContentKeys, Completions):
         for byte in np.flatnonzero(self.first_bytes(x)).tolist():
             a = bisect_left(keys, bytes((byte,)))
             b = bisect_left(keys, bytes((byte + 1,)), a) if byte < 255 else len(keys)
-            prev, ok = None, False
-            for i in range(a, b):
-                if keys[i] != prev:
-                    prev = keys[i]
-                    ok = self._accepts(x, prev, 0, memo)
-                if ok:
-                    hits.append(i)
+            self._accepted_run(x, keys, a, b, 0, memo, hits)
         return hits
+
+    def _accepted_run(self, x: int, keys: list[bytes], a: int, b: int, start: int, memo: dict,
+                      hits: list[int]) -> None:
+        """Append to `hits` the indices in [a, b) of the sorted texts `keys` that state `x` takes
+        from byte `start` on; equal texts sort together, so each distinct one is checked once."""
+        prev, ok = None, False
+        for i in range(a, b):
+            text = keys[i]
+            if text != prev:
+                prev = text
+                ok = self._accepts(x, text, start, memo)
+            if ok:
+                hits.append(i)
 
     def _exits_into_literal(self, sub: int, thread, idx: "JStrIndex") -> np.ndarray:
         """The string-closing tokens legal when a literal follows the quote (`","text":"`, `"}}`:
@@ -872,15 +879,9 @@ class Automaton(ContentKeys, Completions):
             x2 = self._after(ins.next, st)
             if x2 >= 0:
                 # the texts that spell all of the literal: legal if what they add past its end
-                # is, from there (each distinct text walked once; they sort together)
-                n, memo, hits, prev, ok = len(lit), {}, [], None, False
-                for i in range(a, b):
-                    text = keys[i]
-                    if text != prev:
-                        prev = text
-                        ok = len(text) == n or self._accepts(x2, text, n, memo)
-                    if ok:
-                        hits.append(i)
+                # is, from there (exactly the literal: _accepts takes the empty rest)
+                hits: list[int] = []
+                self._accepted_run(x2, keys, a, b, len(lit), {}, hits)
                 if hits:
                     legal[order[hits]] = True
         return legal
