@@ -652,6 +652,52 @@ def test_a_string_key_describes_exactly_what_may_follow_its_quote():
     assert len(conts) >= 15 and len(seen) < len(conts), (len(conts), len(seen))
 
 
+def test_a_lookahead_through_a_string_is_keyed_by_what_tokens_spell_after_its_quote():
+    """A key that looks into a string and past its closing quote describes what follows the
+    quote only as far as the texts tokens spell after a quote (`quote_rests`), not everything
+    the next bytes may be. `a","xy` closes an array item and spells two characters of the next,
+    so items of at most one character and of two must not share a mask; the long token
+    `"abcdefghij` makes the key of an item's opening quote look ten bytes on, past the array
+    (`],"city":` or `],"text":`), but no token spells `],"c` or `],"t` after a quote, so those
+    two share one; with `""],"c` they must not. On one vocabulary, compiled in both orders:
+    masks exactly the byte oracle's."""
+    pieces = CROSSING + ['a","xy', '"abcdefghij']
+    items = lambda n: {"type": "array", "items": {"type": "string", "maxLength": n}}  # noqa: E731
+
+    def tool(key, n=16):
+        return Tool("t", "", {"type": "object", "properties": {"tags": items(n), key: {"type": "integer"}},
+                              "required": ["tags", key]})
+
+    for order in ((1, 2), (2, 1)):
+        v = Vocabulary.from_pieces(pieces, specials=["<end>"], stop=["<end>"])
+        for n in order:
+            m = Matcher(CompiledGrammar(tool_grammar([tool("x", n)]), v))
+            assert m.consume_bytes(b'{"tool":"t","args":{"tags":["')
+            legal = m.legal_token_ids().tolist()
+            assert legal == byte_legal(m)
+            assert (v.lookup[b'a","xy'] in legal) == (n == 2)
+    v = Vocabulary.from_pieces(pieces, specials=["<end>"], stop=["<end>"])
+    keys = []
+    for key in ("city", "text"):
+        g = CompiledGrammar(tool_grammar([tool(key)]), v)
+        m = Matcher(g)
+        assert m.consume_bytes(b'{"tool":"t","args":{"tags":[')
+        assert m.legal_token_ids().tolist() == byte_legal(m)
+        assert v.lookup[b'"abcdefghij'] in m.legal_token_ids().tolist()
+        keys.append(g.auto._ckey(m.state))
+    assert keys[0] == keys[1]
+    # `""],"c` (an empty last item, then `],"c`) is the longest token after `"`: the whole
+    # lookahead past the inner quote decides it, legal before `],"city"` only
+    for order in (("city", "text"), ("text", "city")):
+        v = Vocabulary.from_pieces(CROSSING + ['""],"c'], specials=["<end>"], stop=["<end>"])
+        for key in order:
+            m = Matcher(CompiledGrammar(tool_grammar([tool(key)]), v))
+            assert m.consume_bytes(b'{"tool":"t","args":{"tags":[')
+            legal = m.legal_token_ids().tolist()
+            assert legal == byte_legal(m)
+            assert (v.lookup[b'""],"c'] in legal) == (key == "city")
+
+
 def test_clear_caches_starts_the_next_compile_cold(bpe_vocab):
     """`clear_caches(vocab)`: the next compile of a table builds a new grammar on a new
     automaton and computes its masks again; a grammar compiled before keeps working."""

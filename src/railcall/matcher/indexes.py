@@ -153,6 +153,25 @@ def quote_rests(vocab: Vocabulary) -> list[bytes]:
     return hit
 
 
+def quote_rests_within(vocab: Vocabulary, reach: int) -> list[bytes]:
+    """`quote_rests` no longer than `reach` bytes: what a token that must close a string within
+    a few bytes of where it starts can spell after the quote."""
+    memo = vocab._extra.setdefault("quote_rests_within", {})
+    hit = memo.get(reach)
+    if hit is None:
+        hit = memo[reach] = [r for r in quote_rests(vocab) if len(r) <= reach]
+    return hit
+
+
+def rests_reach(rests: list[bytes], p: bytes) -> int:
+    """How many bytes past `p` the longest of the sorted texts `rests` that start with `p`
+    spells (0 where none does)."""
+    a = bisect_left(rests, p)
+    upper = _prefix_upper(p)
+    b = bisect_left(rests, upper, a) if upper is not None else len(rests)
+    return max((len(r) for r in rests[a:b]), default=len(p)) - len(p)
+
+
 def quote_reach(vocab: Vocabulary) -> int:
     """The longest of `quote_rests`: how far past a quote a token can reach."""
     hit = vocab._extra.get("quote_reach")
@@ -242,7 +261,8 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
             jnum_index(vocab, sub, integer)
     for p in STRING_OPENERS:
         jstr_after_prefix(vocab, p, 0)
-    quote_reach(vocab)
+    for reach in range(quote_reach(vocab)):
+        quote_rests_within(vocab, reach)
     jnum_ext(vocab)
     sorted_lengths(vocab)
     prefix_reach(vocab)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from railcall.grammar.program import INT, MAX_NUMBER_CHARS, NEG, NUM_BYTES, S0, ZERO, JInt, JNum, JStr, Lit, Select
-from railcall.matcher.indexes import _common_prefix, jnum_ext, number_margin, quote_reach, quote_rests, sorted_lengths
+from railcall.matcher.indexes import (
+    _common_prefix, jnum_ext, number_margin, quote_reach, quote_rests, quote_rests_within, rests_reach, sorted_lengths,
+)
 
 KEY_BUDGET = 32  # lookahead nodes one content key may visit before falling back to the instruction
 
@@ -222,7 +224,10 @@ class ContentKeys:
         elif t is JStr:
             count, sub = loc >> 4, loc & 15
             need = max(0, ins.min - count)
-            after = self._akey(ins.next, st, d - 1) if need < d else None
+            # past its closing quote a token spells one of `quote_rests`, of at most d - 1 - need
+            # bytes: keyed by which of those may follow (`_quote_key`), not by all that the next
+            # d - 1 bytes may be (the keys of another property or item a few bytes on)
+            after = self._quote_key(ins.next, st, d - 1 - need) if need < d else None
             content = ("s", sub, min(need, d), min(ins.max - count, d), after)
         elif t is JNum:
             n, sub = loc >> 4, loc & 15
@@ -234,46 +239,49 @@ class ContentKeys:
         k = self._cmemo[mk] = self._kid(content)
         return k
 
-    def _quote_key(self, ins, st) -> int:
+    def _quote_key(self, ins, st, reach: int | None = None) -> int:
         """The key of what may follow a string's closing quote (arriving at `ins` with stack
         `st`): a token that closes a string is legal exactly when the text after its quote is,
-        and that text is one of `quote_rests`. Literals are cut after the longest prefix such a
-        text spells (`_quote_lits`), so strings followed by `,"city":` and by `,"unit":` share
-        one key where no token spells `","c` or `","u`; otherwise, which of those texts the
-        state accepts, walked. Memoised."""
-        mk = ("q", ins, st)
+        and that text is one of `quote_rests` (of at most `reach` bytes, where given: a token
+        that has more to spell before the quote). Literals are cut after the longest prefix
+        such a text spells (`_quote_lits`), so strings followed by `,"city":` and by `,"unit":`
+        share one key where no token spells `","c` or `","u`; otherwise, which of those texts
+        the state accepts, walked. Memoised."""
+        full = quote_reach(self.vocab)
+        reach = full if reach is None or reach > full else reach
+        mk = ("q", ins, st, reach)
         k = self._cmemo.get(mk)
         if k is None:
+            rests = quote_rests(self.vocab) if reach == full else quote_rests_within(self.vocab, reach)
             saved, self._budget = self._budget, KEY_BUDGET  # this key may be part of another
             try:
-                k = self._quote_lits(ins, st, b"")
+                k = self._quote_lits(ins, st, b"", rests)
             except _Costly:
                 k = None
             finally:
                 self._budget = saved
             if k is None:  # alive here: an empty arrival would have keyed without cost
-                k = self._kid(("q", tuple(self._accepted_texts(self._after(ins, st), quote_rests(self.vocab)))))
+                k = self._kid(("q", reach, tuple(self._accepted_texts(self._after(ins, st), rests))))
             self._cmemo[mk] = k
         return k
 
-    def _quote_lits(self, ins, st, p: bytes) -> int:
-        """`_quote_key` for a text after a quote that has spelled `p` so far: a literal cut
-        after what such a text spells of it; anything else (a string, a number, the end) as
-        far as the longest such text reaches (`_dkey`; may raise _Costly)."""
+    def _quote_lits(self, ins, st, p: bytes, rests: list[bytes]) -> int:
+        """`_quote_key` for a text after a quote that has spelled `p` so far, one of `rests`: a
+        literal cut after what such a text spells of it; anything else (a string, a number,
+        the end) as far as the longest such text reaches (`_dkey`; may raise _Costly)."""
         out: set = set()
         ins.arrive(0, st, out)
-        rests = quote_rests(self.vocab)
         parts = []
         for i, loc, s in out:
             if type(i) is not Lit:
-                parts.append(self._kid(("qd", self._dkey(i, loc, s, quote_reach(self.vocab) - len(p)))))
+                parts.append(self._kid(("qd", self._dkey(i, loc, s, rests_reach(rests, p)))))
                 continue
             text = i.data[loc:]
             j = _common_prefix(rests, p + text) - len(p)
             if j < len(text):
                 parts.append(self._kid(("ql", text[:j])))
             else:  # some text spells all of it: what follows matters too
-                after = self._quote_lits(i.next, s, p + text)
+                after = self._quote_lits(i.next, s, p + text, rests)
                 parts.append(self._kid(("ql", text, after)))
         return self._kid(frozenset(parts))
 
