@@ -698,6 +698,34 @@ def test_a_lookahead_through_a_string_is_keyed_by_what_tokens_spell_after_its_qu
             assert (v.lookup[b'""],"c'] in legal) == (key == "city")
 
 
+def test_a_key_into_a_number_is_what_the_tokens_after_the_prefix_find_there():
+    """A literal's last byte before a number (`:` of `"n":`) is keyed by which of the texts that
+    tokens starting with `:` spell after it (`1`, `12`, `-`, `1.`) the number takes, so numbers
+    of other bounds share its mask where those fare alike and differ where one does not. On one
+    vocabulary, in both orders: masks exactly the byte oracle's, each token where it belongs."""
+    kinds = {"digit": ({"type": "integer", "minimum": 0, "maximum": 9}, {":1"}),
+             "two": ({"type": "integer", "minimum": 10, "maximum": 99}, {":1", ":12"}),
+             "small": ({"type": "integer", "minimum": -5, "maximum": 5}, {":1", ":-"}),
+             "other": ({"type": "integer", "minimum": 0, "maximum": 8}, {":1"}),
+             "number": ({"type": "number"}, {":1", ":12", ":-", ":1."})}
+    probes = [":1", ":12", ":-", ":1."]
+    for order in (list(kinds), list(reversed(kinds))):
+        v = Vocabulary.from_pieces(CROSSING + probes, specials=["<end>"], stop=["<end>"])
+        computed = []
+        for name in order:
+            schema, legal_probes = kinds[name]
+            g = CompiledGrammar(tool_grammar([Tool("t", "", {"type": "object", "properties": {"n": schema},
+                                                                 "required": ["n"]})]), v)
+            m = Matcher(g)
+            assert m.consume_bytes(b'{"tool":"t","args":{"n"')
+            n = g.auto.mask_computations
+            legal = m.legal_token_ids().tolist()
+            computed.append(g.auto.mask_computations - n)
+            assert legal == byte_legal(m)
+            assert {p for p in probes if v.lookup[p.encode()] in legal} == legal_probes, name
+        assert computed[order.index("other")] == 0 or computed[order.index("digit")] == 0  # one shares
+
+
 def test_clear_caches_starts_the_next_compile_cold(bpe_vocab):
     """`clear_caches(vocab)`: the next compile of a table builds a new grammar on a new
     automaton and computes its masks again; a grammar compiled before keeps working."""

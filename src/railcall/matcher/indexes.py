@@ -163,6 +163,27 @@ def quote_rests_within(vocab: Vocabulary, reach: int) -> list[bytes]:
     return hit
 
 
+def quote_rests_after(vocab: Vocabulary, p: bytes, skip: int = 0) -> list[bytes]:
+    """The texts that follow a `"` at least `skip` bytes past the first len(p) of a text token
+    starting with `p`, sorted and distinct: all that such a token, having spelled `p` and gone
+    into a string that owes `skip` more characters, can spell after the quote that closes it
+    (a handful where `quote_rests` has hundreds)."""
+    memo = vocab._extra.setdefault("quote_rests_after", {})
+    hit = memo.get((p, skip))
+    if hit is None:
+        if len(memo) > 4096:
+            memo.clear()
+        a, b = vocab.prefix_range(p)
+        found = set()
+        for t in vocab.sorted_index[0][a:b]:
+            i = t.find(b'"', len(p) + skip)
+            while i >= 0:
+                found.add(t[i + 1 :])
+                i = t.find(b'"', i + 1)
+        hit = memo[(p, skip)] = sorted(found)
+    return hit
+
+
 def rests_reach(rests: list[bytes], p: bytes) -> int:
     """How many bytes past `p` the longest of the sorted texts `rests` that start with `p`
     spells (0 where none does)."""
@@ -261,6 +282,8 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
             jnum_index(vocab, sub, integer)
     for p in STRING_OPENERS:
         jstr_after_prefix(vocab, p, 0)
+        for skip in (0, 1):  # an optional string's characters owed, a required one's
+            quote_rests_after(vocab, p, skip)
     for reach in range(quote_reach(vocab)):
         quote_rests_within(vocab, reach)
     jnum_ext(vocab)

@@ -17,10 +17,12 @@ import numpy as np
 
 from railcall.grammar.program import INT, MAX_NUMBER_CHARS, NEG, NUM_BYTES, S0, ZERO, JInt, JNum, JStr, Lit, Select
 from railcall.matcher.indexes import (
-    _common_prefix, jnum_ext, number_margin, quote_reach, quote_rests, quote_rests_within, rests_reach, sorted_lengths,
+    _common_prefix, jnum_ext, number_margin, quote_reach, quote_rests, quote_rests_after, quote_rests_within, rests_reach,
+    sorted_lengths,
 )
 
 KEY_BUDGET = 32  # lookahead nodes one content key may visit before falling back to the instruction
+TEXTS_WALKED = 64  # the most texts a number's key past a prefix walks (else: its lookahead)
 
 
 class _Costly(Exception):
@@ -249,10 +251,16 @@ class ContentKeys:
         the state accepts, walked. Memoised."""
         full = quote_reach(self.vocab)
         reach = full if reach is None or reach > full else reach
-        mk = ("q", ins, st, reach)
+        rests = quote_rests(self.vocab) if reach == full else quote_rests_within(self.vocab, reach)
+        return self._texts_key(ins, st, ("q", reach), rests)
+
+    def _texts_key(self, ins, st, which: tuple, rests: list[bytes]) -> int:
+        """The key of which of the sorted texts `rests` (named by `which`) arriving at `ins` with
+        stack `st` accepts, texts that follow a string's closing quote: `_quote_lits`, or where
+        that costs too much, the texts walked. Memoised."""
+        mk = (which, ins, st)
         k = self._cmemo.get(mk)
         if k is None:
-            rests = quote_rests(self.vocab) if reach == full else quote_rests_within(self.vocab, reach)
             saved, self._budget = self._budget, KEY_BUDGET  # this key may be part of another
             try:
                 k = self._quote_lits(ins, st, b"", rests)
@@ -261,7 +269,7 @@ class ContentKeys:
             finally:
                 self._budget = saved
             if k is None:  # alive here: an empty arrival would have keyed without cost
-                k = self._kid(("q", reach, tuple(self._accepted_texts(self._after(ins, st), rests))))
+                k = self._kid((which, tuple(self._accepted_texts(self._after(ins, st), rests))))
             self._cmemo[mk] = k
         return k
 
@@ -325,16 +333,39 @@ class ContentKeys:
         if t is Select:
             return self._kid(("pt", self._select_key(ins, loc, st, p)))
         if t is JStr:
-            # A string accepts nearly every byte (all but raw control characters), so the
-            # longest token going on from p with one it accepts is, in practice, the longest
-            # going on from p at all: take that bound (a longer lookahead keys no less exactly)
-            # rather than one look-up per byte a string may take next.
-            return self._dkey(ins, loc, st, e)
+            # A string accepts nearly every byte (all but raw control characters): as far as
+            # the longest token going on from p, its characters owed and allowed; past its
+            # closing quote only the few texts that tokens starting with p spell after a quote.
+            count, sub = loc >> 4, loc & 15
+            need = min(max(0, ins.min - count), e)
+            rests = quote_rests_after(self.vocab, p, need) if need < e else None
+            after = self._texts_key(ins.next, st, ("qp", p, need), rests) if rests else None
+            return self._kid(("ps", sub, need, min(ins.max - count, e), after))
         go = np.flatnonzero(self._next_bytes(p) & ins.allowed(loc)).tolist()
         if not go:
             return 0  # no token goes on from p with a byte this thread accepts: alive is all
+        if t is JNum or t is JInt:
+            # A number: which of the few texts that tokens starting with p go on to spell (`:1`,
+            # `[-`) it takes, walked: numbers of any bounds, and whatever follows them, share
+            # the key where those texts fare alike.
+            texts = self._texts_after(p, go)
+            if texts is not None:
+                x, memo = self._intern(frozenset([(ins, loc, st)])), {}
+                return self._kid(("pw", tuple(r for r in texts if self._accepts(x, r, 0, memo))))
         # as far as the longest token that goes on from p with one of those bytes reaches
         return self._dkey(ins, loc, st, 1 + max(self._ext(p + bytes((b,))) for b in go))
+
+    def _texts_after(self, p: bytes, go: list[int]) -> list[bytes] | None:
+        """What the text tokens starting with `p` and then a byte of `go` spell after `p`;
+        None where there are more than TEXTS_WALKED of them."""
+        sb = self.vocab.sorted_index[0]
+        n, texts = len(p), []
+        for b in go:
+            a, z = self.vocab.prefix_range(p + bytes((b,)))
+            if len(texts) + z - a > TEXTS_WALKED:
+                return None
+            texts.extend(t[n:] for t in sb[a:z])
+        return texts
 
     def _next_bytes(self, p: bytes) -> np.ndarray:
         """(256,) bool: the bytes that follow `p` in some text token (memoised per prefix)."""
