@@ -804,11 +804,11 @@ def test_a_string_followed_by_several_literals_closes_exactly(monkeypatch):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_a_text_is_accepted_through_literals_as_a_byte_walk_accepts_it(seed):
-    """`_accepts` (a text taken through literals, tries and strings by comparing bytes, without
-    a state per byte) agrees with the byte walk for every state random walks meet, on the texts
-    tokens spell after a quote, on the tails of the grammar's own literals and keys, and on
-    random bytes (quotes, escapes, a two-byte character)."""
-    from railcall.grammar.program import JStr, Lit, Select
+    """`_accepts` (a text taken through literals, tries, strings and numbers by comparing bytes,
+    without a state per byte) agrees with the byte walk for every state random walks meet, on
+    the texts tokens spell after a quote, on the tails of the grammar's own literals and keys,
+    and on random bytes (quotes, escapes, a two-byte character, number characters)."""
+    from railcall.grammar.program import JInt, JNum, JStr, Lit, Select
     from railcall.matcher import DEAD, quote_rests
 
     rng = random.Random(seed)
@@ -816,9 +816,15 @@ def test_a_text_is_accepted_through_literals_as_a_byte_walk_accepts_it(seed):
     strings = Tool("strs", "", {"type": "object", "properties": {
         "a": {"type": "string", "maxLength": 4}, "b": {"type": "array", "items": {"type": "string", "minLength": 2}}},
         "required": ["a"]})
-    g = CompiledGrammar(tool_grammar(random_tools(rng) + [strings]), v)
+    nums = Tool("nums", "", {"type": "object", "properties": {
+        "i": {"type": "integer", "minimum": -12, "maximum": 120}, "n": {"type": "number"},
+        "t": {"type": "integer", "minimum": 10, "maximum": 99},
+        "k": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}}}, "required": ["i"]})
+    g = CompiledGrammar(tool_grammar(random_tools(rng) + [strings, nums]), v)
     walk_against_oracle(g, rng, walks=10)
-    for text in (b'{"tool":"strs","args":{"a":"ab","b":["xy","\\n\\u00e9"]}}', b'{"tool":"strs","args":{"a":"x"}}'):
+    for text in (b'{"tool":"strs","args":{"a":"ab","b":["xy","\\n\\u00e9"]}}', b'{"tool":"strs","args":{"a":"x"}}',
+                 b'{"tool":"nums","args":{"i":-12,"n":-0.5e+3,"t":10,"k":[1,0]}}',
+                 b'{"tool":"nums","args":{"i":119,"n":10,"t":99}}'):
         assert Matcher(g).consume_bytes(text)
     auto = g.auto
     lits = {ins.data[k:] + tail for threads in auto._sets for ins, _, _ in threads if type(ins) is Lit
@@ -832,22 +838,26 @@ def test_a_text_is_accepted_through_literals_as_a_byte_walk_accepts_it(seed):
 
     lits |= {k + tail for threads in auto._sets for ins, loc, _ in threads if type(ins) is Select
              for k in keys_below(ins, loc) for tail in (b"", b'"', b'",', b'"}', b"x")}
-    alphabet = b'{}[],:"a1x\\nu0' + "\u00e9".encode()
+    # numbers: within and past an integer's bounds, and past the longest number
+    lits |= {n + tail for n in (b"1", b"12", b"-1", b"-13", b"121", b"0.5", b"1e5", b"9" * 40) for tail in (b"", b",", b"}")}
+    alphabet = b'{}[],:"a1x\\nu0-.e92' + "\u00e9".encode()
     texts = sorted(set(quote_rests(v)) | lits | {bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 9)))
                                                  for _ in range(300)})
-    checked = literal_states = trie_states = string_states = 0
+    checked = literal_states = trie_states = string_states = number_states = 0
     for s in range(len(auto._sets)):
         if not auto._sets[s]:
             continue
         literal_states += all(type(t[0]) is Lit for t in auto._sets[s])
         trie_states += any(type(t[0]) is Select for t in auto._sets[s])
         string_states += any(type(t[0]) is JStr for t in auto._sets[s])
+        number_states += any(type(t[0]) in (JNum, JInt) for t in auto._sets[s])
         for text in texts:
             for start in {0, len(text) // 2}:
                 walked = auto._walk_bytes(s, text, start, {}) != DEAD
                 assert auto._accepts(s, text, start, {}) == walked, (auto._sets[s], text, start)
                 checked += 1
-    assert literal_states >= 20 and trie_states >= 5 and string_states >= 10 and checked > 10_000
+    assert literal_states >= 20 and trie_states >= 5 and string_states >= 10 and number_states >= 10
+    assert checked > 10_000
 
 
 ENUMS = SMALL + ['":"', '":"re', '":"red', 'r":"b', '":"blue"', '","c":"g', 'e","', 'ed"}', '"re', 'lue']

@@ -9,7 +9,9 @@ from bisect import bisect_left, bisect_right
 import numpy as np
 
 from railcall.bitmask import bitmask_words, unpack_bitmask
-from railcall.grammar.program import _JI, _JN, EXIT, MAX_NUMBER_CHARS, NUM_BYTES, JInt, JNum, JStr, Lit, Select
+from railcall.grammar.program import (
+    _FINAL, _JI, _JN, EXIT, MAX_NUMBER_CHARS, NUM_BYTES, JInt, JNum, JStr, Lit, Select, _num_step,
+)
 from railcall.matcher.completion import Completions
 from railcall.matcher.entries import _Bits, entry_dense, entry_ids, _union, vocab_cache
 from railcall.matcher.indexes import (
@@ -354,7 +356,7 @@ class Automaton(ContentKeys, Completions):
             return hit
         threads = self._sets[s]
         ok = False
-        if len(threads) == 1 and type(next(iter(threads))[0]) not in (Lit, Select, JStr):
+        if len(threads) == 1 and type(next(iter(threads))[0]) not in (Lit, Select, JStr, JNum, JInt):
             ok = self._walk_bytes(s, data, start, memo) >= 0
         else:
             for t in threads:
@@ -406,6 +408,25 @@ class Automaton(ContentKeys, Completions):
                     return x >= 0 and self._accepts(x, data, i + 1, memo)
                 else:
                     return False
+            return True
+        if kind is JNum or kind is JInt:  # their step, byte by byte, without a state per digit
+            num = kind is JNum
+            for i in range(start, len(data)):
+                if num:
+                    sub = _num_step(loc & 15, data[i], ins.integer) if loc >> 4 < MAX_NUMBER_CHARS else -1
+                    if sub < 0:
+                        return False
+                    loc = ((loc >> 4) + 1) << 4 | sub
+                    ends = sub in _FINAL
+                else:
+                    loc = ins._next(loc, data[i])
+                    if loc is None:
+                        return False
+                    ends = loc[0] >= 2 and ins._in(-loc[2] if loc[1] else loc[2])
+                if ends and i + 1 < len(data):  # as `arrive`: what follows may take the rest
+                    x = self._after(ins.next, st)
+                    if x >= 0 and self._accepts(x, data, i + 1, memo):
+                        return True
             return True
         return self._walk_bytes(self._intern(frozenset([t])), data, start, memo) >= 0
 
