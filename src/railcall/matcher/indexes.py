@@ -323,7 +323,7 @@ def fill_stops(row: np.ndarray, vocab: Vocabulary) -> int:
     if packed is None:
         packed = vocab._extra["stop_mask"] = pack_ids(np.array(sorted(vocab.stop_ids), dtype=np.int64),
                                                       vocab.logits_width)
-    row[:] = packed
+    row[...] = packed
     return len(vocab.stop_ids)
 
 
