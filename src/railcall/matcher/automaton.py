@@ -670,7 +670,11 @@ class Automaton(ContentKeys, Completions):
                 self._select_legal(ins, node, st, bits, p)
             else:
                 ids = sid[e:b]
-                bits.add(self._walk(ids, np.full(ids.size, n, dtype=np.int64), np.full(ids.size, x, dtype=np.int64)))
+                # only those whose next byte `x` accepts can go on: one gather drops the rest
+                # (after a call's last `}`, all of them) before any is walked
+                ids = ids[self.first_bytes(x)[v.byte_matrix[n, ids]]]
+                if ids.size:
+                    bits.add(self._walk(ids, np.full(ids.size, n, dtype=np.int64), np.full(ids.size, x, dtype=np.int64)))
         return True
 
     def _into_string(self, p: bytes, ins: JStr, loc: int, st) -> np.ndarray:
