@@ -971,6 +971,31 @@ def test_prewarm_computes_what_first_visits_would(smollm2_vocab, smollm2_tokeniz
     assert computed[1] < computed[0] * 0.8 and keys[1] * 2 < keys[0], (computed, keys)
 
 
+def test_prewarm_finds_the_tokens_that_close_a_string_from_inside_an_escape(monkeypatch):
+    """`n"}` ends an escape, closes the string and goes on: prewarm computes those closing tokens
+    once per continuation, so the first mask after a backslash walks none of them again; the
+    mask is exactly the byte oracle's, and a lazy grammar does walk them there."""
+    from railcall.matcher.automaton import Automaton
+
+    v = Vocabulary.from_pieces(CLOSING + ['n"}', 'n","', '\\n'], specials=["<end>"], stop=["<end>"])
+    tool = Tool("t", "", {"type": "object", "properties": {"s": {"type": "string"}, "b": {"type": "integer"}},
+                          "required": ["s"]})
+    for warm in (True, False):
+        g = CompiledGrammar(tool_grammar([tool]), twin(v))
+        if warm:
+            g.prewarm()
+        m = Matcher(g)
+        assert m.consume_bytes(b'{"tool":"t","args":{"s":"ab\\')
+        calls = []
+        for name in ("_exits_into_literal", "_exits_by_rest"):  # the two ways they are found
+            real = getattr(Automaton, name)
+            monkeypatch.setattr(Automaton, name, lambda self, sub, *a, real=real: calls.append(sub) or real(self, sub, *a))
+        legal = m.legal_token_ids().tolist()
+        monkeypatch.undo()
+        assert legal == byte_legal(m) and v.lookup[b'n"}'] in legal and v.lookup[b'n","'] in legal
+        assert (calls == []) == warm, calls
+
+
 def test_compiled_grammar_prewarms_once(bpe_vocab, monkeypatch):
     v = twin(bpe_vocab)
     grammar = tool_grammar(random_tools(random.Random(4), 2))

@@ -75,6 +75,7 @@ class Automaton(ContentKeys, Completions):
         # per string substate: whether some token closes a string from there (on SmolLM2 and
         # Gemma 3 only between characters and after a backslash)
         self._jstr_closes = [bool(jstr_index(vocab, sub).exit_ids.size) for sub in range(13)]
+        self._closing_subs = [sub for sub in range(1, 13) if self._jstr_closes[sub]]  # inside an escape
         self._nextm: dict[bytes, np.ndarray] = vc.next_bytes
         self._budget = KEY_BUDGET
         self._costly: set = vc.costly_keys
@@ -600,6 +601,14 @@ class Automaton(ContentKeys, Completions):
             kind = type(ins)
             if kind is Lit or kind is JStr:
                 self._thread_mask(t)
+                if kind is JStr:
+                    # the tokens that close it from inside an escape (`n"},`), per continuation:
+                    # cached by what follows the quote, so strings followed alike share them
+                    x = self._after(ins.next, st)
+                    if x >= 0:
+                        after = self._quote_key(ins.next, st)
+                        for sub in self._closing_subs:
+                            self._exits_after(sub, x, jstr_index(self.vocab, sub), after)
             elif ins.consumes and not ins.accepting:
                 self.mask(self._intern(frozenset([t])))
                 if kind is Select and len(ins.children[loc]) == 1 and ins.children[loc].get(0x22) is not None:
