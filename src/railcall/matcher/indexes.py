@@ -163,6 +163,11 @@ def quote_rests_within(vocab: Vocabulary, reach: int) -> list[bytes]:
     return hit
 
 
+# (prefix, skip) pairs whose quote texts are memoised per vocabulary: the tails of a table's
+# literals before a string (`":"`, `["`, `"`), a few dozen; past this the memo starts again
+QUOTE_PREFIXES_LIMIT = 4096
+
+
 def quote_rests_after(vocab: Vocabulary, p: bytes, skip: int = 0) -> list[bytes]:
     """The texts that follow a `"` at least `skip` bytes past the first len(p) of a text token
     starting with `p`, sorted and distinct: all that such a token, having spelled `p` and gone
@@ -171,7 +176,7 @@ def quote_rests_after(vocab: Vocabulary, p: bytes, skip: int = 0) -> list[bytes]
     memo = vocab._extra.setdefault("quote_rests_after", {})
     hit = memo.get((p, skip))
     if hit is None:
-        if len(memo) > 4096:
+        if len(memo) > QUOTE_PREFIXES_LIMIT:
             memo.clear()
         a, b = vocab.prefix_range(p)
         found = set()
