@@ -545,18 +545,27 @@ class JNum(Instr):
             return -1 - (local & 15)
         return local
 
+    def ends(self, local) -> bool:
+        """Whether the number may end at `local` (there, what follows arrives too)."""
+        return (local & 15) in _FINAL
+
     def arrive(self, local, stack, out):
         out.add((self, local, stack))
-        if (local & 15) in _FINAL:
+        if self.ends(local):
             self.next.arrive(0, stack, out)
 
-    def step(self, local, stack, b, out):
+    def _next(self, local, b):
+        """The local after byte `b`, or None (not a number byte here, or past the cap)."""
         n = local >> 4
         if n >= MAX_NUMBER_CHARS:
-            return
+            return None
         t = _num_step(local & 15, b, self.integer)
-        if t >= 0:
-            self.arrive((n + 1) << 4 | t, stack, out)
+        return (n + 1) << 4 | t if t >= 0 else None
+
+    def step(self, local, stack, b, out):
+        nl = self._next(local, b)
+        if nl is not None:
+            self.arrive(nl, stack, out)
 
     def allowed(self, local):
         if (local >> 4) >= MAX_NUMBER_CHARS:
@@ -632,12 +641,16 @@ class JInt(_Stepper):
             span *= 10
         return False
 
+    def ends(self, local) -> bool:
+        """Whether the integer may end at `local`: digits written, and within the bounds."""
+        stage, neg, mag = local
+        return stage >= 2 and self._in(-mag if neg else mag)
+
     def arrive(self, local, stack, out):
         if local == 0:  # entering: nothing written yet
             local = (0, False, 0)
         out.add((self, local, stack))
-        stage, neg, mag = local
-        if stage >= 2 and self._in(-mag if neg else mag):
+        if self.ends(local):
             self.next.arrive(0, stack, out)
 
     def _next(self, local, b):

@@ -9,9 +9,7 @@ from bisect import bisect_left, bisect_right
 import numpy as np
 
 from railcall.bitmask import bitmask_words, unpack_bitmask
-from railcall.grammar.program import (
-    _FINAL, _JI, _JN, EXIT, MAX_NUMBER_CHARS, NUM_BYTES, JInt, JNum, JStr, Lit, Select, _num_step,
-)
+from railcall.grammar.program import _JI, _JN, EXIT, MAX_NUMBER_CHARS, NUM_BYTES, JInt, JNum, JStr, Lit, Select
 from railcall.matcher.completion import Completions
 from railcall.matcher.entries import _Bits, entry_dense, entry_ids, _union, vocab_cache
 from railcall.matcher.indexes import (
@@ -410,21 +408,12 @@ class Automaton(ContentKeys, Completions):
                 else:
                     return False
             return True
-        if kind is JNum or kind is JInt:  # their step, byte by byte, without a state per digit
-            num = kind is JNum
+        if kind is JNum or kind is JInt:  # their own step, byte by byte, without a state per digit
             for i in range(start, len(data)):
-                if num:
-                    sub = _num_step(loc & 15, data[i], ins.integer) if loc >> 4 < MAX_NUMBER_CHARS else -1
-                    if sub < 0:
-                        return False
-                    loc = ((loc >> 4) + 1) << 4 | sub
-                    ends = sub in _FINAL
-                else:
-                    loc = ins._next(loc, data[i])
-                    if loc is None:
-                        return False
-                    ends = loc[0] >= 2 and ins._in(-loc[2] if loc[1] else loc[2])
-                if ends and i + 1 < len(data):  # as `arrive`: what follows may take the rest
+                loc = ins._next(loc, data[i])
+                if loc is None:
+                    return False
+                if i + 1 < len(data) and ins.ends(loc):  # as `arrive`: what follows may take the rest
                     x = self._after(ins.next, st)
                     if x >= 0 and self._accepts(x, data, i + 1, memo):
                         return True
@@ -580,10 +569,10 @@ class Automaton(ContentKeys, Completions):
 
         Not every state: the states of a position (a literal's offsets, a string's counts, a
         number's digits) mostly share its content keys and masks, so a first visit later is a
-        look-up or a small mask. A table of 128 tools has ~1,400 positions: ~38 ms on SmolLM2's
-        vocabulary, ~90 ms on Gemma 3's, on the README's benchmark host (Gemma 3's strings close
-        in 325 ways after the quote, against 63); without it, a run that keeps calling tools not seen before pays that work a few
-        positions at a time, tens of µs a first visit, but only for the tools it calls. Deeper
+        look-up or a small mask. A table of 128 tools has ~1,400 positions: ~22 ms on SmolLM2's
+        vocabulary, ~28 ms on Gemma 3's, on the README's benchmark host; without it, a run that
+        keeps calling tools not seen before pays that work a few positions at a time, tens of µs
+        a first visit, but only for the tools it calls. Deeper
         than `max_depth` frames of recursion (free-form JSON, $ref) stays lazy, as in
         `precompute`, and so does what lies past the first `max_positions` positions (see
         PREWARM_POSITIONS)."""
@@ -802,7 +791,7 @@ class Automaton(ContentKeys, Completions):
         ids, pos = [], []
         for t, p in zip(idx.exit_ids.tolist(), idx.exit_pos.tolist()):
             at = run(tb[t][:p])
-            if at is not None and at[0] >= 2 and ins._in(-at[2] if at[1] else at[2]):
+            if at is not None and ins.ends(at):
                 ids.append(t)
                 pos.append(p)
         if ids:

@@ -187,9 +187,7 @@ class ContentKeys:
         for b in b"-0123456789":
             nl = ins._next(loc, b)
             if nl is not None:
-                stage, neg, mag = nl
-                ends = stage >= 2 and ins._in(-mag if neg else mag)
-                out.append((b, ends, self._jint_tree(ins, nl, depth - 1) if depth > 1 else None))
+                out.append((b, ins.ends(nl), self._jint_tree(ins, nl, depth - 1) if depth > 1 else None))
         return tuple(out)
 
     def _plain_key(self, ins, loc, st):
@@ -336,11 +334,10 @@ class ContentKeys:
             # A string accepts nearly every byte (all but raw control characters): as far as
             # the longest token going on from p, its characters owed and allowed; past its
             # closing quote only the few texts that tokens starting with p spell after a quote.
-            count, sub = loc >> 4, loc & 15
-            need = min(max(0, ins.min - count), e)
+            need, room = _jstr_clamps(ins, loc >> 4, e)
             rests = quote_rests_after(self.vocab, p, need) if need < e else None
             after = self._texts_key(ins.next, st, ("qp", p, need), rests) if rests else None
-            return self._kid(("ps", sub, need, min(ins.max - count, e), after))
+            return self._kid(("ps", loc & 15, need, room, after))
         go = np.flatnonzero(self._next_bytes(p) & ins.allowed(loc)).tolist()
         if not go:
             return 0  # no token goes on from p with a byte this thread accepts: alive is all
@@ -349,9 +346,9 @@ class ContentKeys:
             # `[-`) it takes, walked: numbers of any bounds, and whatever follows them, share
             # the key where those texts fare alike.
             texts = self._texts_after(p, go)
-            if texts is not None:
-                x, memo = self._intern(frozenset([(ins, loc, st)])), {}
-                return self._kid(("pw", tuple(r for r in texts if self._accepts(x, r, 0, memo))))
+            if texts is not None:  # (each text is one byte or more: go is not empty)
+                t, memo = (ins, loc, st), {}
+                return self._kid(("pw", tuple(r for r in texts if self._thread_accepts(t, r, 0, memo))))
         # as far as the longest token that goes on from p with one of those bytes reaches
         return self._dkey(ins, loc, st, 1 + max(self._ext(p + bytes((b,))) for b in go))
 
