@@ -84,3 +84,44 @@ def test_literal_keys_stay_bounded_and_exact(monkeypatch):
     memo = vocab_cache(tight).literal_cuts
     assert 0 < len(memo) <= 4
     assert len(vocab_cache(roomy).literal_cuts) > 4  # the same walks keep more where there is room
+
+
+def _dense(entry: tuple, words: int) -> np.ndarray:
+    from railcall.matcher.entries import entry_dense
+
+    return entry_dense(entry, words)
+
+
+def test_mask_entries_from_ids_and_unions_are_exact_in_every_branch():
+    """`_Bits.entry` (a dict of words for a few ids, packed bits for many) and `_union` (a dict for
+    a few sparse words, one dense accumulation otherwise, back to sparse where few words are
+    set) against the bits set one id at a time, with the exact count."""
+    from railcall.matcher.entries import _Bits, _union
+
+    rng = np.random.default_rng(7)
+    words = 1536
+    for n_ids in (0, 1, 5, 40, 256, 257, 3000):
+        for parts in (1, 3):
+            ids = rng.choice(words * 32, size=n_ids, replace=False)
+            want = np.zeros(words * 32, dtype=bool)
+            want[ids] = True
+            bits = _Bits(words)
+            for k, part in enumerate(np.array_split(ids, parts)):
+                bits.add(part.tolist() if k % 2 else part)  # lists and arrays alike
+            bits.add(ids[: n_ids // 3])  # an id added twice counts once
+            e = bits.entry()
+            assert e[1] == n_ids and (e[0] is None) == (n_ids + n_ids // 3 <= 256)  # ids as added
+            got = np.unpackbits(_dense(e, words).view(np.uint8), bitorder="little").astype(bool)
+            assert (got == want).all()
+    for sizes in ((1, 2), (3, 4, 5), (40, 50), (200, 200), (2000, 3)):
+        entries, want = [], np.zeros(words * 32, dtype=bool)
+        for n in sizes:
+            ids = rng.choice(words * 32, size=n, replace=False)
+            want[ids] = True
+            b = _Bits(words)
+            b.add(ids)
+            entries.append(b.entry())
+        u = _union(entries, words)
+        got = np.unpackbits(_dense(u, words).view(np.uint8), bitorder="little").astype(bool)
+        assert (got == want).all() and u[1] == int(want.sum())
+        assert (u[0] is None) == (int(np.count_nonzero(_dense(u, words))) <= 256)

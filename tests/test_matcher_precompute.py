@@ -1057,3 +1057,32 @@ def test_a_prepared_vocabulary_leaves_no_index_for_the_first_compile_to_build(sm
     for tools in (seed_tools(), synthetic_tools(128)):
         CompiledGrammar(tool_grammar(tools), v).prewarm()
     assert indexes() == before
+
+
+def test_a_bounded_integer_takes_exactly_the_prefixes_of_its_values():
+    """A bounded integer's steps, against every value in its range written out: a prefix (sign
+    and digits, up to four characters) is taken exactly when some in-range integer starts with
+    it, and the integer may end exactly where the prefix is such a value. Bounds of either sign,
+    open on either side, one value, and spans that cross a power of ten."""
+    from railcall.grammar.program import Accept, JInt
+
+    window = 10**5  # an open side, cut far beyond the prefixes tried
+    for lo, hi in [(0, 9), (-5, 5), (-100, -7), (3, 3), (None, 40), (-40, None), (10, 99), (150, 2100),
+                   (7, 7000), (-7000, -7), (0, 0), (-1, 0), (95, 105), (None, -3), (12, None), (-999, 999)]:
+        ins = JInt(lo, hi, Accept())
+        values = range(-window if lo is None else lo, (window if hi is None else hi) + 1)
+        # JSON also writes 0 as -0: taken where a minus sign may start the integer at all
+        texts = {str(v) for v in values} | ({"-0"} if 0 in values and values[0] < 0 else set())
+        prefixes = {t[:k] for t in texts for k in range(1, 5)}
+        level = {"": (0, False, 0)}
+        for _ in range(4):
+            nxt = {}
+            for text, loc in level.items():
+                for b in b"-0123456789":
+                    n = ins._next(loc, b)
+                    t = text + chr(b)
+                    assert (n is not None) == (t in prefixes), (lo, hi, t)
+                    if n is not None:
+                        assert ins.ends(n) == (t in texts), (lo, hi, t)
+                        nxt[t] = n
+            level = nxt

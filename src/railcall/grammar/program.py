@@ -601,6 +601,13 @@ class _Stepper(Instr):
         return None
 
 
+JINT_STEPS_LIMIT = 4096  # memoised locals per bounded integer (each a tuple of 11 steps)
+_JINT_BYTE_INDEX = [b"-0123456789".find(bytes((b,))) for b in range(256)]  # the byte's index in JInt._BYTES
+_JINT_MAG_CAP = 10 ** (MAX_NUMBER_CHARS - 2)  # the least magnitude of MAX_NUMBER_CHARS - 1 digits
+_NO_STEPS = (None,) * 11
+_JINT_ALLOWED: dict[int, np.ndarray] = {}  # which of JInt._BYTES a local allows (a bit each) -> the array
+
+
 class JInt(_Stepper):
     """A JSON integer within [lo, hi] (either may be None); exact, digit by digit.
 
@@ -608,7 +615,7 @@ class JInt(_Stepper):
     3 digits. A digit is allowed only if some completion of the prefix lies within the bounds.
     """
 
-    __slots__ = ("lo", "hi")
+    __slots__ = ("lo", "hi", "_steps")
     _BYTES = b"-0123456789"
 
     def __init__(self, lo: int | None, hi: int | None, nxt: Instr):
@@ -616,30 +623,33 @@ class JInt(_Stepper):
             raise GrammarError(f"integer range is empty: minimum {lo} > maximum {hi}")
         self.lo, self.hi = lo, hi
         self.next = nxt
+        # local -> the local after each byte of _BYTES (None: not allowed), see _next
+        self._steps: dict = {}
 
     def _in(self, v: int) -> bool:
         return (self.lo is None or v >= self.lo) and (self.hi is None or v <= self.hi)
 
-    def _params(self) -> tuple:
-        return (self.lo, self.hi)
-
-    def _feasible(self, neg: bool, mag: int, exact: bool) -> bool:
-        """Can the prefix (sign, magnitude digits) still become an in-range integer?"""
-        if exact:  # "0" or "-0": no digit may follow
-            return self._in(0)
+    def _digits(self, neg: bool, mag: int) -> int:
+        """The digits d (bit d of the result) after which the prefix `mag` (negative if `neg`)
+        can still become an in-range integer. Followed by k more digits, mag*10 + d spans
+        [B + d*10**k, B + (d+1)*10**k - 1] with B = mag*10**(k+1): for each k, the digits whose
+        span meets the bounds are one run, found by two divisions, for all ten digits at once.
+        Magnitudes only grow with more digits, so the search stops once past the bound (as it
+        does, at the latest, after MAX_NUMBER_CHARS lengths)."""
         lo, hi = self.lo, self.hi
-        span = 1
+        if neg:  # -v in [lo, hi] exactly when v in [-hi, -lo]
+            lo, hi = (None if hi is None else -hi), (None if lo is None else -lo)
+        ok, span = 0, 1
         for _ in range(MAX_NUMBER_CHARS):
-            a, b = mag * span, mag * span + span - 1
-            if neg:
-                a, b = -b, -a
-            if (hi is None or a <= hi) and (lo is None or b >= lo):
-                return True
-            # magnitudes only grow with more digits: stop once past the bound on that side
-            if (not neg and hi is not None and a > hi) or (neg and lo is not None and b < lo):
-                return False
+            base = mag * 10 * span
+            first = 0 if lo is None else max(0, (lo - base) // span)
+            last = 9 if hi is None else min(9, (hi - base) // span)
+            if first <= last:
+                ok |= (2 << last) - (1 << first)
+            if ok == 0x3FF or (hi is not None and base + (0 if mag else span) > hi):
+                break  # every digit found, or every span (of a digit after a lone sign: 1-9) past hi
             span *= 10
-        return False
+        return ok
 
     def ends(self, local) -> bool:
         """Whether the integer may end at `local`: digits written, and within the bounds."""
@@ -654,21 +664,52 @@ class JInt(_Stepper):
             self.next.arrive(0, stack, out)
 
     def _next(self, local, b):
+        """The local after byte `b` (None: not allowed). Memoised per local, for every byte at
+        once: a first mask asks for the same few steps several times (the key's digit tree,
+        then each digit token, then the tokens that end the integer)."""
+        row = self._steps.get(local)
+        if row is None:
+            row = self._memo_row(local)
+        i = _JINT_BYTE_INDEX[b]
+        return row[i] if i >= 0 else None
+
+    def allowed(self, local):
+        """The bytes `_next` accepts: one of a few arrays, found by which steps the row allows."""
+        row = self._steps.get(local)
+        if row is None:
+            row = self._memo_row(local)
+        which = 0
+        for i, nl in enumerate(row):
+            if nl is not None:
+                which |= 1 << i
+        m = _JINT_ALLOWED.get(which)
+        if m is None:
+            m = _JINT_ALLOWED[which] = _frozen(_byteset(b for i, b in enumerate(self._BYTES) if which >> i & 1))
+        return m
+
+    def _memo_row(self, local) -> tuple:
+        if len(self._steps) >= JINT_STEPS_LIMIT:
+            self._steps.clear()
+        row = self._steps[local] = self._row(local)
+        return row
+
+    def _row(self, local) -> tuple:
+        """The local after each byte of _BYTES (`-`, then `0`-`9`) from `local`, None where the
+        byte is not allowed: a digit only where some completion lies within the bounds."""
         stage, neg, mag = local
-        if stage == 0 and b == 0x2D:
-            nl = (1, True, 0)
-            return nl if (self.lo is None or self.lo < 0) else None
-        if stage == 2 or not 0x30 <= b <= 0x39:
-            return None
-        d = b - 0x30
-        if stage in (0, 1):
-            if d == 0:
-                return (2, neg, 0) if self._feasible(neg, 0, True) else None
-            return (3, neg, d) if self._feasible(neg, d, False) else None
-        if len(str(mag)) >= MAX_NUMBER_CHARS - 1:
-            return None
-        m = mag * 10 + d
-        return (3, neg, m) if self._feasible(neg, m, False) else None
+        if stage == 2:  # a lone "0" (or "-0"): nothing may follow
+            return _NO_STEPS
+        if stage == 3:
+            if mag >= _JINT_MAG_CAP:  # MAX_NUMBER_CHARS - 1 digits already
+                return _NO_STEPS
+            ok = self._digits(neg, mag)
+            return (None,) + tuple([(3, neg, mag * 10 + d) if ok >> d & 1 else None for d in range(10)])
+        # nothing written yet, or a lone "-": the sign (first only, where negatives are allowed),
+        # a lone zero, or the first digit
+        minus = (1, True, 0) if stage == 0 and (self.lo is None or self.lo < 0) else None
+        zero = (2, neg, 0) if self._in(0) else None
+        ok = self._digits(neg, 0)
+        return (minus, zero) + tuple([(3, neg, d) if ok >> d & 1 else None for d in range(1, 10)])
 
 
 # ---------------------------------------------------------------------------------------------

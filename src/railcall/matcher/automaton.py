@@ -13,8 +13,8 @@ from railcall.grammar.program import _JI, _JN, EXIT, MAX_NUMBER_CHARS, NUM_BYTES
 from railcall.matcher.completion import Completions
 from railcall.matcher.entries import _Bits, entry_dense, entry_ids, _union, vocab_cache
 from railcall.matcher.indexes import (
-    _JSTR_REACH, JStrIndex, jnum_index, jstr_after_prefix, jstr_exit_groups, jstr_exit_rests, jstr_index,
-    jstr_inside, prefix_reach, _prefix_upper, sorted_ids_list, special_flags,
+    _common_prefix, _JSTR_REACH, JStrIndex, jnum_index, jstr_after_prefix, jstr_exit_groups, jstr_exit_rests, jstr_index,
+    jstr_inside, ONE_BYTE, prefix_reach, _prefix_upper, sorted_ids_list, special_flags,
 )
 from railcall.matcher.keys import _JINT_SUB, KEY_BUDGET, ContentKeys, _jstr_clamps, _stack_key
 from railcall.vocab import Vocabulary
@@ -643,20 +643,21 @@ class Automaton(ContentKeys, Completions):
                 # What follows is a literal, or several (an optional key or the object's end):
                 # chain through each with look-ups instead of a walk (a tool name's closing
                 # quote followed by `,"args":{"path":"`, say); the legal tokens are the union.
-                lookup, dups = v.lookup, v.duplicates
+                lookup, dups = v.lookup.get, v.duplicates
                 for ins, off, st in threads:
-                    rest = ins.data[off:]
+                    q = p + ins.data[off:]
+                    j = _common_prefix(sb, q)  # no token goes on past q[:j]
                     ids = []
-                    for k in range(1, min(len(rest) - 1, v.max_token_len - n) + 1):
-                        t = lookup.get(p + rest[:k])
+                    for k in range(n + 1, min(j, len(q) - 1) + 1):  # tokens spelling a proper prefix
+                        t = lookup(q[:k])
                         if t is not None:
                             ids.append(t)
                             if dups:
-                                ids.extend(dups.get(p + rest[:k], ()))
+                                ids.extend(dups.get(q[:k], ()))
                     bits.add(ids)
-                    if n + len(rest) <= v.max_token_len:
+                    if j == len(q):  # tokens spelling all of it, and maybe more
                         x2 = self._after(ins.next, st)
-                        self._prefix_tokens(p + rest, x2, bits, exact_ok=x2 >= 0)
+                        self._prefix_tokens(q, x2, bits, exact_ok=x2 >= 0)
             elif type(ins) is JStr:
                 # What follows is a string body (`"`, `":"`, `["` end in its opening quote): the
                 # tokens' remainders classified once per vocabulary, no state per count.
@@ -719,22 +720,30 @@ class Automaton(ContentKeys, Completions):
         what follows walked. With `prefix`: the tokens that spell it and then go on into the
         trie (`prefix` itself is not one of them)."""
         v = self.vocab
-        lookup, dups, ext = v.lookup, v.duplicates, self._ext
-        kids, term = ins.children, ins.terminal
+        # bound look-ups: each a direct call, no method found by name per branch
+        lookup, reach, term = v.lookup.get, self._reach.get, ins.terminal.get
+        dups, ext, after, kids = v.duplicates, self._ext, self._after, ins.children
         ids = []
         todo = [(node, prefix)]
         while todo:
             n, acc = todo.pop()
+            short = len(acc) < 3  # its branches' prefixes are short: `_ext` is one look-up
             for byte, child in kids[n].items():
-                p = acc + bytes((byte,))
-                e = ext(p)
-                if e < 0:
-                    continue  # no token starts with p
-                cont = term.get(child)
-                x = self._after(cont, st) if cont is not None else DEAD
+                p = acc + ONE_BYTE[byte]
+                if short:
+                    e = reach(p, -1)
+                    if e < 0:
+                        continue  # no token starts with p
+                    e -= len(p)
+                else:
+                    e = ext(p)
+                    if e < 0:
+                        continue
+                cont = term(child)
+                x = after(cont, st) if cont is not None else DEAD
                 more = bool(kids[child])
                 if more or x >= 0:  # a token that is exactly p
-                    t = lookup.get(p)
+                    t = lookup(p)
                     if t is not None:
                         ids.append(t)
                         if dups:

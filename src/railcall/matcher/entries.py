@@ -29,6 +29,9 @@ if TYPE_CHECKING:  # the automaton imports this module
 # 8,192 (Gemma 3): filling those is a zero fill and one scatter, and they cost a few hundred bytes
 # to keep, so a table's every state can stay cached.
 
+_BIT = [1 << k for k in range(32)]  # a word's bits, as Python ints: no shift per token id
+
+
 def _sparse_entry(acc: dict[int, int]) -> tuple:
     words = np.array(list(acc), dtype=np.int64)
     vals = np.array(list(acc.values()), dtype=np.uint32).view(np.int32)
@@ -90,9 +93,11 @@ class _Bits:
             # Few ids (a literal's prefixes, a trie's branches): accumulate the words in a
             # dict; numpy's ufunc.at costs more than this, and so does a dense array.
             acc: dict[int, int] = {}
+            get = acc.get
             for p in self.parts:
                 for i in (p if isinstance(p, list) else p.tolist()):
-                    acc[i >> 5] = acc.get(i >> 5, 0) | (1 << (i & 31))
+                    w = i >> 5
+                    acc[w] = get(w, 0) | _BIT[i & 31]
             return _sparse_entry(acc)
         out = self.packed()
         return out, int(np.bitwise_count(out.view(np.uint32)).sum()), None, None
@@ -115,19 +120,25 @@ class _Bits:
 
 def _union(entries: list[tuple], n_words: int) -> tuple:
     """The mask entry of the union of several entries."""
-    if all(e[0] is None for e in entries):
+    sparse = all(e[0] is None for e in entries)
+    if sparse and sum(e[2].size for e in entries) <= 16:
+        # a few words: a dict costs less than numpy's calls
         acc: dict[int, int] = {}
         for _, _, words, vals in entries:
             for w, v in zip(words.tolist(), vals.view(np.uint32).tolist()):
                 acc[w] = acc.get(w, 0) | v
-        if len(acc) <= 256:
-            return _sparse_entry(acc)
+        return _sparse_entry(acc)
     out = entry_dense(entries[0], n_words).copy()
     for e in entries[1:]:
         if e[0] is not None:
             out |= e[0]
         else:
-            out[e[2]] |= e[3]
+            out[e[2]] |= e[3]  # an entry's words are distinct: one scatter
+    if sparse:
+        words = np.flatnonzero(out)
+        if words.size <= 256:
+            vals = out[words]
+            return None, int(np.bitwise_count(vals.view(np.uint32)).sum()), words, vals
     return out, int(np.bitwise_count(out.view(np.uint32)).sum()), None, None
 
 

@@ -340,6 +340,9 @@ def sorted_ids_list(vocab: Vocabulary) -> list[int]:
     return hit
 
 
+ONE_BYTE = [bytes((b,)) for b in range(256)]  # each byte as a bytes object: no bytes((b,)) per use
+
+
 def _prefix_upper(p: bytes) -> bytes | None:
     """The least byte string greater than every string that starts with `p` (None: no bound)."""
     q = p.rstrip(b"\xff")
