@@ -996,6 +996,38 @@ def test_prewarm_finds_the_tokens_that_close_a_string_from_inside_an_escape(monk
         assert (calls == []) == warm, calls
 
 
+def test_prewarm_masks_where_many_names_part_ways(bpe_vocab):
+    """Names in namespaces (`github_` and `slack_`, forty each): where a namespace's names part
+    ways, more than 2 * KEY_BUDGET trie nodes lie below, so the node is keyed as itself and no
+    other state can lend it a mask. Prewarm computes it: the first visit there computes nothing,
+    where a lazy grammar computes it; nodes with few names below stay lazy. Masks are exactly
+    the byte oracle's either way."""
+    from railcall.matcher.keys import KEY_BUDGET
+
+    words = ["alpha", "bravo", "city", "delta", "echo", "file", "golf", "hotel"]
+    tools = [Tool(f"{ns}_{w}_{i}", "", {"type": "object", "properties": {}}) for ns in ("github", "slack")
+             for w in words for i in range(5)]
+    g0 = CompiledGrammar(tool_grammar(tools), twin(bpe_vocab))
+    m = Matcher(g0)
+    assert m.consume_bytes(b'{"tool":"github_')
+    (ins, node, _), = g0._sets[m.state]
+    assert ins.size(node) > 2 * KEY_BUDGET and len(ins.children[node]) == len(words)
+    for warm in (True, False):
+        g = CompiledGrammar(tool_grammar(tools), twin(bpe_vocab))
+        if warm:
+            g.prewarm()
+        m = Matcher(g)
+        new = []
+        for b in b'{"tool":"github_echo_':
+            before = g.auto.mask_computations
+            assert m.legal_token_ids().tolist() == byte_legal(m)
+            new.append(g.auto.mask_computations - before)
+            assert m.consume_bytes(bytes([b]))
+        at_split = new[len(b'{"tool":"github_')]  # the state after `github_`
+        assert (at_split == 0) == warm, new
+        assert sum(new) > 0  # below the split (`echo_`: five names), first visits stay lazy
+
+
 def test_compiled_grammar_prewarms_once(bpe_vocab, monkeypatch):
     v = twin(bpe_vocab)
     grammar = tool_grammar(random_tools(random.Random(4), 2))

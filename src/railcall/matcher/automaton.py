@@ -560,9 +560,9 @@ class Automaton(ContentKeys, Completions):
     def prewarm(self, start: int, max_depth: int = 1, max_positions: int = PREWARM_POSITIONS) -> int:
         """Key and mask every grammar position a call can reach (an instruction with the frames
         open above it), where it starts: a literal at its first byte (keying every offset its
-        text alone keys, `_lit_cuts`); a string just inside its quote; a trie at its root (and
-        past an opening quote, where the root has only that); a number or an integer before its
-        first digit. Returns the number of positions. Not a literal's last bytes: their keys
+        text alone keys, `_lit_cuts`); a string just inside its quote; a trie at its root, past
+        an opening quote where the root has only that, and where many names part ways
+        (`_big_branches`); a number or an integer before its first digit. Returns the number of positions. Not a literal's last bytes: their keys
         look past it into what follows, and building them for every literal was a third of
         prewarm (128 tools on Gemma 3: ~12 of ~38 ms), while a call's tokens seldom stop there
         (measured: the same mask p99 with and without).
@@ -600,13 +600,34 @@ class Automaton(ContentKeys, Completions):
                             self._exits_after(sub, x, jstr_index(self.vocab, sub), after)
             elif ins.consumes and not ins.accepting:
                 self.mask(self._intern(frozenset([t])))
-                if kind is Select and len(ins.children[loc]) == 1 and ins.children[loc].get(0x22) is not None:
-                    self.mask(self._intern(frozenset([(ins, ins.children[loc][0x22], st)])))
+                if kind is Select:
+                    for node in self._big_branches(ins, loc):
+                        self.mask(self._intern(frozenset([(ins, node, st)])))
             out: set = set()
             for cont in ins.need_parts():
                 cont.arrive(0, st, out)
             todo.extend(out)
         return len(seen)
+
+    @staticmethod
+    def _big_branches(ins: Select, loc: int) -> list[int]:
+        """The nodes of a trie below `loc` where keys part ways with more than 2 * KEY_BUDGET
+        nodes below (a name's namespace, `find_` or `github_`, before what tells its names
+        apart): keyed as themselves, their masks are never found cached from another state, and
+        each is a walk over the names below it. And past an opening quote, where the root has
+        only that."""
+        kids, out = ins.children, []
+        only = kids[loc].get(0x22) if len(kids[loc]) == 1 else None
+        if only is not None:
+            out.append(only)
+        todo = [c for c in kids[loc].values()]
+        while todo:
+            n = todo.pop()
+            if ins.size(n) > 2 * KEY_BUDGET:
+                if len(kids[n]) > 1 and n != only:
+                    out.append(n)
+                todo.extend(kids[n].values())
+        return out
 
     def _after(self, ins, st) -> int:
         """The state entered at instruction `ins` with stack `st` (DEAD if none); memoised (the
