@@ -13,8 +13,8 @@ from railcall.grammar.program import _JI, _JN, EXIT, MAX_NUMBER_CHARS, NUM_BYTES
 from railcall.matcher.completion import Completions
 from railcall.matcher.entries import _Bits, entry_dense, entry_ids, _union, vocab_cache
 from railcall.matcher.indexes import (
-    _common_prefix, _JSTR_REACH, JStrIndex, jnum_index, jstr_after_prefix, jstr_exit_groups, jstr_exit_rests, jstr_index,
-    jstr_inside, ONE_BYTE, prefix_reach, _prefix_upper, sorted_ids_list, special_flags,
+    _common_prefix, _JSTR_REACH, JStrIndex, jnum_index, jstr_after_prefix, jstr_exit_groups, jstr_exit_rests,
+    jstr_index, jstr_inside, ONE_BYTE, prefix_reach, _prefix_upper, sorted_ids_list, special_flags,
 )
 from railcall.matcher.keys import _JINT_SUB, KEY_BUDGET, ContentKeys, _jstr_clamps, _stack_key
 from railcall.vocab import Vocabulary
@@ -162,7 +162,7 @@ class Automaton(ContentKeys, Completions):
             (ins, loc, st), = threads
             if st is None:  # most states: one thread, no stack
                 return ins, ins.coarse(loc)
-        return frozenset((ins, ins.coarse(loc), _stack_key(st)) for ins, loc, st in threads)
+        return frozenset([(ins, ins.coarse(loc), _stack_key(st)) for ins, loc, st in threads])
 
 
     # -- masks ----------------------------------------------------------------------------------

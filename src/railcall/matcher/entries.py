@@ -33,8 +33,9 @@ _BIT = [1 << k for k in range(32)]  # a word's bits, as Python ints: no shift pe
 
 
 def _sparse_entry(acc: dict[int, int]) -> tuple:
-    words = np.array(list(acc), dtype=np.int64)
-    vals = np.array(list(acc.values()), dtype=np.uint32).view(np.int32)
+    n = len(acc)
+    words = np.fromiter(acc, np.int64, n)
+    vals = np.fromiter(acc.values(), np.uint32, n).view(np.int32)
     return None, sum(map(int.bit_count, acc.values())), words, vals
 
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from railcall.grammar.program import INT, MAX_NUMBER_CHARS, NEG, NUM_BYTES, S0, ZERO, JInt, JNum, JStr, Lit, Select
 from railcall.matcher.indexes import (
-    _common_prefix, jnum_ext, number_margin, quote_reach, quote_rests, quote_rests_after, quote_rests_within, rests_reach,
-    sorted_lengths,
+    _common_prefix, jnum_ext, number_margin, ONE_BYTE, quote_reach, quote_rests, quote_rests_after, quote_rests_within,
+    rests_reach, sorted_lengths,
 )
 
 KEY_BUDGET = 32  # lookahead nodes one content key may visit before falling back to the instruction
@@ -72,7 +72,7 @@ class ContentKeys:
         threads = self._sets[s]
         if len(threads) == 1:
             return self._top_key(*next(iter(threads)))
-        return self._kid(frozenset(self._top_key(*t) for t in threads))
+        return self._kid(frozenset([self._top_key(*t) for t in threads]))
 
     def _top_key(self, ins, loc, st) -> int:
         """The key of one thread at a token's start: its mask is a function of it. Where the
@@ -299,7 +299,7 @@ class ContentKeys:
         if k is None:
             out: set = set()
             ins.arrive(0, st, out)
-            k = self._cmemo[mk] = self._kid(frozenset(how(i, l, s, arg) for i, l, s in out))
+            k = self._cmemo[mk] = self._kid(frozenset([how(i, l, s, arg) for i, l, s in out]))
         return k
 
     def _akey(self, ins, st, d: int) -> int:
@@ -348,9 +348,9 @@ class ContentKeys:
             texts = self._texts_after(p, go)
             if texts is not None:  # (each text is one byte or more: go is not empty)
                 t, memo = (ins, loc, st), {}
-                return self._kid(("pw", tuple(r for r in texts if self._thread_accepts(t, r, 0, memo))))
+                return self._kid(("pw", tuple([r for r in texts if self._thread_accepts(t, r, 0, memo)])))
         # as far as the longest token that goes on from p with one of those bytes reaches
-        return self._dkey(ins, loc, st, 1 + max(self._ext(p + bytes((b,))) for b in go))
+        return self._dkey(ins, loc, st, 1 + max([self._ext(p + ONE_BYTE[b]) for b in go]))
 
     def _texts_after(self, p: bytes, go: list[int]) -> list[bytes] | None:
         """What the text tokens starting with `p` and then a byte of `go` spell after `p`;
@@ -358,10 +358,10 @@ class ContentKeys:
         sb = self.vocab.sorted_index[0]
         n, texts = len(p), []
         for b in go:
-            a, z = self.vocab.prefix_range(p + bytes((b,)))
+            a, z = self.vocab.prefix_range(p + ONE_BYTE[b])
             if len(texts) + z - a > TEXTS_WALKED:
                 return None
-            texts.extend(t[n:] for t in sb[a:z])
+            texts.extend([t[n:] for t in sb[a:z]])
         return texts
 
     def _next_bytes(self, p: bytes) -> np.ndarray:
@@ -393,7 +393,7 @@ class ContentKeys:
         if self._budget < 0:
             raise _Costly
         for b, child in sorted(kids[node].items()):
-            q = p + bytes((b,))
+            q = p + ONE_BYTE[b]
             e = self._ext(q)
             if e < 0:
                 continue  # no token starts with q: nothing down this branch is in the mask
