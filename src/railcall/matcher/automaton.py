@@ -786,11 +786,15 @@ class Automaton(ContentKeys, Completions):
         n, sub = loc >> 4, loc & 15
         idx = jnum_index(self.vocab, sub, ins.integer)
         room = MAX_NUMBER_CHARS - n
-        bits.add(idx.inside_ids[idx.inside_len <= room])
+        ids, pos = idx.exit_ids, idx.exit_pos
+        if room >= idx.reach:  # far from the length cap: every token fits
+            bits.add(idx.inside_ids)
+        else:
+            bits.add(idx.inside_ids[idx.inside_len <= room])
+            ok = pos <= room
+            ids, pos = ids[ok], pos[ok]
         if x < 0:
             return True
-        ok = idx.exit_pos <= room
-        ids, pos = idx.exit_ids[ok], idx.exit_pos[ok]
         if ids.size:
             bits.add(self._walk(ids, pos, np.full(ids.size, x, dtype=np.int64)))
         return True
