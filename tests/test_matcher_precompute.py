@@ -1118,3 +1118,19 @@ def test_a_bounded_integer_takes_exactly_the_prefixes_of_its_values():
                         assert ins.ends(n) == (t in texts), (lo, hi, t)
                         nxt[t] = n
             level = nxt
+
+
+def test_the_longest_prefix_tokens_start_with_is_found_from_the_reach_index_or_a_search():
+    """`_token_lcp` answers up to three bytes from the reach index and searches the sorted tokens
+    past that: the same length as the search alone, for texts that stop before, at and past
+    three bytes, and where the longest token under a prefix is exactly three bytes long."""
+    from railcall.matcher.indexes import _common_prefix
+
+    pieces = [bytes([b]) for b in range(97, 103)] + ["ab", "abc", "abcd", "abcde", "bcd", "cd", "dea", "deab", "ef"]
+    v = Vocabulary.from_pieces(pieces, specials=["<end>"], stop=["<end>"])
+    auto = CompiledGrammar(tool_grammar([Tool("f", "", {"type": "object", "properties": {}})]), v).auto
+    rng = random.Random(3)
+    texts = [b"", b"z", b"a", b"ab", b"abc", b"abcz", b"abcdef", b"bcd", b"bcdd", b"dez", b"deabz", b"ef", b"efg"]
+    texts += [bytes(rng.choice(b"abcdefz") for _ in range(rng.randrange(7))) for _ in range(3000)]
+    for text in texts:
+        assert auto._token_lcp(text) == _common_prefix(v.sorted_index[0], text), text

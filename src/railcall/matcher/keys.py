@@ -171,9 +171,7 @@ class ContentKeys:
         lits = self._lit_memo
         k = lits.get(rest)  # literals of other keys and tools end alike
         if k is None:
-            j = self._reach.get(rest[:2], 1)  # the longest token starting with its first two bytes
-            if j > 2:  # tokens go past two bytes: the longest prefix some token starts with
-                j = self._token_lcp(rest)
+            j = self._token_lcp(rest)
             k = lits[rest] = self._kid(("L", rest[:j])) if j < len(rest) else -1
         return k
 
@@ -404,8 +402,20 @@ class ContentKeys:
         return tuple(items)
 
     def _token_lcp(self, data: bytes) -> int:
-        """The length of the longest prefix of `data` that some token starts with."""
-        return _common_prefix(self.vocab.sorted_index[0], data)
+        """The length of the longest prefix of `data` that some token starts with: up to three
+        bytes from the reach index (most of a literal's suffixes stop there), past that by a
+        binary search over the sorted tokens."""
+        reach = self._reach
+        if len(data) >= 3:
+            r = reach.get(data[:3])
+            if r is not None:  # some token starts with its first three bytes
+                if r == 3 or len(data) == 3:
+                    return 3  # and none goes on past them, or there is no more
+                return _common_prefix(self.vocab.sorted_index[0], data)
+        k = min(len(data), 2)
+        while k and data[:k] not in reach:
+            k -= 1
+        return k
 
     def _ext(self, p: bytes) -> int:
         """How many bytes past `p` the longest token starting with `p` spells (-1: none)."""
