@@ -929,8 +929,12 @@ class Automaton(ContentKeys, Completions):
         legal = np.zeros(idx.exit_ids.size, dtype=bool)
         for k in range(min(len(lit), self.vocab.max_token_len + 1)):  # proper prefixes, empty included
             p = lit[:k]
-            a, b = bisect_left(keys, p), bisect_right(keys, p)
-            legal[order[a:b]] = True
+            a = bisect_left(keys, p)
+            if a == len(keys) or not keys[a].startswith(p):
+                break  # no remainder starts with p: none is a longer prefix either
+            b = bisect_right(keys, p, a)
+            if a < b:
+                legal[order[a:b]] = True
         a = bisect_left(keys, lit)
         b = bisect_left(keys, _prefix_upper(lit)) if _prefix_upper(lit) is not None else len(keys)
         if a < b:
