@@ -98,10 +98,10 @@ class CompiledGrammar:
 
     def prewarm(self) -> int:
         """Every position's content keys and first mask now (see Automaton.prewarm); returns the
-        number of positions. Between the lazy default and `precompute`: for 128 tools ~22 ms on
-        SmolLM2's vocabulary (~28 ms on Gemma 3's) on the benchmark's host, against ~0.7 s for
+        number of positions. Between the lazy default and `precompute`: for 128 tools ~25 ms on
+        SmolLM2's vocabulary (~29 ms on Gemma 3's) on the benchmark's host, against ~0.7 s for
         `precompute`, after which the first call to a tool finds most of its masks' work done
-        (SmolLM2, 128 tools: mask p99 80.9 µs against the lazy default's 106.7)."""
+        (SmolLM2, 128 tools: mask p99 58.4 µs against the lazy default's 85.2)."""
         n = self.auto.prewarm(self.start_state)
         self.prewarmed = True
         return n
