@@ -602,7 +602,6 @@ class _Stepper(Instr):
 
 
 JINT_STEPS_LIMIT = 4096  # memoised locals per bounded integer (each a tuple of 11 steps)
-_JINT_BYTE_INDEX = [b"-0123456789".find(bytes((b,))) for b in range(256)]  # the byte's index in JInt._BYTES
 _JINT_MAG_CAP = 10 ** (MAX_NUMBER_CHARS - 2)  # the least magnitude of MAX_NUMBER_CHARS - 1 digits
 _NO_STEPS = (None,) * 11
 _JINT_ALLOWED: dict[int, np.ndarray] = {}  # which of JInt._BYTES a local allows (a bit each) -> the array
@@ -710,6 +709,9 @@ class JInt(_Stepper):
         zero = (2, neg, 0) if self._in(0) else None
         ok = self._digits(neg, 0)
         return (minus, zero) + tuple([(3, neg, d) if ok >> d & 1 else None for d in range(1, 10)])
+
+
+_JINT_BYTE_INDEX = [JInt._BYTES.find(bytes((b,))) for b in range(256)]  # a byte's place in a JInt row (-1: none)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from railcall.grammar.program import _JI, _JN, EXIT, MAX_NUMBER_CHARS, NUM_BYTES
 from railcall.matcher.completion import Completions
 from railcall.matcher.entries import _Bits, entry_dense, entry_ids, _union, vocab_cache
 from railcall.matcher.indexes import (
-    _common_prefix, _JSTR_REACH, JStrIndex, jnum_index, jstr_after_prefix, jstr_exit_groups, jstr_exit_rests,
-    jstr_index, jstr_inside, ONE_BYTE, prefix_reach, _prefix_upper, sorted_ids_list, special_flags,
+    _JSTR_REACH, JStrIndex, jnum_index, jstr_after_prefix, jstr_exit_groups, jstr_exit_rests, jstr_index,
+    jstr_inside, ONE_BYTE, prefix_reach, _prefix_upper, sorted_ids_list, special_flags,
 )
 from railcall.matcher.keys import _JINT_SUB, KEY_BUDGET, ContentKeys, _jstr_clamps, _stack_key
 from railcall.vocab import Vocabulary
@@ -562,10 +562,11 @@ class Automaton(ContentKeys, Completions):
         open above it), where it starts: a literal at its first byte (keying every offset its
         text alone keys, `_lit_cuts`); a string just inside its quote; a trie at its root, past
         an opening quote where the root has only that, and where many names part ways
-        (`_big_branches`); a number or an integer before its first digit. Returns the number of positions. Not a literal's last bytes: their keys
-        look past it into what follows, and building them for every literal was a third of
-        prewarm (128 tools on Gemma 3: ~12 of ~38 ms), while a call's tokens seldom stop there
-        (measured: the same mask p99 with and without).
+        (`_big_branches`); a number or an integer before its first digit. Returns the number of
+        positions. Not a literal's last bytes: their keys look past it into what follows, and
+        building them for every literal was a third of prewarm (128 tools on Gemma 3: ~12 of
+        ~38 ms), while a call's tokens seldom stop there (measured: the same mask p99 with and
+        without).
 
         Not every state: the states of a position (a literal's offsets, a string's counts, a
         number's digits) mostly share its content keys and masks, so a first visit later is a
@@ -620,7 +621,7 @@ class Automaton(ContentKeys, Completions):
         only = kids[loc].get(0x22) if len(kids[loc]) == 1 else None
         if only is not None:
             out.append(only)
-        todo = [c for c in kids[loc].values()]
+        todo = list(kids[loc].values())
         while todo:
             n = todo.pop()
             if ins.size(n) > 2 * KEY_BUDGET:
@@ -667,7 +668,7 @@ class Automaton(ContentKeys, Completions):
                 lookup, dups = v.lookup.get, v.duplicates
                 for ins, off, st in threads:
                     q = p + ins.data[off:]
-                    j = _common_prefix(sb, q)  # no token goes on past q[:j]
+                    j = self._token_lcp(q)  # no token goes on past q[:j]
                     ids = []
                     for k in range(n + 1, min(j, len(q) - 1) + 1):  # tokens spelling a proper prefix
                         t = lookup(q[:k])
