@@ -14,7 +14,7 @@ from railcall.matcher.completion import Completions
 from railcall.matcher.entries import _Bits, entry_dense, entry_ids, _union, vocab_cache
 from railcall.matcher.indexes import (
     _JSTR_REACH, JStrIndex, jnum_index, jstr_after_prefix, jstr_exit_groups, jstr_exit_rests, jstr_index,
-    jstr_inside, ONE_BYTE, prefix_reach, _prefix_upper, sorted_ids_list, special_flags,
+    jstr_inside, number_margin, ONE_BYTE, prefix_reach, _prefix_upper, sorted_ids_list, special_flags,
 )
 from railcall.matcher.keys import _JINT_SUB, KEY_BUDGET, ContentKeys, _jstr_clamps, _stack_key
 from railcall.vocab import Vocabulary
@@ -788,7 +788,7 @@ class Automaton(ContentKeys, Completions):
         idx = jnum_index(self.vocab, sub, ins.integer)
         room = MAX_NUMBER_CHARS - n
         ids, pos = idx.exit_ids, idx.exit_pos
-        if room >= idx.reach:  # far from the length cap: every token fits
+        if room >= number_margin(self.vocab):  # far from the length cap: every token fits
             bits.add(idx.inside_ids)
         else:
             bits.add(idx.inside_ids[idx.inside_len <= room])

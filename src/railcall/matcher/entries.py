@@ -129,7 +129,8 @@ def _union(entries: list[tuple], n_words: int) -> tuple:
             for w, v in zip(words.tolist(), vals.view(np.uint32).tolist()):
                 acc[w] = acc.get(w, 0) | v
         return _sparse_entry(acc)
-    out = entry_dense(entries[0], n_words).copy()
+    first = entries[0]
+    out = first[0].copy() if first[0] is not None else entry_dense(first, n_words)  # (a new array)
     for e in entries[1:]:
         if e[0] is not None:
             out |= e[0]

@@ -46,7 +46,6 @@ class JNumIndex(NamedTuple):
     inside_len: np.ndarray  # (k,) their lengths
     exit_ids: np.ndarray  # (e,) tokens whose number part ends, in a final substate, before their end
     exit_pos: np.ndarray  # (e,) the byte offset where the number ends (>= 1)
-    reach: int  # the most number characters any of them adds: from this much room on, all fit
 
 
 def number_margin(vocab: Vocabulary) -> int:
@@ -117,9 +116,7 @@ def jnum_index(vocab: Vocabulary, sub: int, integer: bool) -> JNumIndex:
     def cat(xs):
         return np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64)
 
-    inside_len, exit_pos = cat(inside_len), cat(exit_pos)
-    reach = max(int(inside_len.max(initial=0)), int(exit_pos.max(initial=0)))
-    hit = JNumIndex(cat(inside_ids), inside_len, cat(exit_ids), exit_pos, reach)
+    hit = JNumIndex(cat(inside_ids), cat(inside_len), cat(exit_ids), cat(exit_pos))
     cache[(sub, integer)] = hit
     return hit
 
