@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml Makefile
 # the stamp only saves starting it. Where the build fails (no C compiler), railcall runs its
 # Python source, and the next `make` tries again.
 SPEEDUPS := build/speedups/.make-stamp
-SPEEDUP_SRC := $(wildcard src/railcall/matcher/*.py src/railcall/grammar/*.py) src/railcall/vocab.py \
+SPEEDUP_SRC := $(wildcard src/railcall/matcher/*.py src/railcall/matcher/*.pxd src/railcall/grammar/*.py) src/railcall/vocab.py \
                src/railcall/regions.py src/railcall/speedups.py
 
 speedups: $(SPEEDUPS)

@@ -412,6 +412,21 @@ def count_calls(monkeypatch, cls, name: str) -> itertools.count:
     return calls
 
 
+def spy_automaton(monkeypatch, **wrappers):
+    """From here on in this test, new automata (one per vocabulary) are a subclass of Automaton
+    whose methods named in `wrappers` run `wrappers[name](real, self, *args)`, `real` being
+    Automaton's own. Compiled, Automaton is an extension type: its methods cannot be replaced
+    on the class, but a subclass's are called in their place."""
+    from railcall.matcher import matcher as matcher_module
+    from railcall.matcher.automaton import Automaton
+
+    def wrapped(wrap, real):
+        return lambda self, *args: wrap(real, self, *args)
+
+    methods = {name: wrapped(wrap, getattr(Automaton, name)) for name, wrap in wrappers.items()}
+    monkeypatch.setattr(matcher_module, "Automaton", type("SpiedAutomaton", (Automaton,), methods))
+
+
 def _walk_trie(sel, key: bytes) -> int:
     """The trie node reached by `key` from the root."""
     n = 0
@@ -506,19 +521,21 @@ def test_a_transition_lost_from_the_table_is_not_read_as_dead(monkeypatch):
     """Another thread growing the transition table can lose a write (the table is copied). The
     vectorised walk must then use the transition it just computed, never read the slot back as
     dead: here every other write is dropped on purpose, and the masks still equal the oracle."""
-    from railcall.matcher import UNBUILT, Automaton
+    from railcall.matcher import UNBUILT
 
-    step = Automaton.step
-    dropped = itertools.count()
+    dropped, calls = itertools.count(), itertools.count()
 
-    def lossy(self, s, b):
+    def lossy(step, self, s, b):
         r = step(self, s, b)
         if next(dropped) % 2:
             self._table[s, b] = UNBUILT
         return r
 
-    monkeypatch.setattr(Automaton, "step", lossy)
-    calls = count_calls(monkeypatch, Automaton, "_delta")
+    def counted(real, self, *args):
+        next(calls)
+        return real(self, *args)
+
+    spy_automaton(monkeypatch, step=lossy, _delta=counted)
     # two-letter tokens: a pattern's first mask has hundreds of candidates, so the walk is vectorised
     pairs = [a + b for a in "abcdefghijklmnopqrstuvwxyz" for b in "abcdefghijklmnopqrstuvwxyz"]
     v = Vocabulary.from_pieces(CROSSING + pairs, specials=["<end>"], stop=["<end>"])
@@ -752,11 +769,8 @@ def test_tokens_that_run_into_a_string_match_the_byte_oracle(eager, monkeypatch)
     """Tokens that spell a literal's end and go on into a string (`":"ab`, `["a`, `"a"}`) are
     classified per vocabulary rather than walked; near a string's minimum and maximum, inside
     arrays and before what follows the closing quote, the masks are still exactly the oracle's."""
-    from railcall.matcher.automaton import Automaton
-
     calls = []
-    into = Automaton._into_string
-    monkeypatch.setattr(Automaton, "_into_string", lambda self, *a: calls.append(a[0]) or into(self, *a))
+    spy_automaton(monkeypatch, _into_string=lambda real, self, *a: calls.append(a[0]) or real(self, *a))
     v = Vocabulary.from_pieces(QUOTED, specials=["<end>"], stop=["<end>"])
     s = lambda lo, hi: {"type": "string", "minLength": lo, "maxLength": hi}  # noqa: E731
     tools = [Tool("f", "", {"type": "object", "properties": {
@@ -779,13 +793,10 @@ def test_a_string_followed_by_several_literals_closes_exactly(monkeypatch):
     is one of several literals (`,"b":` or `}`). The closing tokens are then matched against
     each literal by binary search, not walked one text at a time; the masks along random walks
     are still exactly the byte oracle's, tokens that run past a literal's end included."""
-    from railcall.matcher.automaton import Automaton
-
     by_literal, by_walk = [], []
-    into, rest = Automaton._exits_into_literal, Automaton._exits_by_rest
-    monkeypatch.setattr(Automaton, "_exits_into_literal",
-                        lambda self, sub, t, idx: by_literal.append(t[0].data[t[1]:]) or into(self, sub, t, idx))
-    monkeypatch.setattr(Automaton, "_exits_by_rest", lambda self, *a: by_walk.append(a) or rest(self, *a))
+    spy_automaton(monkeypatch,
+                  _exits_into_literal=lambda real, self, sub, t, idx: by_literal.append(t[0].data[t[1]:]) or real(self, sub, t, idx),
+                  _exits_by_rest=lambda real, self, *a: by_walk.append(a) or real(self, *a))
     v = Vocabulary.from_pieces(CLOSING, specials=["<end>"], stop=["<end>"])
     s = {"type": "string", "minLength": 1, "maxLength": 3}
     tools = [Tool("f", "", {"type": "object", "properties": {
@@ -869,22 +880,21 @@ def test_tokens_that_run_into_a_trie_of_values_match_the_byte_oracle(monkeypatch
     value's end and go on into an optional key or the object's end (`ed"}`, `e","`) by look-ups
     along each literal, not token by token; the masks along random walks are still exactly the
     oracle's."""
-    from railcall.matcher.automaton import Automaton
-
     from railcall.grammar.program import Lit
 
     prefixes, into_literals = [], []
-    orig, chain = Automaton._select_legal, Automaton._prefix_tokens
-    monkeypatch.setattr(Automaton, "_select_legal",
-                        lambda self, ins, node, st, bits, prefix=b"": prefixes.append(prefix) or orig(self, ins, node, st, bits, prefix))
 
-    def spy(self, p, x, bits, exact_ok=True):
+    def select(real, self, ins, node, st, bits, prefix=b""):
+        prefixes.append(prefix)
+        return real(self, ins, node, st, bits, prefix)
+
+    def chain(real, self, p, x, bits, exact_ok=True):
         threads = self._sets[x] if x >= 0 else ()
         if len(threads) > 1 and all(type(t[0]) is Lit for t in threads):
             into_literals.append(p)
-        return chain(self, p, x, bits, exact_ok)
+        return real(self, p, x, bits, exact_ok)
 
-    monkeypatch.setattr(Automaton, "_prefix_tokens", spy)
+    spy_automaton(monkeypatch, _select_legal=select, _prefix_tokens=chain)
     v = Vocabulary.from_pieces(ENUMS, specials=["<end>"], stop=["<end>"])
     colour = {"type": "string", "enum": ["red", "reed", "blue", "green"]}
     tools = [Tool("f", "", {"type": "object", "properties": {"c": colour, "r": colour, "n": {"type": "integer"}},
@@ -975,23 +985,28 @@ def test_prewarm_finds_the_tokens_that_close_a_string_from_inside_an_escape(monk
     """`n"}` ends an escape, closes the string and goes on: prewarm computes those closing tokens
     once per continuation, so the first mask after a backslash walks none of them again; the
     mask is exactly the byte oracle's, and a lazy grammar does walk them there."""
-    from railcall.matcher.automaton import Automaton
-
     v = Vocabulary.from_pieces(CLOSING + ['n"}', 'n","', '\\n'], specials=["<end>"], stop=["<end>"])
     tool = Tool("t", "", {"type": "object", "properties": {"s": {"type": "string"}, "b": {"type": "integer"}},
                           "required": ["s"]})
+    calls, recording = [], []
+
+    def found(real, self, sub, *a):
+        if recording:
+            calls.append(sub)
+        return real(self, sub, *a)
+
+    # the two ways they are found
+    spy_automaton(monkeypatch, _exits_into_literal=found, _exits_by_rest=found)
     for warm in (True, False):
         g = CompiledGrammar(tool_grammar([tool]), twin(v))
         if warm:
             g.prewarm()
         m = Matcher(g)
         assert m.consume_bytes(b'{"tool":"t","args":{"s":"ab\\')
-        calls = []
-        for name in ("_exits_into_literal", "_exits_by_rest"):  # the two ways they are found
-            real = getattr(Automaton, name)
-            monkeypatch.setattr(Automaton, name, lambda self, sub, *a, real=real: calls.append(sub) or real(self, sub, *a))
+        calls.clear()
+        recording.append(True)
         legal = m.legal_token_ids().tolist()
-        monkeypatch.undo()
+        recording.clear()
         assert legal == byte_legal(m) and v.lookup[b'n"}'] in legal and v.lookup[b'n","'] in legal
         assert (calls == []) == warm, calls
 

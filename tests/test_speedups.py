@@ -116,6 +116,42 @@ def test_plan_tells_current_stale_and_unbuilt_modules(tmp_path):
     assert speedups.plan({}, tmp_path) == ([], [])
 
 
+def test_a_module_built_against_declarations_follows_them(tmp_path):
+    """A module whose .pxd cimports another's (its extension type extends theirs) is compiled
+    from its .py, its .pxd and what it cimports: an edit of any of them makes it stale, and it
+    runs compiled only where they do."""
+    base, mid, top = "railcall.matcher.keys", "railcall.matcher.completion", "railcall.matcher.automaton"
+    plain = "railcall.vocab"
+    manifest = _fake_build(tmp_path, [plain, base, mid, top])
+    declare = {base: "cdef class ContentKeys:\n    pass\n",
+               mid: f"from {base} cimport ContentKeys\n\ncdef class Completions(ContentKeys):\n    pass\n",
+               top: f"from {mid} cimport Completions\n\ncdef class Automaton(Completions):\n    pass\n"}
+    for m, text in declare.items():
+        speedups.declarations_path(m, tmp_path).write_text(text)
+    assert speedups.cimports(top, tmp_path) == [mid] and speedups.cimports(plain, tmp_path) == []
+    # without declarations a module's source hash is its file's (builds before them stay valid)
+    assert speedups.source_hash(plain, tmp_path) == speedups.file_hash(speedups.source_path(plain, tmp_path))
+    assert speedups.source_hash(base, tmp_path) != speedups.file_hash(speedups.source_path(base, tmp_path))
+    for m in (base, mid, top):
+        manifest["modules"][m]["source"] = speedups.source_hash(m, tmp_path)
+    mods = [m for m in speedups.MODULES if m in manifest["modules"]]
+    assert speedups.plan(manifest, tmp_path) == (mods, [])
+
+    before = {m: speedups.source_hash(m, tmp_path) for m in mods}
+    speedups.source_path(base, tmp_path).write_text("# the base, edited\n")
+    after = {m: speedups.source_hash(m, tmp_path) for m in mods}
+    assert [m for m in mods if before[m] != after[m]] == [top, mid, base]  # MODULES order
+    assert speedups.plan(manifest, tmp_path) == ([plain], [top, mid, base])
+
+    speedups.source_path(base, tmp_path).write_text(f"# {base}\n")  # as built again
+    speedups.declarations_path(mid, tmp_path).write_text(declare[mid] + "    # edited\n")
+    assert speedups.plan(manifest, tmp_path) == ([plain, base], [top, mid])
+
+    speedups.declarations_path(mid, tmp_path).write_text(declare[mid])
+    (speedups.out_dir(tmp_path) / (base + speedups.EXT_SUFFIX)).unlink()  # the base's extension gone
+    assert speedups.plan(manifest, tmp_path) == ([plain], [top, mid])
+
+
 def test_a_manifest_for_another_interpreter_is_not_read(tmp_path):
     manifest = _fake_build(tmp_path, speedups.MODULES[:2])
     manifest["abi"] = ".cpython-39-x86_64-linux-gnu.so"
@@ -158,15 +194,19 @@ def test_an_edited_module_runs_from_its_source_with_a_warning(tmp_path):
         _fake_build(root, [edited])
         speedups.source_path(edited, root).write_bytes(speedups.source_path(edited).read_bytes())
         man = json.loads(speedups.manifest_path(root).read_text())
-        man["modules"][edited]["source"] = speedups.file_hash(speedups.source_path(edited, root))
+        man["modules"][edited]["source"] = speedups.source_hash(edited, root)
         speedups.manifest_path(root).write_text(json.dumps(man))
     with speedups.source_path(edited, root).open("a") as f:
         f.write("\nEDITED_AFTER_THE_BUILD = True\n")
     r = _run(_IMPORT_KEYS, pure=False, pythonpath=root)
-    assert r["stale"] == [edited]
+    # the modules compiled against its declarations (their classes extend its ContentKeys) go back
+    # to their source with it: an extension type cannot extend a Python class
+    built_on_it = ["railcall.matcher.automaton", "railcall.matcher.completion"] if speedups.status()["compiled"] else []
+    assert r["stale"] == built_on_it + [edited]
     assert r["edited"] is True and r["file"].endswith(".py")
-    assert len(r["warnings"]) == 1 and edited in r["warnings"][0] and "make setup" in r["warnings"][0]
-    others = {m: how for m, how in r["loaded"].items() if m != edited}
+    assert len(r["warnings"]) == 1 and all(m in r["warnings"][0] for m in r["stale"]) and "make setup" in r["warnings"][0]
+    assert {r["loaded"][m] for m in r["stale"] if m in r["loaded"]} == {"source"}
+    others = {m: how for m, how in r["loaded"].items() if m not in r["stale"]}
     assert set(others.values()) == ({"compiled"} if speedups.status()["compiled"] else {"source"})
 
 
@@ -265,6 +305,51 @@ def test_build_goes_by_content_and_installs_only_what_loads(tmp_path):
         speedups.build(jobs=1, root=root, modules=mods)
     assert json.loads(speedups.manifest_path(root).read_text()) == good  # the last good build, untouched
     assert speedups.file_hash(ext) == good["modules"]["tinypkg.tiny"]["sha256"]
+
+
+BASE = "class Base:\n    def __init__(self):\n        self.n = 40\n\n    def more(self, k):\n        return self.n + k\n"
+BASE_PXD = "cdef class Base:\n    cdef public object n\n    cpdef object more(self, object k)\n"
+TOP = "from tinypkg.base import Base\n\n\nclass Top(Base):\n    def answer(self):\n        return self.more(2)\n"
+TOP_PXD = "from tinypkg.base cimport Base\n\ncdef class Top(Base):\n    pass\n"
+LOAD_TOP = r"""
+import importlib.util, json, sys
+manifest, out = json.loads(open(sys.argv[1]).read()), sys.argv[2]
+
+class Built:  # the build's extensions, as railcall's guard finds its own
+    def find_spec(self, name, path=None, target=None):
+        e = manifest["modules"].get(name)
+        return importlib.util.spec_from_file_location(name, f"{out}/{e['file']}") if e else None
+
+sys.meta_path.insert(0, Built())
+from tinypkg.top import Top
+print(json.dumps({"answer": Top().answer(), "extension type": not Top.__flags__ & (1 << 9)}))  # not a heap type
+"""
+
+
+def test_a_build_with_declarations_compiles_and_loads_each_module_against_the_other(tmp_path, monkeypatch):
+    """A real build of two modules, one extending the other's extension type (top.pxd cimports
+    base.pxd): both compile; an edit of the base rebuilds both; an edit of the top rebuilds it
+    alone, and it loads against the base's current extension."""
+    root = tmp_path / "src"
+    pkg = root / "tinypkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    for name, text in (("base.py", BASE), ("base.pxd", BASE_PXD), ("top.py", TOP), ("top.pxd", TOP_PXD)):
+        (pkg / name).write_text(text)
+    mods = ("tinypkg.base", "tinypkg.top")
+    assert speedups.build(jobs=1, root=root, modules=mods) == list(mods)
+    (pkg / "base.py").write_text(BASE.replace("40", "39"))
+    assert speedups.build(jobs=1, root=root, modules=mods) == list(mods)
+    (pkg / "top.py").write_text(TOP.replace("more(2)", "more(3)"))
+    assert speedups.build(jobs=1, root=root, modules=mods) == ["tinypkg.top"]
+    assert speedups.build(jobs=1, root=root, modules=mods) == []
+
+    monkeypatch.setattr(speedups, "MODULES", mods)
+    assert speedups.plan(speedups.read_manifest(speedups.manifest_path(root)), root) == (list(mods), [])
+    out = subprocess.run([sys.executable, "-c", LOAD_TOP, str(speedups.manifest_path(root)), str(speedups.out_dir(root))],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"answer": 42, "extension type": True}  # 39 + 3: both edits compiled
 
 
 # Inputs nested far deeper than any limit: the compiled build does not count recursion, so each

@@ -16,7 +16,7 @@ from railcall.matcher.indexes import (
     _JSTR_REACH, JStrIndex, jnum_index, jstr_after_prefix, jstr_exit_groups, jstr_exit_rests, jstr_index,
     jstr_inside, number_margin, ONE_BYTE, prefix_reach, _prefix_upper, sorted_ids_list, special_flags,
 )
-from railcall.matcher.keys import _JINT_SUB, KEY_BUDGET, ContentKeys, _jstr_clamps, _stack_key
+from railcall.matcher.keys import _JINT_SUB, KEY_BUDGET, _jstr_clamps, _stack_key
 from railcall.vocab import Vocabulary
 
 UNBUILT = -2  # a transition not computed yet
@@ -27,7 +27,7 @@ DEAD = -1
 PREWARM_POSITIONS = 8_192
 
 
-class Automaton(ContentKeys, Completions):
+class Automaton(Completions):
     """The DFA over thread sets, its transitions and masks, shared by every grammar compiled for
     one vocabulary (and string cap). Instructions are continuation-passing and shared between
     grammars (grammar.program.Fragments), so a thread set means the same thing whichever grammar
@@ -35,7 +35,10 @@ class Automaton(ContentKeys, Completions):
     transitions and masks already built. Thread-safe for concurrent matchers (state growth is
     serialised by a lock). Replaced by a fresh one for new grammars once it holds
     AUTOMATON_STATES states; grammars compiled before keep theirs. Its content keys are in
-    `keys.ContentKeys`, its forced tokens and finish searches in `completion.Completions`."""
+    `keys.ContentKeys`, its forced tokens and finish searches in `completion.Completions`, its
+    bases. Compiled, it is an extension type (automaton.pxd): its fields are C fields and its
+    methods call each other directly, so its methods cannot be replaced on the class (tests
+    spy on a subclass)."""
 
     def __init__(self, vocab: Vocabulary):
         self.vocab = vocab
@@ -212,7 +215,8 @@ class Automaton(ContentKeys, Completions):
         ins = t[0]
         if type(ins) is not Lit and type(ins) is not JStr:
             return self.mask(self._intern(frozenset([t])))
-        key = self._top_key(*t)
+        ins, loc, st = t
+        key = self._top_key(ins, loc, st)
         hit = self._masks.get(key)
         if hit is None:
             hit = self._thread_entry(t)
@@ -248,7 +252,7 @@ class Automaton(ContentKeys, Completions):
             pass
         elif isinstance(ins, JInt) and self._jint_legal(ins, loc, st, bits):
             pass
-        elif any(t[0].consumes and not t[0].accepting and t[0].special(t[1]) is None for t in threads):
+        elif _walked(threads):
             bits.add(self._walk_from(s))
         sp = self.specials(s)
         if sp:
@@ -305,8 +309,8 @@ class Automaton(ContentKeys, Completions):
         if idx.size <= 48:
             # a few tokens: one by one in Python costs less than numpy's per-call overhead, and
             # through literals and tries without a state per byte (`_accepts`)
-            tb, memo, accepts = self.vocab.token_bytes, {}, self._accepts
-            return np.array([t for t, p, s in zip(idx.tolist(), pos.tolist(), cur.tolist()) if accepts(s, tb[t], p, memo)],
+            tb, memo = self.vocab.token_bytes, {}
+            return np.array([t for t, p, s in zip(idx.tolist(), pos.tolist(), cur.tolist()) if self._accepts(s, tb[t], p, memo)],
                             dtype=np.int64)
         v = self.vocab
         lens = v.lengths
@@ -661,7 +665,7 @@ class Automaton(ContentKeys, Completions):
         if e < b and x >= 0:
             threads = self._sets[x]
             ins = next(iter(threads))[0] if len(threads) == 1 else None
-            if all(type(t[0]) is Lit for t in threads):
+            if all([type(t[0]) is Lit for t in threads]):
                 # What follows is a literal, or several (an optional key or the object's end):
                 # chain through each with look-ups instead of a walk (a tool name's closing
                 # quote followed by `,"args":{"path":"`, say); the legal tokens are the union.
@@ -744,7 +748,7 @@ class Automaton(ContentKeys, Completions):
         v = self.vocab
         # bound look-ups: each a direct call, no method found by name per branch
         lookup, reach, term = v.lookup.get, self._reach.get, ins.terminal.get
-        dups, ext, after, kids = v.duplicates, self._ext, self._after, ins.children
+        dups, kids = v.duplicates, ins.children
         ids = []
         todo = [(node, prefix)]
         while todo:
@@ -758,11 +762,11 @@ class Automaton(ContentKeys, Completions):
                         continue  # no token starts with p
                     e -= len(p)
                 else:
-                    e = ext(p)
+                    e = self._ext(p)
                     if e < 0:
                         continue
                 cont = term(child)
-                x = after(cont, st) if cont is not None else DEAD
+                x = self._after(cont, st) if cont is not None else DEAD
                 more = bool(kids[child])
                 if more or x >= 0:  # a token that is exactly p
                     t = lookup(p)
@@ -811,21 +815,12 @@ class Automaton(ContentKeys, Completions):
         stage = loc[0]
         idx = jnum_index(self.vocab, _JINT_SUB[stage], True)
         tb, step = self.vocab.token_bytes, ins._next
-
-        def run(data):
-            at = loc
-            for b in data:
-                at = step(at, b)
-                if at is None:
-                    return None
-            return at
-
-        bits.add([t for t in idx.inside_ids.tolist() if run(tb[t]) is not None])
+        bits.add([t for t in idx.inside_ids.tolist() if _jint_run(step, loc, tb[t]) is not None])
         if x < 0 or not idx.exit_ids.size:
             return True
         ids, pos = [], []
         for t, p in zip(idx.exit_ids.tolist(), idx.exit_pos.tolist()):
-            at = run(tb[t][:p])
+            at = _jint_run(step, loc, tb[t][:p])
             if at is not None and ins.ends(at):
                 ids.append(t)
                 pos.append(p)
@@ -873,7 +868,7 @@ class Automaton(ContentKeys, Completions):
         if hit is not None:
             return hit[0]
         threads = self._sets[x]
-        if all(type(t[0]) is Lit for t in threads):
+        if all([type(t[0]) is Lit for t in threads]):
             # Literals only (one, or several where an optional property may follow: `,"b":`
             # or `}`): threads run independently, so a text after the quote is legal exactly
             # when one literal takes it. One binary search each, no walk over the texts.
@@ -948,3 +943,23 @@ class Automaton(ContentKeys, Completions):
                 if hits:
                     legal[order[hits]] = True
         return legal
+
+
+def _walked(threads) -> bool:
+    """Whether some thread consumes text by a step per byte (not a special token, not the end):
+    the generic walk then finds its legal tokens."""
+    for ins, loc, _ in threads:
+        if ins.consumes and not ins.accepting and ins.special(loc) is None:
+            return True
+    return False
+
+
+def _jint_run(step, loc, data: bytes):
+    """A bounded integer's local after `data` from `loc` (`step`: its `_next`), None where a
+    byte is not allowed."""
+    at = loc
+    for b in data:
+        at = step(at, b)
+        if at is None:
+            return None
+    return at

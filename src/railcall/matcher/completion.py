@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from railcall.matcher.keys import _stack_key
+from railcall.matcher.keys import ContentKeys, _stack_key
 
 # Finish (forced completion) prefers these bytes when several completions are equally short:
 # close what is open, and fill a required string with "?" -- a visible tell, as in seed 000,
@@ -15,8 +15,8 @@ _FINISH_ORDER = [ord(c) for c in '"?}]0'] + [ord(c) for c in "nrtu:,{["]
 FINISH_BEAM = 16  # states kept per layer by the first search for a forced finish
 
 
-class Completions:
-    """The completion half of `Automaton` (a mixin, never built on its own): searches over the
+class Completions(ContentKeys):
+    """The completion part of `Automaton`, its base (never built on its own): searches over the
     automaton's transitions."""
 
     def forced(self, s: int) -> list[int]:

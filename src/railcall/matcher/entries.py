@@ -121,8 +121,13 @@ class _Bits:
 
 def _union(entries: list[tuple], n_words: int) -> tuple:
     """The mask entry of the union of several entries."""
-    sparse = all(e[0] is None for e in entries)
-    if sparse and sum(e[2].size for e in entries) <= 16:
+    sparse, size = True, 0
+    for e in entries:
+        if e[0] is not None:
+            sparse = False
+            break
+        size += e[2].size
+    if sparse and size <= 16:
         # a few words: a dict costs less than numpy's calls
         acc: dict[int, int] = {}
         for _, _, words, vals in entries:

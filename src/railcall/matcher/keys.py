@@ -51,8 +51,10 @@ def _stack_key(st):
 
 
 class ContentKeys:
-    """The content-key half of `Automaton` (a mixin, never built on its own): it reads the
-    automaton's thread sets and memos and walks its transitions."""
+    """The content-key part of `Automaton`, its first base (never built on its own): it reads
+    the automaton's thread sets and memos and walks its transitions. Compiled, the three
+    classes are one extension type (keys.pxd declares the automaton's fields here, where the
+    key builders read them as C fields; completion.pxd and automaton.pxd extend it)."""
 
     def _kid(self, content) -> int:
         k = self._cids.get(content)
@@ -71,8 +73,9 @@ class ContentKeys:
         """The content key of state `s` (see the module docstring): equal keys, equal masks."""
         threads = self._sets[s]
         if len(threads) == 1:
-            return self._top_key(*next(iter(threads)))
-        return self._kid(frozenset([self._top_key(*t) for t in threads]))
+            (ins, loc, st), = threads
+            return self._top_key(ins, loc, st)
+        return self._kid(frozenset([self._top_key(ins, loc, st) for ins, loc, st in threads]))
 
     def _top_key(self, ins, loc, st) -> int:
         """The key of one thread at a token's start: its mask is a function of it. Where the
@@ -215,10 +218,10 @@ class ContentKeys:
             content = ("l", rest[:d]) if len(rest) > d else ("l", rest, self._akey(ins.next, st, d - len(rest)))
         elif t is Select:
             kids, term = ins.children, ins.terminal
-            content = ("t", tuple(
+            content = ("t", tuple([
                 (b, self._akey(term[c], st, d - 1) if c in term else None,
                  self._dkey(ins, c, st, d - 1) if kids[c] else None)
-                for b, c in sorted(kids[loc].items())))
+                for b, c in sorted(kids[loc].items())]))
         elif t is JStr:
             count, sub = loc >> 4, loc & 15
             need = max(0, ins.min - count)
@@ -289,25 +292,28 @@ class ContentKeys:
                 parts.append(self._kid(("ql", text, after)))
         return self._kid(frozenset(parts))
 
-    def _arrive_key(self, ins, st, how, arg) -> int:
-        """The key of arriving at instruction `ins` with stack `st`: the set of its threads'
-        keys, each `how(ins, loc, st, arg)` (the empty set when nothing can follow); memoised."""
-        mk = (how.__name__, ins, st, arg)
+    def _akey(self, ins, st, d: int) -> int:
+        """The key of arriving at instruction `ins` with stack `st`, `d` bytes of lookahead: the
+        set of its threads' `_dkey`s (the empty set when nothing can follow); memoised."""
+        mk = ("_dkey", ins, st, d)
         k = self._cmemo.get(mk)
         if k is None:
             out: set = set()
             ins.arrive(0, st, out)
-            k = self._cmemo[mk] = self._kid(frozenset([how(i, l, s, arg) for i, l, s in out]))
+            k = self._cmemo[mk] = self._kid(frozenset([self._dkey(i, l, s, d) for i, l, s in out]))
         return k
-
-    def _akey(self, ins, st, d: int) -> int:
-        """Arriving at `ins`, `d` bytes of lookahead (`_dkey`)."""
-        return self._arrive_key(ins, st, self._dkey, d)
 
     def _pkey_arrive(self, ins, st, p: bytes) -> int:
         """Arriving at `ins` inside a token that has spelled `p` so far: only what tokens
-        starting with `p` can go on to spell matters (`_pkey`)."""
-        return self._arrive_key(ins, st, self._pkey, p)
+        starting with `p` can go on to spell matters (the set of its threads' `_pkey`s);
+        memoised."""
+        mk = ("_pkey", ins, st, p)
+        k = self._cmemo.get(mk)
+        if k is None:
+            out: set = set()
+            ins.arrive(0, st, out)
+            k = self._cmemo[mk] = self._kid(frozenset([self._pkey(i, l, s, p) for i, l, s in out]))
+        return k
 
     def _pkey(self, ins, loc, st, p: bytes) -> int:
         """The key of one thread inside a token that has spelled `p`: a literal or a trie cut
@@ -428,7 +434,7 @@ class ContentKeys:
             if a == b:
                 e = -1
             elif b - a <= 32:
-                e = max(len(x) for x in v.sorted_index[0][a:b]) - len(p)
+                e = max([len(x) for x in v.sorted_index[0][a:b]]) - len(p)
             else:
                 e = int(sorted_lengths(v)[a:b].max()) - len(p)
             if len(self._extm) > CONTENT_KEYS_LIMIT:
@@ -445,7 +451,7 @@ class ContentKeys:
         if e is None:
             out: set = set()
             ins.arrive(0, st, out)
-            if any(i.data[l] in _NUMBER_BYTES if type(i) is Lit else (i.allowed(l) & NUM_BYTES).any() for i, l, _ in out):
+            if any([i.data[l] in _NUMBER_BYTES if type(i) is Lit else (i.allowed(l) & NUM_BYTES).any() for i, l, _ in out]):
                 e = self.vocab.max_token_len - 1
             else:
                 e = jnum_ext(self.vocab)
