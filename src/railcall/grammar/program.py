@@ -672,11 +672,15 @@ class JInt(_Stepper):
         i = _JINT_BYTE_INDEX[b]
         return row[i] if i >= 0 else None
 
+    def row(self, local) -> tuple:
+        """The local after each byte of _BYTES (`-`, then `0`-`9`) from `local`, None where the
+        byte is not allowed (`_row`); memoised."""
+        row = self._steps.get(local)
+        return row if row is not None else self._memo_row(local)
+
     def allowed(self, local):
         """The bytes `_next` accepts: one of a few arrays, found by which steps the row allows."""
-        row = self._steps.get(local)
-        if row is None:
-            row = self._memo_row(local)
+        row = self.row(local)
         which = 0
         for i, nl in enumerate(row):
             if nl is not None:

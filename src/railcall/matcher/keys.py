@@ -31,6 +31,7 @@ class _Costly(Exception):
 
 # A bounded integer's stage (nothing yet, after "-", a lone "0", digits) as a number substate
 _JINT_SUB = (S0, NEG, ZERO, INT)
+_JINT_BYTES = JInt._BYTES  # the bytes of a bounded integer's row (JInt.row), in order
 _NUMBER_BYTES = frozenset(b"-+.eE0123456789")
 CONTENT_KEYS_LIMIT = 1 << 19  # interned content keys, and memo entries, per vocabulary (~100 MiB)
 NEXT_BYTES_LIMIT = 1 << 15  # memoised (256,) byte sets per vocabulary (~12 MiB)
@@ -185,8 +186,7 @@ class ContentKeys:
         if self._budget < 0:
             raise _Costly  # a vocabulary with long runs of digits: ten branches a level
         out = []
-        for b in b"-0123456789":
-            nl = ins._next(loc, b)
+        for b, nl in zip(_JINT_BYTES, ins.row(loc)):  # one memoised row, not a step per byte
             if nl is not None:
                 out.append((b, ins.ends(nl), self._jint_tree(ins, nl, depth - 1) if depth > 1 else None))
         return tuple(out)

@@ -140,9 +140,10 @@ class Matcher:
 
     def copy(self) -> "Matcher":
         """An independent matcher at the same point (for speculative checks)."""
-        m = Matcher.__new__(Matcher)
-        m.__dict__.update(self.__dict__)
+        m = Matcher(self.compiled)
         m._states = list(self._states)
+        m._stopped, m._error, m._live, m._error_at = self._stopped, self._error, self._live, self._error_at
+        m.error_message, m.last_legal_count, m.cut = self.error_message, self.last_legal_count, self.cut
         return m
 
     @property
