@@ -23,7 +23,7 @@ def test_quick_bench_produces_every_figure(tmp_path):
     r = CliRunner().invoke(app, ["bench", "--quick", "--out", str(out), "--data", str(DATA)])
     assert r.exit_code == 0, r.output
     report = json.loads(out.read_text())
-    assert {x["engine"] for x in report["results"]} == {"railcall", "railcall-py", "railcall-warm", "railcall-eager",
+    assert {x["engine"] for x in report["results"]} == {"railcall", "railcall-py", "railcall-lazy", "railcall-eager",
                                                         "llguidance", "xgrammar", "outlines-core"}
     assert {x["workload"] for x in report["results"]} == {"seed3", "bfcl20"}
     for rec in report["results"]:
@@ -48,7 +48,7 @@ def test_quick_bench_produces_every_figure(tmp_path):
     md = out.with_suffix(".md").read_text()
     assert "railcall / best peer" in md and "railcall-eager / best peer" in md and "railcall-py / best peer" in md
     assert {(x["engine"], x["workload"]) for x in report["ratios"]} == {
-        (e, w) for e in ("railcall", "railcall-py", "railcall-warm", "railcall-eager") for w in ("seed3", "bfcl20")}
+        (e, w) for e in ("railcall", "railcall-py", "railcall-lazy", "railcall-eager") for w in ("seed3", "bfcl20")}
     (build,) = report["vocab_builds"]
     assert build["tokens"] == 49152 and build["build_cached_s"] > 0
     e2e = report["end_to_end"]

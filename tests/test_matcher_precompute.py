@@ -750,11 +750,11 @@ def test_clear_caches_starts_the_next_compile_cold(bpe_vocab):
 
     v = twin(bpe_vocab)
     tools = random_tools(random.Random(3))
-    old = compiled_grammar(tool_grammar(tools), v)
+    old = compiled_grammar(tool_grammar(tools), v, prewarm=False)
     Matcher(old).legal_token_ids()
-    assert compiled_grammar(tool_grammar(tools), v) is old
+    assert compiled_grammar(tool_grammar(tools), v, prewarm=False) is old
     clear_caches(v)
-    new = compiled_grammar(tool_grammar(tools), v)
+    new = compiled_grammar(tool_grammar(tools), v, prewarm=False)
     assert new is not old and new.auto is not old.auto and new.mask_computations == 0
     assert Matcher(new).legal_token_ids().tolist() == Matcher(old).legal_token_ids().tolist()
     assert new.mask_computations > 0
@@ -1044,15 +1044,18 @@ def test_prewarm_masks_where_many_names_part_ways(bpe_vocab):
 
 
 def test_compiled_grammar_prewarms_once(bpe_vocab, monkeypatch):
+    """Prewarm is the default, once per grammar; prewarm=False leaves a grammar lazy until a
+    later compile asks for it."""
     v = twin(bpe_vocab)
+    assert compiled_grammar(tool_grammar(random_tools(random.Random(6), 2)), v).prewarmed  # the default
     grammar = tool_grammar(random_tools(random.Random(4), 2))
-    g = compiled_grammar(grammar, v)
-    assert not g.prewarmed
+    g = compiled_grammar(grammar, v, prewarm=False)
+    assert not g.prewarmed and g.mask_computations == 0
     calls = []
     real = CompiledGrammar.prewarm
     monkeypatch.setattr(CompiledGrammar, "prewarm", lambda self: calls.append(self) or real(self))
-    assert compiled_grammar(grammar, v, prewarm=True) is g and g.prewarmed
-    assert compiled_grammar(grammar, v, prewarm=True) is g
+    assert compiled_grammar(grammar, v) is g and g.prewarmed
+    assert compiled_grammar(grammar, v, prewarm=True) is g and compiled_grammar(grammar, v, prewarm=False) is g
     assert calls == [g]  # the LRU hit does not warm again
     other = compiled_grammar(tool_grammar(random_tools(random.Random(5), 2)), v, precompute=True)
     assert compiled_grammar(other.grammar, v, prewarm=True) is other and calls == [g]  # precompute covers it

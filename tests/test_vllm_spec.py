@@ -95,6 +95,6 @@ def test_prewarm_in_the_spec(plugin):
     plugin._SPECS.clear()
     with pytest.raises(ValueError, match="prewarm must be true or false"):
         plugin.RailcallLogitsProcessor.validate_params(params({"tools": [], "prewarm": "yes"}))
-    spec = plugin.request_spec(params({"tools": [tool({"type": "object"})], "prewarm": True}))
-    assert spec.prewarm and not spec.precompute
-    assert not plugin.request_spec(params({"tools": [tool({"type": "object"})]})).prewarm
+    spec = plugin.request_spec(params({"tools": [tool({"type": "object"})], "prewarm": False}))
+    assert not spec.prewarm and not spec.precompute
+    assert plugin.request_spec(params({"tools": [tool({"type": "object"})]})).prewarm  # the default, as compiled_grammar's

@@ -165,7 +165,7 @@ def bench(
     vocab: list[str] = typer.Option(None, "--vocab", help="smollm2 and/or gemma3 (default: both; --quick: smollm2)."),
     out: str = typer.Option("bench-out/bench.json", "--out", help="The JSON file to write (a PNG chart is written beside it)."),
     data: str = typer.Option("../shared/data/bfcl", "--data", help="The BFCL data folder (for the bfcl20 workload)."),
-    engine: list[str] = typer.Option(None, "--engine", help="Only these engines: railcall, railcall-py, railcall-warm, railcall-eager, llguidance, xgrammar, outlines-core (default: all)."),
+    engine: list[str] = typer.Option(None, "--engine", help="Only these engines: railcall, railcall-py, railcall-lazy, railcall-eager, llguidance, xgrammar, outlines-core (default: all)."),
 ) -> None:
     """Benchmark railcall against llguidance, xgrammar and outlines-core, side by side."""
     from pathlib import Path

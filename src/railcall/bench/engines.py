@@ -12,12 +12,12 @@ import json
 from railcall.bench.workloads import peer_schema
 
 NOTES = {
-    "railcall": "tool grammar; strings capped at 256 characters, required strings non-empty; masks computed "
-                "on first use (the default)",
+    "railcall": "tool grammar; strings capped at 256 characters, required strings non-empty; compiled as by "
+                "default, with prewarm: every grammar position's keys and first mask at compile time (TTFM "
+                "includes that), other masks on first use",
     "railcall-py": "railcall's default mode run from its Python source (RAILCALL_PURE=1), without the "
                    "Cython-compiled modules: what the compiled build buys",
-    "railcall-warm": "the same grammar compiled with prewarm=True: every grammar position's keys and first "
-                     "mask computed at compile time, so TTFM includes that",
+    "railcall-lazy": "the same grammar compiled with prewarm=False: every mask computed on first use",
     "railcall-eager": "the same grammar compiled with precompute=True: every structural mask is computed at "
                       "compile time, so TTFM includes that walk",
     "llguidance": "JSON schema with the same caps; accepts \\uXXXX only for control characters and no \\/",
@@ -55,7 +55,7 @@ class Engine:
 class Railcall(Engine):
     name = "railcall"
     precompute = False
-    prewarm = False
+    prewarm = True
 
     def setup(self, vocab, tokenizer_json, stop_ids):
         from railcall.grammar.tools import tool_grammar
@@ -99,9 +99,9 @@ class RailcallPy(Railcall):
         super().setup(vocab, tokenizer_json, stop_ids)
 
 
-class RailcallWarm(Railcall):
-    name = "railcall-warm"
-    prewarm = True
+class RailcallLazy(Railcall):
+    name = "railcall-lazy"
+    prewarm = False
 
 
 class RailcallEager(Railcall):
@@ -200,14 +200,14 @@ class OutlinesCore(Engine):
             return False
 
 
-ENGINES = {e.name: e for e in (Railcall, RailcallPy, RailcallWarm, RailcallEager, LLGuidance, XGrammar, OutlinesCore)}
+ENGINES = {e.name: e for e in (Railcall, RailcallPy, RailcallLazy, RailcallEager, LLGuidance, XGrammar, OutlinesCore)}
 PURE = {"railcall-py"}  # engines whose cell runs with RAILCALL_PURE=1
 
 
 def engine_version(name: str) -> str:
     import importlib.metadata
 
-    dist = {"railcall": "railcall", "railcall-py": "railcall", "railcall-warm": "railcall", "railcall-eager": "railcall", "llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines_core"}[name]
+    dist = {"railcall": "railcall", "railcall-py": "railcall", "railcall-lazy": "railcall", "railcall-eager": "railcall", "llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines_core"}[name]
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

@@ -20,7 +20,7 @@ from railcall.bench.engines import ENGINES, NOTES, PURE, engine_version
 
 FIGURES = ["ttfm_cold_us_p50", "ttfm_warm_us_p50", "tbm_us_p50", "tbm_us_p99", "tbm_us_max", "consume_us_p50", "peak_mem_mb"]
 PEERS = ["llguidance", "xgrammar", "outlines-core"]
-OURS = ["railcall", "railcall-py", "railcall-warm", "railcall-eager"]
+OURS = ["railcall", "railcall-py", "railcall-lazy", "railcall-eager"]
 
 
 def run_cell(engine: str, vocab: str, workload: str, *, paths: int, quick: bool, data: Path, timeout: float,
@@ -230,7 +230,7 @@ def print_report(report: dict, console) -> None:
     console.print(f"machine: {m['processor']}, {m['cpu_count']} cores, Python {m['python']}, numpy {m['numpy']}")
     console.print("engines: " + ", ".join(f"{k} {v}" for k, v in m["engines"].items()))
     if m.get("railcall_build"):
-        console.print(f"railcall (default, warm and eager): {m['railcall_build']}")
+        console.print(f"railcall (default, lazy and eager): {m['railcall_build']}")
     sizes = {r["vocab"]: r.get("vocab_size") for r in report["results"] if r.get("vocab_size")}
     console.print("vocabularies: " + ", ".join(f"{k} ({v} tokens)" for k, v in sizes.items()))
     heads = ["TTFM cold", "TTFM warm", "mask p50", "mask p99", "mask max", "consume p50", "peak MB"]
@@ -270,7 +270,7 @@ def markdown(report: dict) -> str:
     m = report["machine"]
     lines.append(f"Machine: {m['processor']}, {m['cpu_count']} cores, Python {m['python']}, numpy {m['numpy']}; "
                  + ", ".join(f"{k} {v}" for k, v in m["engines"].items()) + "."
-                 + (f" railcall (default, warm and eager): {m['railcall_build']}." if m.get("railcall_build") else ""))
+                 + (f" railcall (default, lazy and eager): {m['railcall_build']}." if m.get("railcall_build") else ""))
     heads = ["engine", "TTFM cold", "TTFM warm", "mask p50", "mask p99", "mask max", "consume p50", "peak MB", "note"]
     for vocab, wl in sorted({(r["vocab"], r["workload"]) for r in report["results"]}, key=lambda c: (c[0] != "smollm2", c)):
         size = next((r.get("vocab_size") for r in report["results"] if r["vocab"] == vocab and r.get("vocab_size")), "?")

@@ -574,8 +574,8 @@ class Automaton(Completions):
 
         Not every state: the states of a position (a literal's offsets, a string's counts, a
         number's digits) mostly share its content keys and masks, so a first visit later is a
-        look-up or a small mask. A table of 128 tools has ~1,400 positions: ~25 ms on SmolLM2's
-        vocabulary, ~29 ms on Gemma 3's, on the README's benchmark host; without it, a run that
+        look-up or a small mask. A table of 128 tools has ~1,400 positions: ~18 ms on SmolLM2's
+        vocabulary, ~22 ms on Gemma 3's, on the README's benchmark host; without it, a run that
         keeps calling tools not seen before pays that work a few positions at a time, tens of µs
         a first visit, but only for the tools it calls. Deeper
         than `max_depth` frames of recursion (free-form JSON, $ref) stays lazy, as in
