@@ -212,10 +212,9 @@ class Automaton(Completions):
     def _thread_mask(self, t: tuple) -> tuple:
         """The mask entry of one thread of a state, as a state of its own would have it (cached
         under the same key). A literal's or a string's is computed without making it a state."""
-        ins = t[0]
+        ins, loc, st = t
         if type(ins) is not Lit and type(ins) is not JStr:
             return self.mask(self._intern(frozenset([t])))
-        ins, loc, st = t
         key = self._top_key(ins, loc, st)
         hit = self._masks.get(key)
         if hit is None:

@@ -29,6 +29,7 @@ cdef class ContentKeys:
     cpdef object _quote_key(self, object ins, object st, object reach=*)
     cpdef object _texts_key(self, object ins, object st, object which, object rests)
     cpdef object _quote_lits(self, object ins, object st, object p, object rests)
+    cpdef object _arrive_key(self, object ins, object st, object inside, object arg)
     cpdef object _akey(self, object ins, object st, object d)
     cpdef object _pkey_arrive(self, object ins, object st, object p)
     cpdef object _pkey(self, object ins, object loc, object st, object p)

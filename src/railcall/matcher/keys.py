@@ -292,28 +292,31 @@ class ContentKeys:
                 parts.append(self._kid(("ql", text, after)))
         return self._kid(frozenset(parts))
 
-    def _akey(self, ins, st, d: int) -> int:
-        """The key of arriving at instruction `ins` with stack `st`, `d` bytes of lookahead: the
-        set of its threads' `_dkey`s (the empty set when nothing can follow); memoised."""
-        mk = ("_dkey", ins, st, d)
+    def _arrive_key(self, ins, st, inside: bool, arg) -> int:
+        """The key of arriving at instruction `ins` with stack `st`: the set of its threads'
+        keys (the empty set when nothing can follow), each `_pkey` inside a token that has
+        spelled `arg` so far, else `_dkey` with `arg` bytes of lookahead; memoised. Which one is
+        a flag, not the method passed in: compiled, they are direct calls, not values."""
+        mk = ("_pkey" if inside else "_dkey", ins, st, arg)
         k = self._cmemo.get(mk)
         if k is None:
             out: set = set()
             ins.arrive(0, st, out)
-            k = self._cmemo[mk] = self._kid(frozenset([self._dkey(i, l, s, d) for i, l, s in out]))
+            if inside:
+                keys = [self._pkey(i, l, s, arg) for i, l, s in out]
+            else:
+                keys = [self._dkey(i, l, s, arg) for i, l, s in out]
+            k = self._cmemo[mk] = self._kid(frozenset(keys))
         return k
+
+    def _akey(self, ins, st, d: int) -> int:
+        """Arriving at `ins`, `d` bytes of lookahead (`_dkey`)."""
+        return self._arrive_key(ins, st, False, d)
 
     def _pkey_arrive(self, ins, st, p: bytes) -> int:
         """Arriving at `ins` inside a token that has spelled `p` so far: only what tokens
-        starting with `p` can go on to spell matters (the set of its threads' `_pkey`s);
-        memoised."""
-        mk = ("_pkey", ins, st, p)
-        k = self._cmemo.get(mk)
-        if k is None:
-            out: set = set()
-            ins.arrive(0, st, out)
-            k = self._cmemo[mk] = self._kid(frozenset([self._pkey(i, l, s, p) for i, l, s in out]))
-        return k
+        starting with `p` can go on to spell matters (`_pkey`)."""
+        return self._arrive_key(ins, st, True, p)
 
     def _pkey(self, ins, loc, st, p: bytes) -> int:
         """The key of one thread inside a token that has spelled `p`: a literal or a trie cut
