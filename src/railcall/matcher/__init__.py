@@ -2,10 +2,10 @@
 
 Modules, in the order a mask is made:
 - `automaton`: the DFA over thread sets, its transitions, masks and precomputation (`Automaton`);
-- `keys`: content keys, which let states of any grammar share a mask (`ContentKeys`, its half);
+- `keys`: content keys, which let states of any grammar share a mask (`ContentKeys`, its first base);
 - `entries`: mask entries and the per-vocabulary caches that hold them;
 - `indexes`: per-vocabulary indexes (tokens inside JSON strings and numbers, token reach);
-- `completion`: forced tokens and the forced finish (`Completions`, the automaton's other half);
+- `completion`: forced tokens and the forced finish (`Completions`, the automaton's other base);
 - `matcher`: `CompiledGrammar`, `Matcher` and the LRU of compiled grammars.
 
 Lifecycles:
@@ -16,7 +16,8 @@ Lifecycles:
   Masks are also cached per vocabulary by a content key (`MaskCache`).
 - `CompiledGrammar` is built once per (grammar, vocabulary) and shared by every request that uses
   that grammar: its compiled program and its start state in the automaton.
-  `compiled_grammar()` keeps an LRU of them keyed by grammar content.
+  `compiled_grammar()` keeps an LRU of them keyed by grammar content, and by default prewarms
+  each once (every grammar position's content keys and first mask).
 - `Matcher` is built per request. It holds the current DFA state, the history for rollback, and
   the error flag. It is cheap (a list and a few ints).
 
