@@ -125,18 +125,26 @@ def cimports(module: str, root: Path = SRC) -> list[str]:
     return sorted({a or b for a, b in _CIMPORT.findall(p.read_text())})
 
 
-def source_hash(module: str, root: Path = SRC) -> str:
+def source_hash(module: str, root: Path = SRC, memo: dict | None = None) -> str:
     """What a module's extension is compiled from: its .py alone (its file hash) where it has no
     declarations; otherwise its .py, its .pxd and, by their source hash, the modules it
-    cimports, so that an edit of any of them rebuilds it."""
+    cimports, so that an edit of any of them rebuilds it. `memo` (module -> hash) keeps a
+    caller hashing every module from hashing the shared ones again for each."""
+    if memo is not None and module in memo:
+        return memo[module]
     py = source_path(module, root)
     pxd = declarations_path(module, root)
     if not pxd.exists():
-        return file_hash(py)
-    h = hashlib.sha256()
-    for part in (py.read_bytes(), pxd.read_bytes(), *(source_hash(m, root).encode() for m in cimports(module, root))):
-        h.update(hashlib.sha256(part).digest())
-    return h.hexdigest()
+        digest = file_hash(py)
+    else:
+        h = hashlib.sha256()
+        deps = [source_hash(m, root, memo).encode() for m in cimports(module, root)]
+        for part in (py.read_bytes(), pxd.read_bytes(), *deps):
+            h.update(hashlib.sha256(part).digest())
+        digest = h.hexdigest()
+    if memo is not None:
+        memo[module] = digest
+    return digest
 
 
 def fingerprint(source_sha: str, cython_version: str) -> str:
@@ -182,13 +190,14 @@ def plan(manifest: dict, root: Path = SRC, pure: bool = False) -> tuple[list[str
     if pure:
         return [], []
     compiled, stale = [], []
+    hashes: dict = {}
     for m in MODULES:
         e = _entry(manifest, m)
         f = out_dir(root) / e["file"] if e else None
         if f is None or not f.exists():
             continue
         try:
-            same = source_hash(m, root) == e["source"] and file_hash(f) == e["sha256"]
+            same = source_hash(m, root, hashes) == e["source"] and file_hash(f) == e["sha256"]
         except OSError:
             same = False
         (compiled if same else stale).append(m)
@@ -340,8 +349,9 @@ def build(jobs: int | None = None, root: Path = SRC, modules: tuple[str, ...] = 
         old = read_manifest(manifest_path(root))
         record: dict = {}
         todo = []
+        hashes: dict = {}
         for m in modules:
-            src_sha = source_hash(m, root)  # before compiling: an edit during the build reads as stale
+            src_sha = source_hash(m, root, hashes)  # before compiling: an edit during the build reads as stale
             fp = fingerprint(src_sha, Cython.__version__)
             e = _entry(old, m)
             f = out / e["file"] if e else None
