@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 from railcall.bench.run import FIGURES
 from railcall.cli import app
+from railcall.data import bfcl_data
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bfcl"
+DATA = bfcl_data()  # the installed bfcl-eval package's data
 
 
 @pytest.mark.model

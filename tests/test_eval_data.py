@@ -10,8 +10,9 @@ import pytest
 from railcall.eval import bfcl
 from railcall.eval.runner import call_grammar
 from railcall.grammar.tools import Tool
+from railcall.data import bfcl_data
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "bfcl"
+SHARED = bfcl_data()  # the installed bfcl-eval package's data
 TINY = Path(__file__).resolve().parent / "data" / "bfcl"
 
 
@@ -27,13 +28,40 @@ def test_shared_categories_load_whole_with_gold_calls(category, n):
 
 
 def test_categories_listed_from_the_folder():
-    assert set(bfcl.categories(SHARED)) == set(bfcl.SHARED_CATEGORIES)
+    assert set(bfcl.SHARED_CATEGORIES) < set(bfcl.categories(SHARED))
+    assert bfcl.single_turn_categories(SHARED) == bfcl.SINGLE_TURN  # 'all': BFCL's order, nothing multi-turn
     assert bfcl.categories(TINY) == ["tiny_irrelevance", "tiny_parallel_multiple"]
+    assert bfcl.single_turn_categories(TINY) == ["tiny_irrelevance", "tiny_parallel_multiple"]
 
 
-def test_unknown_category_names_what_is_there():
+@pytest.mark.parametrize("category, n, expects", [
+    ("simple_java", 100, "calls"), ("simple_javascript", 50, "calls"), ("parallel_multiple", 200, "calls"),
+    ("live_multiple", 1053, "calls"), ("live_parallel", 16, "calls"), ("live_parallel_multiple", 24, "calls"),
+    ("irrelevance", 240, "none"), ("live_irrelevance", 884, "none"), ("live_relevance", 16, "any")])
+def test_every_single_turn_category_loads(category, n, expects):
+    tasks = bfcl.load_category(SHARED, category)
+    assert len(tasks) == n and len({t.id for t in tasks}) == n
+    assert {t.expects for t in tasks} == {expects}
+    assert bfcl.tool_choice(tasks) == ("required" if expects == "calls" else "auto")
+
+
+def test_java_and_javascript_parameters_are_strings_in_the_languages_syntax():
+    (java,) = bfcl.load_category(SHARED, "simple_java", limit=1)
+    assert java.language == "java"
+    (tool,) = java.tools
+    assert "Java 8 SDK syntax" in tool.description
+    props = tool.parameters["properties"]
+    assert {p["type"] for p in props.values()} == {"string"}
+    assert all("in string representation" in p["description"] for p in props.values())
+    (py,) = bfcl.load_category(SHARED, "simple_python", limit=1)
+    assert py.language == "python" and "syntax" not in py.tools[0].description
+
+
+def test_unknown_category_names_what_is_there(tmp_path):
     with pytest.raises(FileNotFoundError, match="simple_python"):
-        bfcl.load_category(SHARED, "simple_java")
+        bfcl.load_category(SHARED, "simple_cobol")
+    with pytest.raises(ValueError, match="multi-turn"):
+        bfcl.load_category(SHARED, "multi_turn_base")
 
 
 def test_a_category_without_answers_expects_no_call():
@@ -83,3 +111,15 @@ def test_call_grammar_takes_one_call_or_an_array(bytes_vocab):
                      (b'{"tool":"get_date","args":{}}', False)]:
         m = Matcher(g)
         assert (m.consume_bytes(text) and m.is_accepting()) is ok, text
+
+
+def test_an_enum_none_of_whose_values_has_the_declared_type_decides():
+    """BFCL's live data declares `"type": "boolean"` with the enum "True", "False", "dontcare"; its
+    gold answers are those strings, so the enum is kept and the declared type dropped."""
+    from railcall.grammar.bfcl import bfcl_to_json_schema
+
+    p = {"type": "dict", "properties": {"free": {"type": "boolean", "enum": ["True", "False", "dontcare"]},
+                                        "n": {"type": "integer", "enum": [1, 2]}}}
+    out = bfcl_to_json_schema(p)["properties"]
+    assert out["free"] == {"enum": ["True", "False", "dontcare"]}
+    assert out["n"] == {"type": "integer", "enum": [1, 2]}

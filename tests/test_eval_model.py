@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from railcall.data import bfcl_data
 
 pytestmark = pytest.mark.model
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "bfcl"
+SHARED = bfcl_data()  # the installed bfcl-eval package's data
 TINY = Path(__file__).resolve().parent / "data" / "bfcl"
 
 

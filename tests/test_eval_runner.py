@@ -10,9 +10,10 @@ import pytest
 
 from railcall.eval import report
 from railcall.eval.runner import CONDITIONS, _append, read_results, run_bfcl
+from railcall.data import bfcl_data
 
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bfcl"
+DATA = bfcl_data()  # the installed bfcl-eval package's data
 
 
 def rec(cat, i, cond, parse, valid, ast, tokens=10):

@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from railcall.bench import coverage
+from railcall.data import bfcl_data, jsts_folder
+from railcall.eval import bfcl
 from railcall.errors import GrammarError, MatcherError
 from railcall.grammar.bfcl import bfcl_tools
 from railcall.grammar.schema import SchemaOptions, schema_grammar
@@ -21,13 +23,14 @@ from railcall.matcher import CompiledGrammar, Matcher
 
 from toolgen import pick_token
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+JSTS = jsts_folder()  # the JSON-Schema-Test-Suite from jsonschema's sdist (fetched by `make setup`)
+BFCL = bfcl_data()  # the installed bfcl-eval package's data
 
 
 def test_official_suite_at_least_as_high_as_llguidance():
     """Per instance: valid accepted, invalid rejected; railcall's total at least llguidance's,
     and no crash (every schema compiles or is a clean error)."""
-    results = coverage.run(DATA / "jsts")
+    results = coverage.run(JSTS)
     tot = coverage.totals(results)
     rc, ll = tot["railcall"], tot["llguidance"]
     assert rc.crashes == 0, [e for t in results["railcall"].values() for e in t.errors if e.startswith("CRASH")]
@@ -41,10 +44,13 @@ def test_official_suite_at_least_as_high_as_llguidance():
         assert t.compiled == 0 or t.passed == compiled_tests, (kw, t.errors)
 
 
-def _bfcl_functions():
+def _bfcl_functions(languages=("python",)):
+    """Every distinct BFCL function of the single-turn categories in `languages`."""
     seen, out = set(), []
-    for path in sorted((DATA / "bfcl").glob("BFCL_v4_*.json")):
-        for line in path.read_text().splitlines():
+    for c in bfcl.SINGLE_TURN:
+        if bfcl.language(c) not in languages:
+            continue
+        for line in bfcl.category_file(BFCL, c).read_text().splitlines():
             for f in json.loads(line)["function"]:
                 key = json.dumps(f, sort_keys=True)
                 if key not in seen:
@@ -54,11 +60,14 @@ def _bfcl_functions():
 
 
 def test_every_bfcl_tool_compiles(bytes_vocab):
-    funcs = _bfcl_functions()
-    assert len(funcs) > 1000
+    """Every tool of every single-turn category, as the evaluation builds it (Java and
+    JavaScript parameters as strings in the language's syntax)."""
     builder = ToolGrammarBuilder()
-    for tool in bfcl_tools(funcs):
-        builder.args_ir(tool)  # raises on any schema it cannot compile
+    for lang in ("python", "java", "javascript"):
+        funcs = _bfcl_functions((lang,))
+        assert len(funcs) > (1000 if lang == "python" else 40)
+        for tool in bfcl_tools(funcs, lang):
+            builder.args_ir(tool)  # raises on any schema it cannot compile
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -126,3 +135,22 @@ def test_fuzzed_schemas_compile_or_fail_cleanly(bytes_vocab, schema, lenient):
         legal = m.legal_token_ids()
         assert legal.size, f"dead end in {schema!r}"
         assert m.consume_token(int(legal[rng.randrange(legal.size)]))
+
+
+def test_an_older_draft_runs_with_its_own_schema_uri():
+    """`railcall coverage --draft 7`: the draft7 folder, each schema given draft-07's `$schema`
+    where it names none, both engines in one run, no crash."""
+    files = dict(coverage.suite_files(JSTS, "7"))
+    assert "ref" in files and "definitions" in files and all("draft7" in str(p) for p in files.values())
+    assert coverage.with_draft({"type": "integer"}, "4")["$schema"] == "http://json-schema.org/draft-04/schema#"
+    assert coverage.with_draft({"$schema": "x"}, "4") == {"$schema": "x"} and coverage.with_draft(True, "4") is True
+    seen = []
+
+    class Spy(coverage.RailcallChecker):
+        def compile(self, schema):
+            seen.append(schema)
+            return super().compile(schema)
+
+    t = coverage.run_file(Spy(), files["maximum"], "7")
+    assert t.crashes == 0 and t.compiled == t.schemas and t.passed == t.tests
+    assert seen and all(s.get("$schema", "").startswith("http://json-schema.org/draft-07") for s in seen if isinstance(s, dict))

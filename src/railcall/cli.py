@@ -164,7 +164,7 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="A small run (SmolLM2 only, two workloads) in under a minute."),
     vocab: list[str] = typer.Option(None, "--vocab", help="smollm2 and/or gemma3 (default: both; --quick: smollm2)."),
     out: str = typer.Option("bench-out/bench.json", "--out", help="The JSON file to write (a PNG chart is written beside it)."),
-    data: str = typer.Option("../shared/data/bfcl", "--data", help="The BFCL data folder (for the bfcl20 workload)."),
+    data: Optional[str] = typer.Option(None, "--data", help="The BFCL data folder (for the bfcl20 workload; default: the installed bfcl-eval package's)."),
     engine: list[str] = typer.Option(None, "--engine", help="Only these engines: railcall, railcall-py, railcall-lazy, railcall-eager, llguidance, xgrammar, outlines-core (default: all)."),
 ) -> None:
     """Benchmark railcall against llguidance, xgrammar and outlines-core, side by side."""
@@ -176,14 +176,30 @@ def bench(
     for v in vocabs:
         if v not in ("smollm2", "gemma3"):
             _fail(ValueError(f"unknown vocabulary {v!r}; use smollm2 or gemma3"))
-    if not Path(data).is_dir():
-        _fail(FileNotFoundError(f"BFCL data folder {data} not found; pass --data PATH"))
+    data = _bfcl_folder(data)
     console.print(f"railcall bench{' --quick' if quick else ''}: vocabularies {', '.join(vocabs)}")
     report = run(quick=quick, vocabs=vocabs, out=Path(out), data=Path(data), engines=engine or None,
                  log=lambda m: console.print(m, style="dim"))
     print_report(report, console)
     console.print(f"wrote {out}, {Path(out).with_suffix('.md')} and {Path(out).with_suffix('.png')} "
                   f"in {report['seconds']:.0f} s")
+
+
+def _bfcl_folder(data: str | None) -> str:
+    """--data as given (it must be a folder), else the installed bfcl-eval package's data."""
+    from pathlib import Path
+
+    from railcall.data import bfcl_data
+
+    if data is None:
+        try:
+            return str(bfcl_data())
+        except RailcallError as e:
+            _fail(e)
+    if not Path(data).is_dir():
+        _fail(FileNotFoundError(f"BFCL data folder {data} not found; pass --data PATH, or leave it out to use "
+                                "the installed bfcl-eval package's data"))
+    return data
 
 
 @app.command()
@@ -200,8 +216,9 @@ def speedups(
 
 @app.command()
 def coverage(
-    data: str = typer.Option("../shared/data/jsts", "--data", help="The JSON-Schema-Test-Suite folder (holding draft2020-12/)."),
-    out: str = typer.Option("docs/schema-coverage.md", "--out", help="The Markdown report to write."),
+    draft: str = typer.Option("2020-12", "--draft", help="The suite's draft: 3, 4, 6, 7, 2019-09, 2020-12 or next."),
+    data: Optional[str] = typer.Option(None, "--data", help="The JSON-Schema-Test-Suite folder (holding draft2020-12/ ...; default: fetched from jsonschema's sdist)."),
+    out: Optional[str] = typer.Option(None, "--out", help="The Markdown report to write (default: docs/schema-coverage.md, or docs/schema-coverage-<draft>.md for another draft)."),
     peers: bool = typer.Option(True, "--peers/--no-peers", help="Measure llguidance on the same schemas in the same run."),
 ) -> None:
     """JSON Schema coverage on the official test suite, railcall and llguidance side by side."""
@@ -209,12 +226,24 @@ def coverage(
 
     from railcall.atomic import atomic_write
     from railcall.bench import coverage as cov
+    from railcall.data import DRAFTS, jsts_folder
 
-    if not (Path(data) / "draft2020-12").is_dir():
-        _fail(FileNotFoundError(f"no draft2020-12/ under {data}; pass --data PATH (the JSON-Schema-Test-Suite folder)"))
-    results = cov.run(Path(data), peers=peers)
+    if draft not in DRAFTS:
+        _fail(ValueError(f"unknown draft {draft!r}; use one of {', '.join(DRAFTS)}"))
+    if data is None:
+        try:
+            folder = jsts_folder()
+        except RailcallError as e:
+            _fail(e)
+            return
+    else:
+        folder = Path(data)
+    if not (folder / DRAFTS[draft]).is_dir():
+        _fail(FileNotFoundError(f"no {DRAFTS[draft]}/ under {folder}; pass --data PATH (the JSON-Schema-Test-Suite's tests folder)"))
+    out = out or ("docs/schema-coverage.md" if draft == "2020-12" else f"docs/schema-coverage-{draft}.md")
+    results = cov.run(folder, peers=peers, draft=draft)
     tot = cov.totals(results)
-    table = Table(title="JSON-Schema-Test-Suite draft2020-12 (+ optional formats)")
+    table = Table(title=f"JSON-Schema-Test-Suite draft {draft} (+ optional formats)")
     table.add_column("engine")
     for col in ("schemas compiled", "tests passed", "valid accepted", "invalid rejected", "crashes"):
         table.add_column(col, justify="right")
@@ -222,9 +251,9 @@ def coverage(
         table.add_row(eng, f"{t.compiled}/{t.schemas}", f"{t.passed}/{t.tests}", f"{t.valid_ok}/{t.valid}",
                       f"{t.invalid_ok}/{t.invalid}", str(t.crashes))
     console.print(table)
-    cmd = "railcall coverage" + ("" if peers else " --no-peers")
+    cmd = "railcall coverage" + ("" if draft == "2020-12" else f" --draft {draft}") + ("" if peers else " --no-peers")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(Path(out), cov.markdown(results, cmd))
+    atomic_write(Path(out), cov.markdown(results, cmd, draft))
     console.print(f"wrote {out} (per-keyword table)")
 
 
@@ -402,6 +431,37 @@ def chat(
             continue
         _show_episode(a.run(line))
 
+data_app = typer.Typer(help="Third-party data from pinned packages: BFCL (bfcl-eval) and the JSON-Schema-Test-Suite.",
+                       no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("fetch")
+def data_fetch() -> None:
+    """Fetch the JSON-Schema-Test-Suite (jsonschema's sdist, hash-checked) and check BFCL's package."""
+    from railcall.data import bfcl_data, jsts_folder
+
+    try:
+        jsts = jsts_folder()
+        bfcl = bfcl_data()
+    except RailcallError as e:
+        _fail(e)
+        return
+    console.print(f"JSON-Schema-Test-Suite: {jsts}\nBFCL: {bfcl}", markup=False, highlight=False)
+
+
+@data_app.command("where")
+def data_where() -> None:
+    """Say where each data set is, or what is missing and how to get it (fetches nothing)."""
+    from railcall.data import bfcl_data, jsts_folder
+
+    for name, find in (("JSON-Schema-Test-Suite", lambda: jsts_folder(fetch=False)), ("BFCL", bfcl_data)):
+        try:
+            console.print(f"{name}: {find()}", markup=False, highlight=False)
+        except RailcallError as e:
+            console.print(f"{name}: missing: {e}", markup=False, highlight=False)
+
+
 eval_app = typer.Typer(help="Evaluation: BFCL tasks and the seed 000 ablation, with and without the grammar.",
                        no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
@@ -417,7 +477,7 @@ def eval_bfcl(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks. "
                                 "Without it, results already in --out are kept as results.jsonl.old.N (and run.json.old.N), "
                                 "N one more than the last: never overwritten."),
-    data: str = typer.Option("../shared/data/bfcl", "--data", help="The BFCL data folder."),
+    data: Optional[str] = typer.Option(None, "--data", help="The BFCL data folder (default: the installed bfcl-eval package's)."),
     max_tokens: int = typer.Option(192, "--max-tokens", help="Token ceiling per reply, the same for every category."),
     batch: int = typer.Option(16, "--batch", help="Tasks decoded together (each gives one row per condition)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; 1 helps on a busy machine)."),
@@ -432,11 +492,10 @@ def eval_bfcl(
     from railcall.eval.runner import run_bfcl
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    data = _bfcl_folder(data)
     cats = [c.strip() for item in category for c in item.split(",") if c.strip()]
     if cats == ["all"]:
-        cats = bfcl.categories(Path(data))
-    if not Path(data).is_dir():
-        _fail(FileNotFoundError(f"BFCL data folder {data} not found; pass --data PATH"))
+        cats = bfcl.single_turn_categories(Path(data))
     bars: dict = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=console) as prog:
@@ -457,6 +516,57 @@ def eval_bfcl(
     tp = summary["throughput"]
     console.print(f"{tp['generated_tokens']} tokens in {tp['decode_seconds']:.0f} s of decoding "
                   f"({tp['tokens_per_s']} tokens/s); wrote {out}/summary.json, table.md and eval.png")
+
+
+@eval_app.command("multi-turn")
+def eval_multi_turn(
+    category: list[str] = typer.Option(["multi_turn_base"], "--category", help="multi_turn_base and/or multi_turn_long_context (repeat, or comma-separate)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N tasks of each category."),
+    model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    out: str = typer.Option("eval-out/bfcl-multi-turn", "--out", help="The folder for results.jsonl and summary.json."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks."),
+    data: Optional[str] = typer.Option(None, "--data", help="The BFCL data folder (default: the installed bfcl-eval package's)."),
+    max_steps: int = typer.Option(8, "--max-steps", help="Calls per turn before the turn is cut."),
+    max_tokens: int = typer.Option(96, "--max-tokens", help="Token ceiling per call."),
+) -> None:
+    """BFCL's multi-turn tasks as agent episodes over BFCL's simulated services, scored by BFCL's checker."""
+    from pathlib import Path
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from railcall.eval import multi_turn
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    data = _bfcl_folder(data)
+    cats = [c.strip() for item in category for c in item.split(",") if c.strip()]
+    bad = [c for c in cats if c not in multi_turn.MULTI_TURN]
+    if bad:
+        _fail(ValueError(f"unknown multi-turn categor{'ies' if len(bad) > 1 else 'y'} {', '.join(bad)}; "
+                         f"use {' or '.join(multi_turn.MULTI_TURN)}"))
+    bars: dict = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=console) as prog:
+
+        def progress(cat, done, total):
+            if cat not in bars:
+                bars[cat] = prog.add_task(cat, total=total)
+            prog.update(bars[cat], completed=done)
+
+        try:
+            summary = multi_turn.run(cats, Path(out), data=Path(data), limit=limit, model=model, max_steps=max_steps,
+                                     max_tokens=max_tokens, resume=resume, progress=progress,
+                                     log=lambda m: console.print(m, style="dim", markup=False))
+        except (RailcallError, ValueError, FileNotFoundError) as e:
+            _fail(e)
+            return
+    table = Table(title=f"BFCL multi-turn, model {summary['settings']['model']}")
+    for col in ("category", "tasks", "accuracy", "turns answered", "steps per task", "seconds per task"):
+        table.add_column(col, justify="left" if col == "category" else "right")
+    for c, s in summary["categories"].items():
+        table.add_row(c, str(s["n"]), f"{100 * s['accuracy']:.1f}%", f"{100 * s['turns_answered']:.0f}%",
+                      f"{s['steps_mean']:.1f}", f"{s['seconds_mean']:.0f}")
+    console.print(table)
+    console.print(f"wrote {out}/results.jsonl and summary.json", markup=False)
 
 
 @eval_app.command("report")

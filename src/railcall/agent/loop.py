@@ -145,14 +145,16 @@ class Agent:
 
     # -- one episode ---------------------------------------------------------------------------
 
-    def run(self, task: str) -> Episode:
+    def run(self, task: str, context: Sequence[dict] = ()) -> Episode:
+        """One episode for `task`. `context`: earlier messages of the conversation (user turns
+        and the agent's answers), shown between the system prompt and the task."""
         if self.model is None:
             raise ValueError("this agent has no model; pass an AgentModel to run episodes")
         self._episodes += 1
         ep = Episode(task)
         history: list[tuple[str, str]] = []  # (call text, observation)
         for i in range(self.max_steps):
-            rec = self._step(task, history, i)
+            rec = self._step(task, history, i, context)
             rec["episode"] = self._episodes
             ep.steps.append(rec)
             self._write_trace(rec)
@@ -168,7 +170,7 @@ class Agent:
             ep.skill = self._learn(ep)
         return ep
 
-    def _step(self, task: str, history, index: int) -> dict:
+    def _step(self, task: str, history, index: int, context: Sequence[dict] = ()) -> dict:
         t0 = time.perf_counter()
         v = self.view()
         rec: dict = {"step": index + 1, "task": task, "policy": self.policy.name, "table_version": v.table_version,
@@ -179,7 +181,7 @@ class Agent:
         compiled = compiled_grammar(v.grammar(), self.model.vocab)
         rec["name_position"] = name_position(compiled, self.model.vocab, v, self.table)
         messages = [{"role": "system", "content": system_prompt(v.tools, self.memory.items() if self.memory else ())},
-                    {"role": "user", "content": task}]
+                    *context, {"role": "user", "content": task}]
         for text, obs in history:
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"Result: {obs}"}]
         g = generate(self.model.backend, self.model.vocab, self.model.render(messages, v.tools), Matcher(compiled),

@@ -9,8 +9,12 @@ tokenisation plays no part.
 
 railcall runs with `SchemaOptions(standard=True)` (JSON Schema's own semantics: undeclared
 properties allowed unless forbidden, untyped schemas admit every type); llguidance with its
-defaults plus compact separators. Files: every draft2020-12/*.json, plus the optional format
-files for the formats railcall enforces.
+defaults plus compact separators. Files: every <draft>/*.json (draft2020-12 unless `draft` says
+otherwise), plus the optional format files for the formats railcall enforces.
+
+Drafts: the suite's schemas for older drafts rarely say which draft they are written in (their
+folder says it), so each schema without a `$schema` is given its draft's URI before either
+engine sees it: both then apply that draft's rules where they know them.
 
 `railcall coverage` prints the per-keyword table and writes it (with totals, the command and the
 versions) to docs/schema-coverage.md.
@@ -24,6 +28,12 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# The `$schema` URI of each draft, by the names `--draft` takes (see railcall.data.DRAFTS).
+DRAFT_URIS = {"3": "http://json-schema.org/draft-03/schema#", "4": "http://json-schema.org/draft-04/schema#",
+              "6": "http://json-schema.org/draft-06/schema#", "7": "http://json-schema.org/draft-07/schema#",
+              "2019-09": "https://json-schema.org/draft/2019-09/schema",
+              "2020-12": "https://json-schema.org/draft/2020-12/schema",
+              "next": "https://json-schema.org/draft/next/schema"}
 FORMAT_FILES = ("date", "time", "date-time", "email", "uuid", "uri", "ipv4", "ipv6", "hostname")
 
 
@@ -127,15 +137,24 @@ class _PeerCompileError(Exception):
     pass
 
 
-def suite_files(data: Path) -> list[tuple[str, Path]]:
-    base = data / "draft2020-12"
+def suite_files(data: Path, draft: str = "2020-12") -> list[tuple[str, Path]]:
+    from railcall.data import DRAFTS
+
+    base = data / DRAFTS[draft]
     files = [(p.stem, p) for p in sorted(base.glob("*.json"))]
     files += [(f"format:{name}", base / "optional" / "format" / f"{name}.json") for name in FORMAT_FILES
               if (base / "optional" / "format" / f"{name}.json").exists()]
     return files
 
 
-def run_file(checker, path: Path) -> Tally:
+def with_draft(schema, draft: str):
+    """`schema` with its draft's `$schema` where it names none (a boolean schema stays as it is)."""
+    if isinstance(schema, dict) and "$schema" not in schema:
+        return {"$schema": DRAFT_URIS[draft], **schema}
+    return schema
+
+
+def run_file(checker, path: Path, draft: str = "2020-12") -> Tally:
     tally = Tally()
     cases = json.loads(path.read_text())
     clean = checker.clean_errors()
@@ -151,7 +170,7 @@ def run_file(checker, path: Path) -> Tally:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                compiled = checker.compile(case["schema"])
+                compiled = checker.compile(with_draft(case["schema"], draft))
         except clean as e:
             tally.errors.append(f"{case['description']}: {e}")
             continue
@@ -176,17 +195,17 @@ def run_file(checker, path: Path) -> Tally:
     return tally
 
 
-def run(data: Path, peers: bool = True, progress=None) -> dict[str, dict[str, Tally]]:
-    """{engine: {keyword file: Tally}} over the suite."""
+def run(data: Path, peers: bool = True, progress=None, draft: str = "2020-12") -> dict[str, dict[str, Tally]]:
+    """{engine: {keyword file: Tally}} over one draft of the suite."""
     checkers = [RailcallChecker()]
     if peers:
         checkers.append(LLGuidanceChecker())
     out: dict[str, dict[str, Tally]] = {}
-    files = suite_files(data)
+    files = suite_files(data, draft)
     for c in checkers:
         out[c.name] = {}
         for name, path in files:
-            out[c.name][name] = run_file(c, path)
+            out[c.name][name] = run_file(c, path, draft)
             if progress:
                 progress(c.name, name)
     return out
@@ -202,18 +221,19 @@ def totals(results: dict[str, dict[str, Tally]]) -> dict[str, Tally]:
     return tot
 
 
-def markdown(results: dict[str, dict[str, Tally]], command: str) -> str:
+def markdown(results: dict[str, dict[str, Tally]], command: str, draft: str = "2020-12") -> str:
     import platform
 
     engines = list(results)
     versions = [f"railcall {_version('railcall')}"] + [f"{e} {_version(e)}" for e in engines if e != "railcall"]
     lines = [
-        "# JSON Schema coverage: the official test suite",
+        f"# JSON Schema coverage: the official test suite, draft {draft}",
         "",
         f"Reproduce with `{command}` ({', '.join(versions)}; Python {platform.python_version()}).",
         "",
-        "Data: JSON-Schema-Test-Suite (../shared/data/jsts, draft2020-12 and the optional format files for the",
-        "formats railcall enforces). Each instance is serialised compactly in its own key order and fed byte by",
+        f"Data: JSON-Schema-Test-Suite as shipped in the jsonschema {_version('jsonschema')} source distribution",
+        f"(draft {draft} and the optional format files for the formats railcall enforces; a schema without `$schema`",
+        "is given its draft's). Each instance is serialised compactly in its own key order and fed byte by",
         "byte; *passed* = valid instances accepted + invalid instances rejected; instances of a schema that did",
         "not compile count as not passed. railcall runs with `SchemaOptions(standard=True)`; llguidance with",
         "compact separators. Schemas that don't compile are clean errors naming the keyword and JSON pointer.",

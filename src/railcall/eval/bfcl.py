@@ -4,13 +4,21 @@ A category is one file of questions (`BFCL_v4_<category>.json`, one JSON object 
 id, question = turns of {role, content} messages, function = the tool specs in BFCL's parameter
 dialect) and, beside it in `possible_answer/`, one of gold answers (same ids, same order:
 `ground_truth` = a list of calls {name: {param: [acceptable values]}}). A category without an
-answer file is read as one whose right answer is never a call (BFCL's irrelevance categories).
+answer file is one whose right answer is not a list of gold calls: BFCL's irrelevance
+categories (no call is right) and its relevance category (any call is right, `expects="any"`).
 
-What a category expects is read from its gold answers, never from its name: a task whose
-ground truth is an empty list expects no call; otherwise the calls, in any order. The decoding
-mode (`tool_choice`) is chosen once per category, never per task: "required" (a call must be
-made) when every task of the category has a gold call, "auto" (free text, or a call) when any
-has none.
+What a task expects is read from its gold answers: a task whose ground truth is an empty list
+expects no call; otherwise the calls, in any order. Only where there are no gold answers at all
+does the name decide, as BFCL's own rule does: a `*relevance` category that is not an
+`*irrelevance` one is right with any call. The decoding mode (`tool_choice`) is chosen once per
+category, never per task: "required" (a call must be made) when every task of the category has
+gold calls, "auto" (free text, or a call) otherwise, so no-call and any-call categories are
+never won by forcing a call.
+
+Java and JavaScript categories (`simple_java`, `simple_javascript`) are asked the way BFCL's
+harness asks them: every parameter is a string holding a value in the language's own syntax
+(`"true"`, `"50L"`, `"new ArrayList<>(Arrays.asList(...))"`), with BFCL's hint on each
+description; the checker converts those strings back with BFCL's own converters.
 """
 
 from __future__ import annotations
@@ -24,8 +32,19 @@ from railcall.grammar.bfcl import bfcl_tools
 from railcall.grammar.tools import Tool
 from railcall.prompt import has_native_tools
 
-DEFAULT_DATA = "../shared/data/bfcl"
+# The categories railcall was first measured on (their figures in the README go back furthest).
 SHARED_CATEGORIES = ["simple_python", "multiple", "parallel", "live_simple"]
+# Every single-turn category of BFCL v4, in BFCL's order.
+SINGLE_TURN = ["simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",
+               "irrelevance", "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
+               "live_irrelevance", "live_relevance"]
+# Files in BFCL's data folder that are not single-turn question files.
+OTHER_KINDS = ("multi_turn_", "memory", "web_search", "format_sensitivity")
+
+
+def language(category: str) -> str:
+    """The language BFCL checks a category's values in: java, javascript or python."""
+    return "java" if category.endswith("_java") else "javascript" if category.endswith("_javascript") else "python"
 
 
 @dataclass
@@ -34,11 +53,16 @@ class Task:
     id: str
     messages: list[dict]  # the question's turns, flattened: [{role, content}, ...]
     functions: list[dict]  # BFCL's specs, as written (the checker reads their types)
-    ground_truth: list[dict]  # [{name: {param: [acceptable values]}}]; [] = no call expected
+    ground_truth: list[dict]  # [{name: {param: [acceptable values]}}]; [] = no gold call
+    expects: str = "calls"  # "calls": the gold calls; "none": no call; "any": any call is right
+
+    @property
+    def language(self) -> str:
+        return language(self.category)
 
     @property
     def tools(self) -> list[Tool]:
-        return bfcl_tools(self.functions)
+        return bfcl_tools(self.functions, self.language)
 
 
 def category_file(data: Path, category: str) -> Path:
@@ -60,6 +84,18 @@ def categories(data: Path) -> list[str]:
     return out
 
 
+def single_turn_categories(data: Path) -> list[str]:
+    """The single-turn categories in `data` (what `--category all` runs): BFCL's in its own
+    order, then any others (hand-made ones in the same format), multi-turn and agentic files left out."""
+    there = categories(data)
+    known = [c for c in SINGLE_TURN if c in there]
+    return known + [c for c in there if c not in SINGLE_TURN and not c.startswith(OTHER_KINDS)]
+
+
+def _expects_any_call(category: str) -> bool:
+    return category.endswith("relevance") and not category.endswith("irrelevance")
+
+
 def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -70,19 +106,23 @@ def load_category(data: Path, category: str, limit: int | None = None) -> list[T
     questions = _lines(qpath)[:limit] if limit else _lines(qpath)
     apath = qpath.parent / "possible_answer" / qpath.name
     answers = {a["id"]: a["ground_truth"] for a in _lines(apath)} if apath.is_file() else {}
+    if category.startswith("multi_turn_"):
+        raise ValueError(f"{category} is a multi-turn category; it runs as agent episodes, not as single replies")
     tasks = []
     for q in questions:
         if apath.is_file() and q["id"] not in answers:
             raise ValueError(f"{apath}: no gold answer for {q['id']}")
         turns = q["question"]
         messages = [m for turn in turns for m in (turn if isinstance(turn, list) else [turn])]
-        tasks.append(Task(category, q["id"], messages, q["function"], answers.get(q["id"], [])))
+        gold = answers.get(q["id"], [])
+        expects = "calls" if gold else "any" if not apath.is_file() and _expects_any_call(category) else "none"
+        tasks.append(Task(category, q["id"], messages, q["function"], gold, expects))
     return tasks
 
 
 def tool_choice(tasks: Sequence[Task]) -> str:
-    """The category's decoding mode: "required" if every task has a gold call, else "auto"."""
-    return "required" if all(t.ground_truth for t in tasks) else "auto"
+    """The category's decoding mode: "required" if every task has gold calls, else "auto"."""
+    return "required" if all(t.expects == "calls" for t in tasks) else "auto"
 
 
 # --- the prompt -------------------------------------------------------------------------------

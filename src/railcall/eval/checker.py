@@ -7,22 +7,27 @@ Three questions, each a superset of the next:
   (several calls). Nothing else counts: not prose around it, not a Markdown code fence.
 - valid: it parses, every call names a tool of the task's table and its arguments validate
   against that tool's JSON Schema (BFCL's dialect mapped as `railcall.grammar.bfcl` maps it).
-- AST-correct (`check_calls`), BFCL's AST checker rules, written from their description:
+- AST-correct (`check_calls`): BFCL's AST checker rules (bfcl-eval 2026.3.23), written anew
+  and tested against BFCL's own checker on every gold answer of every single-turn category:
     * the right function (names compared exactly; dots are part of the name);
     * every parameter the function requires is present, and no parameter that is neither in
       the function's spec nor in the gold answer ("unexpected parameter");
-    * each value has the type the spec declares -- except that an integer is accepted where a
-      float is expected (and is compared as that float); a boolean is never an integer;
-      arrays' items are type-checked the same way;
+    * each value has the type the spec declares (`any` is a string; an integer is accepted where
+      a float is expected, and compared as that float; a boolean is never an integer); a list's
+      elements are type-checked one level down. Where the gold answer's values have another type
+      than the declared one (the answer names a variable, e.g. a string for an integer), a value
+      of the gold answer's type is accepted too, and compared exactly;
     * each value is among the acceptable values: strings after BFCL's normalisation
-      (lowercase; spaces and , . / - _ * ^ dropped; ' read as "), lists element by element
-      (in order), objects key by key against the acceptable objects;
+      (lowercase; spaces and , . / - _ * ^ dropped; ' read as "), also the strings directly
+      inside a list or an object; objects key by key; lists of objects element by element;
     * a gold parameter may be omitted only when "" is among its acceptable values (optional);
-    * several calls (parallel): as many calls as gold calls, matched in any order. Where BFCL
-      takes, for each gold call, the first unused model call that fits, this checker finds a
-      full matching (augmenting paths); the two agree unless one model call fits several gold
-      calls, where the greedy choice can miss a matching that exists.
-    * a task whose gold answer is no call is right when the reply is not a call.
+    * Java and JavaScript (`language`): every value must be a string in the language's syntax,
+      turned into a value by BFCL's own converters (from the installed bfcl-eval package), then
+      checked as above;
+    * several calls (parallel): as many calls as gold calls, in any order; for each gold call in
+      turn, the first model call not yet used that fits it (BFCL's greedy rule);
+    * a task whose right answer is no call is right when the reply is not a call; one whose right
+      answer is any call (BFCL's relevance category), when it is a call.
 """
 
 from __future__ import annotations
@@ -104,69 +109,113 @@ class Verdict:
     reason: str = ""  # why not, for the first gold call that failed
 
 
-_INT = {"integer", "int", "long", "short", "byte", "Integer", "Long", "BigInteger"}
-_FLOAT = {"float", "number", "double", "Double", "Float"}
-_STR = {"string", "String", "char", "Character"}
-_BOOL = {"boolean", "bool", "Boolean"}
-_LIST = {"array", "tuple", "list", "ArrayList", "List", "Array", "Set"}
-_DICT = {"dict", "object", "HashMap", "Hashtable", "Map"}
+# BFCL's Python types (its harness sends `any` as a string, and its checker expects one)
+_PYTHON_TYPES = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list, "tuple": list,
+                 "dict": dict, "any": str}
+_LISTS = ("array", "tuple", "Array", "ArrayList")
 
 
-def _type_ok(value, spec) -> bool:
-    """The value has the type `spec` declares (int accepted for float; no declared type: any)."""
+def _language_types(language: str):
+    """(declared type -> Python type, converter from a string in the language's syntax) for Java
+    and JavaScript, from the installed bfcl-eval package (BFCL's own conversion rules)."""
+    from railcall.data import bfcl_data
+
+    bfcl_data()  # a DataError saying how to install the package, if it is not
+    from bfcl_eval.constants.type_mappings import JAVA_TYPE_CONVERSION, JS_TYPE_CONVERSION
+
+    if language == "java":
+        from bfcl_eval.eval_checker.ast_eval.type_convertor.java_type_converter import java_type_converter
+        return JAVA_TYPE_CONVERSION, java_type_converter
+    from bfcl_eval.eval_checker.ast_eval.type_convertor.js_type_converter import js_type_converter
+    return JS_TYPE_CONVERSION, js_type_converter
+
+
+def _std(x):
+    return normalise(x) if isinstance(x, str) else x
+
+
+def _answer_type(acceptable: list):
+    return next((type(a) for a in acceptable if a != ""), None)
+
+
+def _type_ok(value, acceptable: list, expected, nested) -> tuple[bool, bool]:
+    """(the value's type is right, it stands for a variable): the declared type (`expected`, one
+    level of `nested` element type for lists), or else the gold answer's own type."""
+    answer = _answer_type(acceptable)
+    variable = answer is not None and answer is not expected
+    if type(value) is expected:
+        if nested is None:
+            return True, variable
+        for acc in acceptable:  # the elements fit the element type, or that acceptable list's own
+            if not isinstance(acc, list) or all(_type_ok(x, acc, nested, None)[0] for x in value):
+                return True, variable
+    if answer is not None and type(value) is answer:
+        return True, True
+    return False, False
+
+
+def _dict_ok(value: dict, acceptable: list) -> bool:
+    """An object against acceptable objects whose values are acceptable-value lists."""
+    for acc in acceptable:
+        if acc == "" or not isinstance(acc, dict):
+            continue
+        if all(k in acc and _std(v) in [_std(a) for a in acc[k]] for k, v in value.items()) and \
+                all(k in value or "" in vals for k, vals in acc.items()):
+            return True
+    return False
+
+
+def _list_of_dicts_ok(value: list, acceptable: list) -> bool:
+    return any(len(value) == len(acc) and all(_dict_ok(v, [a]) for v, a in zip(value, acc))
+               for acc in acceptable if isinstance(acc, (list, str)))
+
+
+def _list_ok(value: list, acceptable: list) -> bool:
+    return [_std(x) for x in value] in [[_std(y) for y in acc] for acc in acceptable if isinstance(acc, (list, str))]
+
+
+def _check_value(k: str, value, acceptable: list, spec: dict, language: str) -> str:
+    """Why `value` of parameter `k` fails (empty: it passes)."""
     kind = spec.get("type") if isinstance(spec, dict) else None
-    if not isinstance(kind, str) or kind == "any":
-        return True
-    if kind in _INT:
-        return type(value) is int
-    if kind in _FLOAT:
-        return type(value) in (int, float)
-    if kind in _STR:
-        return isinstance(value, str)
-    if kind in _BOOL:
-        return isinstance(value, bool)
-    if kind in _LIST:
-        items = spec.get("items")
-        return isinstance(value, list) and all(_type_ok(v, items) for v in value)
-    if kind in _DICT:
-        return isinstance(value, dict)
-    return True
+    items = spec.get("items") if isinstance(spec, dict) and isinstance(spec.get("items"), dict) else {}
+    if language in ("java", "javascript"):
+        table, convert = _language_types(language)
+        if kind not in table:
+            return ""  # BFCL has no rule for this type
+        if not isinstance(value, str):
+            return f"type of {k!r}: {json.dumps(value)} is not a string in {language} syntax"
+        expected = table[kind]
+        nested = table.get(items.get("type")) if kind in _LISTS else None
+        try:
+            value = convert(value, kind, items.get("type")) if nested else convert(value, kind)
+        except Exception as e:  # BFCL's converters raise on some strings; a reply never crashes the run
+            return f"value of {k!r}: {value!r} cannot be read as {language} {kind} ({type(e).__name__}: {e})"
+    else:
+        if kind not in _PYTHON_TYPES:
+            return ""
+        expected = _PYTHON_TYPES[kind]
+        nested = _PYTHON_TYPES.get(items.get("type")) if kind in ("array", "tuple") else None
+        if kind == "float" and type(value) is int:
+            value = float(value)
+    type_ok, variable = _type_ok(value, acceptable, expected, nested)
+    if not type_ok:
+        return f"type of {k!r}: {json.dumps(value)} is not {kind}"
+    if variable:
+        ok = value in acceptable
+    elif expected is dict:
+        ok = isinstance(value, dict) and _dict_ok(value, acceptable)
+    elif expected is list and nested is dict:
+        ok = _list_of_dicts_ok(value, acceptable)
+    elif expected is str:
+        ok = normalise(value) in [normalise(a) for a in acceptable if isinstance(a, str)]
+    elif expected is list:
+        ok = _list_ok(value, acceptable)
+    else:
+        ok = value in acceptable
+    return "" if ok else f"value of {k!r}: {json.dumps(value)} not among {json.dumps(acceptable)}"
 
 
-def _value_ok(value, acceptable) -> bool:
-    """`value` equals one acceptable value (BFCL's normalisation for strings)."""
-    return any(_same(value, a) for a in acceptable)
-
-
-def _same(v, a) -> bool:
-    if isinstance(v, str):
-        return isinstance(a, str) and normalise(v) == normalise(a)
-    if isinstance(v, bool) or isinstance(a, bool):
-        return type(v) is type(a) and v == a
-    if isinstance(v, (int, float)):
-        return isinstance(a, (int, float)) and float(v) == float(a)
-    if isinstance(v, list):
-        return isinstance(a, list) and len(v) == len(a) and all(_same(x, y) for x, y in zip(v, a))
-    if isinstance(v, dict):
-        return isinstance(a, dict) and _dict_ok(v, a)
-    return v == a
-
-
-def _dict_ok(v: dict, a: dict) -> bool:
-    """An object argument against one acceptable object whose values are acceptable-value
-    lists (BFCL nests them) or plain values."""
-    for k, x in v.items():
-        if k not in a:
-            return False
-        if not (_value_ok(x, a[k]) if isinstance(a[k], list) else _same(x, a[k])):
-            return False
-    for k, acc in a.items():
-        if k not in v and not (isinstance(acc, list) and "" in acc):
-            return False
-    return True
-
-
-def check_call(functions: Sequence[dict], call: dict, gold: dict) -> Verdict:
+def check_call(functions: Sequence[dict], call: dict, gold: dict, language: str = "python") -> Verdict:
     """One model call against one gold call {name: {param: [acceptable values]}}."""
     (name, answers), = gold.items()
     if call["tool"] != name:
@@ -181,42 +230,35 @@ def check_call(functions: Sequence[dict], call: dict, gold: dict) -> Verdict:
     for k, v in args.items():
         if k not in props or k not in answers:
             return Verdict(False, f"unexpected parameter {k!r}")
-        if not _type_ok(v, props[k]):
-            return Verdict(False, f"type of {k!r}: {json.dumps(v)} is not {props[k].get('type')}")
-        if not _value_ok(v, answers[k]):
-            return Verdict(False, f"value of {k!r}: {json.dumps(v)} not among {json.dumps(answers[k])}")
+        why = _check_value(k, v, answers[k], props[k], language)
+        if why:
+            return Verdict(False, why)
     for k, acc in answers.items():
         if k not in args and "" not in acc:
             return Verdict(False, f"missing parameter {k!r} (not optional in the gold answer)")
     return Verdict(True)
 
 
-def check_calls(functions: Sequence[dict], calls: Sequence[dict] | None, ground_truth: Sequence[dict]) -> Verdict:
-    """The reply's calls (None: not a call) against the gold calls, in any order."""
+def check_calls(functions: Sequence[dict], calls: Sequence[dict] | None, ground_truth: Sequence[dict], *,
+                language: str = "python", expects: str = "calls") -> Verdict:
+    """The reply's calls (None: not a call) against the gold calls, in any order. `expects`:
+    "calls" (the gold calls), "none" (no call is right) or "any" (any call is right)."""
+    if expects == "any":
+        return Verdict(bool(calls), "" if calls else "no call; the right answer is a call")
     if not ground_truth:
         return Verdict(not calls, "" if not calls else "a call was made; the right answer is no call")
     if not calls:
         return Verdict(False, "no call")
     if len(calls) != len(ground_truth):
         return Verdict(False, f"{len(calls)} calls, expected {len(ground_truth)}")
-    if len(ground_truth) == 1:
-        return check_call(functions, calls[0], ground_truth[0])
-    fits = [[check_call(functions, c, g).ok for c in calls] for g in ground_truth]  # (gold, model)
-    owner = [-1] * len(calls)  # model call -> the gold call it is matched to
-
-    def augment(g: int, seen: set) -> bool:
-        for c, ok in enumerate(fits[g]):
-            if ok and c not in seen:
-                seen.add(c)
-                if owner[c] < 0 or augment(owner[c], seen):
-                    owner[c] = g
-                    return True
-        return False
-
-    for g in range(len(ground_truth)):
-        if not augment(g, set()):
-            first = next((check_call(functions, c, ground_truth[g]) for c in calls
-                          if c["tool"] == next(iter(ground_truth[g]))), None)
-            why = first.reason if first else "no call to this function"
-            return Verdict(False, f"gold call {g + 1} unmatched: {why}")
+    used: set[int] = set()
+    for g, gold in enumerate(ground_truth):
+        verdicts = [(c, check_call(functions, call, gold, language)) for c, call in enumerate(calls) if c not in used]
+        match = next((c for c, v in verdicts if v.ok), None)
+        if match is None:
+            if len(ground_truth) == 1:
+                return verdicts[0][1]
+            first = next((v for c, v in verdicts if calls[c]["tool"] == next(iter(gold))), None)
+            return Verdict(False, f"gold call {g + 1} unmatched: {first.reason if first else 'no call to this function'}")
+        used.add(match)
     return Verdict(True)

@@ -125,7 +125,8 @@ def record_problem(r) -> str:
     return ""
 
 
-def read_results(path: Path, *, repair: bool = False, warn: Callable[[str], None] | None = None) -> list[dict]:
+def read_results(path: Path, *, repair: bool = False, warn: Callable[[str], None] | None = None,
+                 check: Callable[[object], str] = record_problem) -> list[dict]:
     """The records in a results file, each line checked (`record_problem`).
 
     A line is whole only with its newline. A last line without one is an interrupted write: when
@@ -134,7 +135,7 @@ def read_results(path: Path, *, repair: bool = False, warn: Callable[[str], None
     the missing newline written, or the torn part cut off -- so the next append starts a line
     of its own instead of joining the torn one (which would lose both records). Any other line
     that does not parse or is not a usable record is skipped, and `warn` is told which and why;
-    the file keeps it."""
+    the file keeps it. `check` says what is wrong with a record ("" if nothing)."""
     warn = warn or (lambda m: None)
     if not path.is_file():
         return []
@@ -161,7 +162,7 @@ def read_results(path: Path, *, repair: bool = False, warn: Callable[[str], None
                 with open(path, "ab") as f:  # the record is whole; only its newline was lost
                     f.write(b"\n")
             if r is not None:
-                problem = record_problem(r)
+                problem = check(r)
                 if problem:
                     warn(f"{where}: not a results record ({problem}); skipped")
                 else:
@@ -215,12 +216,12 @@ def score(task: bfcl.Task, text: str, calls: list[dict] | None = None, *, auto: 
     in it (text around them is allowed there: it is content)."""
     if not auto:
         calls = checker.parse_calls(text)
-    verdict = checker.check_calls(task.functions, calls, task.ground_truth)
+    verdict = checker.check_calls(task.functions, calls, task.ground_truth, language=task.language, expects=task.expects)
     return {"parse": calls is not None, "valid": checker.valid_calls(calls, task.tools),
             "ast": verdict.ok, "reason": verdict.reason, "calls": len(calls) if calls else 0}
 
 
-def run_bfcl(categories: list[str], out: Path, *, data: Path = Path(bfcl.DEFAULT_DATA), limit: int | None = None,
+def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limit: int | None = None,
              grammar: bool = True, model: str | None = None, max_tokens: int = 192, batch: int = 16,
              resume: bool = False, tool_choice: str | None = None, threads: int | None = None,
              progress: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] | None = None) -> dict:
@@ -239,6 +240,10 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path = Path(bfcl.DEFAULT
         # spin-waits fighting them: measured on 2 shared cores at load 7, one decode step of 8
         # rows took 1.8 s with 2 threads and 0.33 s with 1.
         torch.set_num_threads(threads)
+    if data is None:
+        from railcall.data import bfcl_data
+
+        data = bfcl_data()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     all_tasks = {c: bfcl.load_category(data, c, limit) for c in categories}  # fails early on a bad name

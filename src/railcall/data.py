@@ -1,0 +1,124 @@
+"""Third-party data, from pinned PyPI packages: BFCL's categories and the JSON-Schema-Test-Suite.
+
+Nothing here reads a folder beside the project: a user's clone has nothing beside it.
+
+- **BFCL** ships in the `bfcl-eval` wheel (Apache-2.0) as `bfcl_eval/data/`: every category's
+  questions, `possible_answer/`, and the multi-turn function docs. The wheel is installed with
+  `--no-deps` (its own dependencies are a whole leaderboard harness, none of which railcall
+  needs), so it is found through its installed file record and never imported.
+- **The JSON-Schema-Test-Suite** ships inside the `jsonschema` *source* distribution (the wheel
+  leaves it out) under `json/tests/<draft>/` and `json/remotes/`. `jsts_folder()` fetches that
+  sdist once with pip, checks its SHA-256 against the pin below, and unpacks the suite into
+  `$RAILCALL_HOME/data/` (a temporary folder renamed into place, so an interrupted fetch leaves
+  nothing half-written that a later run would trust). `make setup` fetches it, so tests never do.
+
+Lifecycle: paths are looked up per call (cheap); the unpacked suite is written once per machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from railcall.errors import DataError
+
+BFCL_DIST = "bfcl-eval"
+BFCL_VERSION = "2026.3.23"
+BFCL_INSTALL = f"pip install --no-deps {BFCL_DIST}=={BFCL_VERSION}"
+
+JSONSCHEMA_VERSION = "4.26.0"
+# sha256 of jsonschema-4.26.0.tar.gz as published on PyPI
+JSONSCHEMA_SDIST_SHA256 = "0c26707e2efad8aa1bfc5b7ce170f3fccc2e4918ff85989ba9ffa9facb2be326"
+JSTS_FOLDER = f"jsts-{JSONSCHEMA_VERSION}"
+
+# The suite's folder for each draft, by the names `railcall coverage --draft` takes.
+DRAFTS = {"3": "draft3", "4": "draft4", "6": "draft6", "7": "draft7", "2019-09": "draft2019-09",
+          "2020-12": "draft2020-12", "next": "draft-next"}
+
+
+def bfcl_data() -> Path:
+    """The `bfcl_eval/data` folder of the installed `bfcl-eval` wheel."""
+    try:
+        dist = importlib.metadata.distribution(BFCL_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise DataError(f"BFCL's data ships in the PyPI package {BFCL_DIST!r}, which is not installed; "
+                        f"install it with `{BFCL_INSTALL}` (or `make setup`), or pass --data DIR") from None
+    for f in dist.files or ():
+        if f.parts[:2] == ("bfcl_eval", "data") and f.name.startswith("BFCL_") and len(f.parts) == 3:
+            return Path(dist.locate_file(f)).parent
+    raise DataError(f"the package {BFCL_DIST!r} {dist.version} is installed but holds no bfcl_eval/data/; "
+                    f"reinstall it with `{BFCL_INSTALL} --force-reinstall`")
+
+
+def _home() -> Path:
+    from railcall.models.store import railcall_home
+
+    return railcall_home() / "data"
+
+
+def jsts_folder(fetch: bool = True) -> Path:
+    """The unpacked JSON-Schema-Test-Suite (one folder per draft, plus `remotes/`), fetched on
+    first use when `fetch` (else a DataError saying how to fetch it)."""
+    folder = _home() / JSTS_FOLDER
+    if (folder / "draft2020-12").is_dir():
+        return folder
+    if not fetch:
+        raise DataError(f"the JSON-Schema-Test-Suite is not in {folder}; fetch it with "
+                        "`railcall data fetch` (or `make setup`), or pass --data DIR")
+    return fetch_jsts(folder)
+
+
+def fetch_jsts(folder: Path) -> Path:
+    """Download jsonschema's sdist with pip, verify it, unpack its suite into `folder`."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".railcall-fetch-", dir=folder.parent) as tmp:
+        tmp = Path(tmp)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
+               "-d", str(tmp / "sdist"), f"jsonschema=={JSONSCHEMA_VERSION}"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        archives = sorted((tmp / "sdist").glob("jsonschema-*.tar.gz"))
+        if r.returncode != 0 or not archives:
+            why = (r.stderr.strip().splitlines() or ["no archive was written"])[-1]
+            raise DataError(f"could not download the jsonschema {JSONSCHEMA_VERSION} source distribution, "
+                            f"which carries the JSON-Schema-Test-Suite ({why}); check the network or the "
+                            f"pip index settings and run `railcall data fetch` again, or pass --data DIR")
+        unpack_jsts(archives[0], folder, tmp)
+    return folder
+
+
+def unpack_jsts(archive: Path, folder: Path, scratch: Path) -> None:
+    """Verify `archive` against the pinned hash, then move its `json/tests/*` and `json/remotes`
+    into `folder` in one rename."""
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    if digest != JSONSCHEMA_SDIST_SHA256:
+        raise DataError(f"{archive.name} has sha256 {digest}, expected {JSONSCHEMA_SDIST_SHA256}: the "
+                        "download is not the pinned release; nothing was unpacked. Run `railcall data fetch` "
+                        "again (check the pip index in use)")
+    staging = scratch / "unpacked"
+    out = scratch / JSTS_FOLDER
+    out.mkdir()
+    prefix = f"jsonschema-{JSONSCHEMA_VERSION}/json/"
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix + "tests/")
+                   or m.name.startswith(prefix + "remotes/") or m.name == prefix + "LICENSE"]
+        tar.extractall(staging, members=members, filter="data")
+    src = staging / prefix
+    if not (src / "tests" / "draft2020-12").is_dir():
+        raise DataError(f"{archive.name} holds no json/tests/draft2020-12/; is the pinned version right?")
+    for p in (src / "tests").iterdir():
+        p.rename(out / p.name)
+    (src / "remotes").rename(out / "remotes")
+    (src / "LICENSE").rename(out / "LICENSE")
+    try:
+        os.rename(out, folder)  # atomic: the folder is whole or absent
+    except OSError:
+        if not (folder / "draft2020-12").is_dir():  # not a concurrent fetch that won the race
+            raise
+        shutil.rmtree(out, ignore_errors=True)
