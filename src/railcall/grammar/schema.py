@@ -298,7 +298,7 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
         return _node(ctx, merged, pointer, required, depth + 1)
 
     if "const" in schema or "enum" in schema:
-        return _enum(ctx, schema, pointer)
+        return _enum(ctx, schema, pointer, depth)
 
     for kw in ("anyOf", "oneOf"):
         if kw in schema:
@@ -398,7 +398,12 @@ def _int_kw(schema: dict, kw: str, pointer: str) -> int | None:
 # -- enum and const ---------------------------------------------------------------------------------
 
 
-def _enum(ctx: _Ctx, schema: dict, pointer: str) -> ir.Node:
+def _enum(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
+    """The listed values that satisfy every other assertion of `schema` (its siblings of
+    `enum`/`const`, which an `allOf` or a `$ref` merged in, and an `anyOf`/`oneOf` beside them),
+    as one choice of literals; a SchemaError (empty) if none does. The values are checked the
+    way JSON Schema reads the schema (see `_admits`): a value the author listed is offered as
+    written, so railcall's generation defaults do not apply to it."""
     if "const" in schema:
         values = [schema["const"]]
         if "enum" in schema:
@@ -416,7 +421,15 @@ def _enum(ctx: _Ctx, schema: dict, pointer: str) -> ir.Node:
     if allowed is not None:
         values = [v for v in values if _json_type(v) in allowed or (_json_type(v) == "integer" and "number" in allowed)]
         if not values:
-            raise SchemaError("no enum value has an allowed type", pointer=pointer + "/enum", keyword="enum")
+            raise SchemaError("no enum value has an allowed type", pointer=pointer + "/enum", keyword="enum",
+                              empty=True)
+    rest = {k: v for k, v in schema.items() if k not in ("enum", "const", "type")}
+    if rest:
+        values = [v for v in values if _admits(ctx, rest, v, pointer, depth)]
+        if not values:
+            kw = "const" if "const" in schema else "enum"
+            raise SchemaError(f"no {kw} value satisfies the schema's other keywords ({', '.join(rest)}): no value fits",
+                              pointer=pointer + "/" + kw, keyword=kw, empty=True)
     # A number equal to an integer has two plain spellings (1 and 1.0); JSON Schema counts them
     # as one value, so under standard semantics both are offered (by default only the one the
     # schema wrote: one spelling per value is what generation wants).
@@ -433,6 +446,126 @@ def _enum(ctx: _Ctx, schema: dict, pointer: str) -> ir.Node:
         return ir.enum(spelled)
     except GrammarError as e:
         raise SchemaError(str(e), pointer=pointer, keyword="const" if "const" in schema else "enum") from None
+
+
+def _admits(ctx: _Ctx, schema, value, pointer: str, depth: int) -> bool:
+    """Whether `value` (a JSON value, as json.loads gives it) satisfies `schema`, as JSON Schema
+    reads it: each keyword constrains only the type it is about, undeclared properties are
+    allowed unless the schema forbids them. Only enum and const values are checked this way (a
+    handful of values, at compile time, never per token). A keyword railcall does not enforce is
+    reported as it is where the grammar meets it (`_handled`)."""
+    if schema is True:
+        return True
+    if schema is False:
+        return False
+    if depth > ctx.options.max_depth:
+        raise SchemaError(f"nesting deeper than {ctx.options.max_depth} levels", pointer=pointer, option="max_depth")
+    orig = schema
+    s = _handled(ctx, schema, pointer)
+    if "$ref" in s:
+        target = _resolve_ref(ctx, s["$ref"], pointer + "/$ref", orig)[1]
+        if not _admits(ctx, target, value, pointer + "/$ref", depth + 1):
+            return False
+    for i, br in enumerate(s.get("allOf", ())):
+        if not _admits(ctx, br, value, f"{pointer}/allOf/{i}", depth + 1):
+            return False
+    if "anyOf" in s and not any(_admits(ctx, br, value, f"{pointer}/anyOf/{i}", depth + 1)
+                                for i, br in enumerate(s["anyOf"])):
+        return False
+    if "oneOf" in s and sum(_admits(ctx, br, value, f"{pointer}/oneOf/{i}", depth + 1)
+                            for i, br in enumerate(s["oneOf"])) != 1:
+        return False
+    if "const" in s and not _json_equal(s["const"], value):
+        return False
+    if "enum" in s and not any(_json_equal(e, value) for e in s["enum"]):
+        return False
+    kind = _json_type(value)
+    types = _types(ctx, s, pointer)
+    if types is not None and kind not in types and not (kind == "integer" and "number" in types):
+        return False
+    if kind in ("integer", "number"):
+        lo, xlo, hi, xhi = _bounds(s, pointer)
+        if lo is not None and (value < lo or (xlo and value == lo)):
+            return False
+        if hi is not None and (value > hi or (xhi and value == hi)):
+            return False
+    elif kind == "string":
+        return _admits_string(ctx, s, value, pointer)
+    elif kind == "array":
+        return _admits_array(ctx, s, value, pointer, depth)
+    elif kind == "object":
+        return _admits_object(ctx, s, value, pointer, depth)
+    return True
+
+
+def _admits_string(ctx: _Ctx, s: dict, value: str, pointer: str) -> bool:
+    n = len(value)  # code points, as JSON Schema counts
+    if n < (_int_kw(s, "minLength", pointer) or 0):
+        return False
+    hi = _int_kw(s, "maxLength", pointer)
+    if hi is not None and n > hi:
+        return False
+    for kw, regex in (("pattern", s.get("pattern")), ("format", FORMATS.get(s.get("format")))):
+        if regex is None:
+            continue
+        try:
+            if not compile_pattern(regex, max(256, n)).matches(value):
+                return False
+        except RegexError as e:
+            if not ctx.options.lenient:
+                raise SchemaError(str(e), pointer=pointer + "/" + kw, keyword=kw) from None
+    return True
+
+
+def _admits_array(ctx: _Ctx, s: dict, value: list, pointer: str, depth: int) -> bool:
+    if len(value) < (_int_kw(s, "minItems", pointer) or 0):
+        return False
+    hi = _int_kw(s, "maxItems", pointer)
+    if hi is not None and len(value) > hi:
+        return False
+    if s.get("uniqueItems") is True and any(_json_equal(value[i], value[j]) for i in range(len(value))
+                                           for j in range(i + 1, len(value))):
+        return False
+    prefix, items, kw = s.get("prefixItems", []), s.get("items", True), "items"
+    if isinstance(items, list):  # draft-07 tuple form
+        prefix, items, kw = items, s.get("additionalItems", True), "additionalItems"
+    for i, x in enumerate(value):
+        sub, where = (prefix[i], f"{pointer}/prefixItems/{i}") if i < len(prefix) else (items, f"{pointer}/{kw}")
+        if not _admits(ctx, sub, x, where, depth + 1):
+            return False
+    return True
+
+
+def _admits_object(ctx: _Ctx, s: dict, value: dict, pointer: str, depth: int) -> bool:
+    if any(r not in value for r in s.get("required", ())):
+        return False
+    if len(value) < (_int_kw(s, "minProperties", pointer) or 0):
+        return False
+    hi = _int_kw(s, "maxProperties", pointer)
+    if hi is not None and len(value) > hi:
+        return False
+    props, pprops = s.get("properties", {}), s.get("patternProperties", {})
+    names = s.get("propertyNames", True)
+    for key, x in value.items():
+        if not _admits(ctx, names, key, pointer + "/propertyNames", depth + 1):
+            return False
+        hits = [p for p in pprops if _pattern_matches(ctx, p, key, f"{pointer}/patternProperties/{_esc(p)}")]
+        if key in props and not _admits(ctx, props[key], x, f"{pointer}/properties/{_esc(key)}", depth + 1):
+            return False
+        for p in hits:
+            if not _admits(ctx, pprops[p], x, f"{pointer}/patternProperties/{_esc(p)}", depth + 1):
+                return False
+        if key not in props and not hits and not _admits(ctx, s.get("additionalProperties", True), x,
+                                                         pointer + "/additionalProperties", depth + 1):
+            return False
+    return True
+
+
+def _pattern_matches(ctx: _Ctx, pattern: str, text: str, pointer: str) -> bool:
+    try:
+        return compile_pattern(pattern, max(256, len(text))).matches(text)
+    except RegexError as e:
+        raise SchemaError(str(e), pointer=pointer, keyword="patternProperties") from None
 
 
 def _json_equal(a, b) -> bool:
@@ -914,7 +1047,7 @@ def _merge(ctx: _Ctx, a: dict, b, pointer: str, depth: int) -> dict:
         elif k == "enum":
             out[k] = [x for x in va if any(_json_equal(x, y) for y in vb)]
             if not out[k]:
-                raise SchemaError("allOf enums have no value in common", pointer=pointer, keyword="enum")
+                raise SchemaError("allOf enums have no value in common", pointer=pointer, keyword="enum", empty=True)
         elif k == "const":
             raise SchemaError(f"allOf requires two different constants {va!r} and {vb!r}", pointer=pointer, keyword="const")
         elif k in ("items", "additionalItems", "prefixItems"):
