@@ -603,6 +603,21 @@ class _Stepper(Instr):
 
 JINT_STEPS_LIMIT = 4096  # memoised locals per bounded integer (each a tuple of 11 steps)
 _JINT_MAG_CAP = 10 ** (MAX_NUMBER_CHARS - 2)  # the least magnitude of MAX_NUMBER_CHARS - 1 digits
+# The largest magnitude a bounded integer is written with: MAX_NUMBER_CHARS - 1 digits (a sign
+# and 23 digits fill the 24 characters). A bound past it is clamped to it (see `clamp_int`), so
+# the digit search never offers a prefix that only a longer integer could bring within bounds.
+JINT_MAX = 10 ** (MAX_NUMBER_CHARS - 1) - 1
+
+
+def clamp_int(lo: int | None, hi: int | None) -> tuple[int, int]:
+    """Integer bounds intersected with what railcall writes, [-JINT_MAX, JINT_MAX]; GrammarError
+    if no integer of at most MAX_NUMBER_CHARS - 1 digits is left."""
+    clo = -JINT_MAX if lo is None else max(lo, -JINT_MAX)
+    chi = JINT_MAX if hi is None else min(hi, JINT_MAX)
+    if clo > chi:
+        raise GrammarError(f"no integer of at most {MAX_NUMBER_CHARS - 1} digits lies within the bounds "
+                           f"(minimum {lo}, maximum {hi})")
+    return clo, chi
 _NO_STEPS = (None,) * 11
 _JINT_ALLOWED: dict[int, np.ndarray] = {}  # which of JInt._BYTES a local allows (a bit each) -> the array
 
@@ -1301,7 +1316,7 @@ class _Compiler:
         if isinstance(node, ir.JsonInteger):
             if node.minimum is None and node.maximum is None:
                 return self._num(JNum(True, nxt))
-            return JInt(node.minimum, node.maximum, nxt)
+            return JInt(*clamp_int(node.minimum, node.maximum), nxt)
         if isinstance(node, ir.JsonNumber):
             if node.minimum is None and node.maximum is None:
                 return self._num(JNum(False, nxt))

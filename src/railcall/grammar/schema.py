@@ -679,7 +679,17 @@ def _int_bounds(schema: dict, pointer: str) -> tuple[int | None, int | None]:
     if hi is not None:
         ihi = math.ceil(hi) - 1 if xhi and float(hi).is_integer() else math.floor(hi)
     if ilo is not None and ihi is not None and ilo > ihi:
-        raise SchemaError(f"no integer lies between the bounds ({ilo} > {ihi})", pointer=pointer, keyword="minimum")
+        raise SchemaError(f"no integer lies between the bounds ({ilo} > {ihi})", pointer=pointer, keyword="minimum",
+                          empty=True)
+    from railcall.grammar.program import JINT_MAX, MAX_NUMBER_CHARS
+
+    # Integers are written with at most 23 digits (the number length cap): a bound past that
+    # leaves nothing to write.
+    if (ilo is not None and ilo > JINT_MAX) or (ihi is not None and ihi < -JINT_MAX):
+        kw = next(k for k in (("minimum", "exclusiveMinimum") if ilo is not None and ilo > JINT_MAX
+                              else ("maximum", "exclusiveMaximum")) if schema.get(k) not in (None, True, False))
+        raise SchemaError(f"no integer of at most {MAX_NUMBER_CHARS - 1} digits (what railcall writes) lies within "
+                          "the bounds", pointer=pointer, keyword=kw, empty=True)
     return ilo, ihi
 
 
