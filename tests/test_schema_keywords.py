@@ -64,6 +64,13 @@ CASES = [
     ({"type": "number", "exclusiveMinimum": 0}, "0", False),
     ({"type": "number", "exclusiveMinimum": 0}, "0.001", True),
     ({"type": "number", "minimum": 1, "exclusiveMinimum": True}, "1", False),  # draft-04 form
+    # draft-04 boolean exclusives merged through allOf: each belongs to its own branch's bound
+    ({"allOf": [{"maximum": 10, "exclusiveMaximum": False}, {"maximum": 5, "exclusiveMaximum": True}]}, "5", False),
+    ({"allOf": [{"maximum": 10, "exclusiveMaximum": False}, {"maximum": 5, "exclusiveMaximum": True}]}, "4.5", True),
+    ({"allOf": [{"maximum": 5}, {"maximum": 10, "exclusiveMaximum": True}]}, "5", True),
+    ({"allOf": [{"minimum": 5}, {"minimum": 1, "exclusiveMinimum": True}]}, "5", True),
+    ({"allOf": [{"minimum": 1, "exclusiveMinimum": False}, {"minimum": 5, "exclusiveMinimum": True}]}, "5", False),
+    ({"allOf": [{"exclusiveMaximum": 3}, {"maximum": 5, "exclusiveMaximum": False}]}, "3", False),
     # arrays: prefixItems, items after them, draft-07 tuples
     ({"prefixItems": [{"type": "integer"}, {"type": "string"}]}, '[1,"a",null]', True),
     ({"prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False}, '[1,"a",null]', False),

@@ -265,7 +265,14 @@ def _handled(ctx: _Ctx, schema, pointer: str) -> dict:
         if k not in HANDLED and k not in ANNOTATIONS:
             _unsupported(ctx, k, pointer)
     _check_shapes(schema, pointer)
-    return {k: v for k, v in schema.items() if k in HANDLED}
+    out = {k: v for k, v in schema.items() if k in HANDLED}
+    for ex, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(ex), bool):
+            # Draft-04's boolean form, rewritten as the number form: the flag belongs to its own
+            # schema's bound, and an allOf merge must not pair it with another branch's.
+            if out.pop(ex) and bound in out:
+                out[ex] = out.pop(bound)
+    return out
 
 
 def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Node:
