@@ -23,11 +23,16 @@ without parameters, `"properties": {}`, takes `{}`), and a schema without `type`
 type its keywords imply (`properties` -> object). An object without `properties` is free-form. `SchemaOptions(standard=True)` switches both to JSON
 Schema's own semantics (the coverage runner, docs/schema-coverage.md, uses it).
 
-An unsupported keyword or an unsatisfiable schema is a SchemaError naming the keyword and its
-JSON pointer; with `lenient=True` an unsupported keyword is ignored and reported through
-`warnings` instead. Annotations (`description`, `title`, `default`, ...) are always ignored, as
-is a `format` railcall does not know (format is an annotation in JSON Schema 2020-12), with a
-warning. Hostile schemas hit limits, each a clear error: nesting depth, enum size, pattern size
+`enum` and `const` offer only the values that satisfy every other keyword that applies to them
+(siblings, and what allOf/$ref/anyOf merge in), checked as JSON Schema reads the schema.
+OpenAPI's `nullable: true` beside a `type` adds null to it.
+
+A JSON Schema assertion railcall does not enforce (UNENFORCED: `not`, `if`, `multipleOf`, ...)
+or an unsatisfiable schema is a SchemaError naming the keyword and its JSON pointer; with
+`lenient=True` an unenforced keyword is ignored and reported through `warnings` instead. Every
+other keyword railcall does not know is an annotation and always ignored, as JSON Schema says
+(`description`, `x-*` extensions, `example`, ...), as is a `format` railcall does not know
+(format is an annotation in JSON Schema 2020-12), with a warning. Hostile schemas hit limits, each a clear error: nesting depth, enum size, pattern size
 and automaton size, and a compile-time budget.
 """
 
@@ -46,7 +51,16 @@ from railcall.grammar.regex import RegexError, compile_pattern
 ANNOTATIONS = frozenset({
     "description", "title", "default", "examples", "$comment", "$schema", "$id", "deprecated",
     "readOnly", "writeOnly", "$defs", "definitions", "$anchor", "contentMediaType", "contentEncoding",
-    "contentSchema", "$vocabulary",
+    "contentSchema", "$vocabulary", "$dynamicAnchor", "$recursiveAnchor",
+})
+# JSON Schema's assertions and applicators (2020-12 and the drafts before it) that railcall does
+# not enforce: each is a SchemaError naming it (or, lenient, ignored with a warning). Any other
+# keyword railcall does not know is an annotation and ignored, as the specification says (`self`
+# in Snowplow schemas, OpenAPI's `x-*` extensions and `example`, draft-04's `id`, ...).
+UNENFORCED = frozenset({
+    "not", "multipleOf", "divisibleBy", "if", "then", "else", "contains", "minContains", "maxContains",
+    "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
+    "$dynamicRef", "$recursiveRef", "extends", "disallow",
 })
 # Keywords railcall enforces. Those that only matter for a type the schema does not allow are
 # harmless and enforced where they apply.
@@ -257,15 +271,21 @@ def _unsupported(ctx: _Ctx, keyword: str, pointer: str, why: str = "") -> None:
 
 
 def _handled(ctx: _Ctx, schema, pointer: str) -> dict:
-    """The keywords railcall enforces, after checking the schema's shape; an unsupported keyword
-    is an error (or, lenient, a warning); annotations are dropped."""
+    """The keywords railcall enforces, after checking the schema's shape; an assertion railcall
+    does not enforce (UNENFORCED) is an error (or, lenient, a warning); every other keyword is
+    an annotation and dropped. OpenAPI's `nullable: true` beside a `type` adds "null" to it."""
     if not isinstance(schema, dict):
         raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", pointer=pointer)
     for k in schema:
-        if k not in HANDLED and k not in ANNOTATIONS:
+        if k in UNENFORCED:
             _unsupported(ctx, k, pointer)
     _check_shapes(schema, pointer)
     out = {k: v for k, v in schema.items() if k in HANDLED}
+    if schema.get("nullable") is True and isinstance(out.get("type"), (str, list)):
+        # OpenAPI 3.0: null joins the types that `type` names (without a `type`, nullable adds
+        # nothing); enum and the other keywords still apply to it.
+        t = out["type"]
+        out["type"] = [t, "null"] if isinstance(t, str) else list(dict.fromkeys([*t, "null"]))
     for ex, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
         if isinstance(out.get(ex), bool):
             # Draft-04's boolean form, rewritten as the number form: the flag belongs to its own
@@ -832,8 +852,8 @@ def _property_names(ctx: _Ctx, s, pointer: str):
     where = pointer + "/propertyNames"
     if s is False:
         return (compile_pattern(""), 1, 0, "")  # no name at all: no length fits
-    if not isinstance(s, dict) or any(k not in {"pattern", "minLength", "maxLength", "type"} | ANNOTATIONS for k in s) \
-            or s.get("type", "string") != "string":
+    if not isinstance(s, dict) or any(k in HANDLED | UNENFORCED and k not in {"pattern", "minLength", "maxLength", "type"}
+                                      for k in s) or s.get("type", "string") != "string":
         _unsupported(ctx, "propertyNames", pointer, "only pattern, minLength and maxLength are enforced on names")
         return None
     try:
