@@ -362,3 +362,21 @@ def test_integer_bounds_near_the_digit_limit_never_dead_end(bytes_vocab, lo, hi)
                 text += bytes_vocab.token_bytes[t]
             v = int(text)
             assert (lo is None or v >= lo) and (hi is None or v <= hi) and len(text.lstrip(b"-")) <= 23
+
+
+@pytest.mark.parametrize("schema", [{"type": "string", "maxLength": 1}, {"type": "string", "minLength": 1, "maxLength": 2},
+                                    {"type": "object", "properties": {"s": {"type": "string", "maxLength": 1}},
+                                     "required": ["s"]}])
+def test_an_escaped_surrogate_pair_has_a_way_on_at_every_byte(bytes_vocab, schema):
+    """Inside an escaped surrogate pair at the length limit: the mask is exactly the tokens the
+    matcher accepts, never empty, and only the low surrogate's bytes go on from the high one."""
+    text = b'"\\ud83d\\ude00"' if schema["type"] == "string" else b'{"s":"\\ud83d\\ude00"}'
+    m = Matcher(compile_schema(schema, bytes_vocab))
+    for i, b in enumerate(text):
+        ids = legal_ids(m, bytes_vocab)
+        assert ids == [t for t in range(bytes_vocab.size) if m.copy().consume_token(t)], text[:i]
+        assert ids, f"dead end after {text[:i]!r}"
+        if text[:i].endswith(b"\\ud83d"):
+            assert {bytes_vocab.token_bytes[t][:1] for t in ids} == {b"\\"}
+        assert m.consume_bytes(bytes([b]))
+    assert m.is_accepting()
