@@ -1,11 +1,12 @@
 """JSON Schema -> grammar IR.
 
 The machine writes compact JSON (or, as an option, JSON with bounded whitespace) with keys in
-declared order; the model chooses values. Covered (draft 2020-12, draft-07 forms accepted):
+declared order; the model chooses values. Covered (draft 2020-12; the root's `$schema` selects
+draft-04, -06, -07 or 2019-09 instead, see _dialect):
 
     type (one or a list)   enum, const            anyOf; oneOf where the branches are disjoint
     allOf (merged)         $ref to #..., $defs / definitions, recursion included ($ref with
-                           siblings is merged like allOf)
+                           siblings is merged like allOf; up to draft-07 the siblings are ignored)
     strings: minLength, maxLength, pattern (an ECMA regex subset, see railcall.grammar.regex),
              format (date, time, date-time, email, uuid, uri, ipv4, ipv6, hostname)
     integers and numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (draft-04
@@ -160,6 +161,7 @@ class _Ctx:
     base_of: dict = field(default_factory=dict)  # id(subschema) -> its base URI
     root_base: str = ""
     indexed: bool = False  # docs, anchors and base_of filled (on the first $ref: see _resolve_ref)
+    dialect: int = 2020  # 4, 6, 7, 2019 or 2020: the root's `$schema` (see _dialect)
 
 
 _NOT_SCHEMAS = frozenset({"enum", "const", "default", "examples"})
@@ -212,10 +214,32 @@ def _shape_error(schema: dict, pointer: str) -> None:
             raise SchemaError(f"{k} must be a number, not {v!r}", pointer=pointer + "/" + k, keyword=k)
 
 
+_DIALECTS = (("draft-04/", 4), ("draft-06/", 6), ("draft-07/", 7), ("2019-09/", 2019), ("2020-12/", 2020))
+
+
+def _dialect(schema) -> int:
+    """The dialect the root's `$schema` names (draft 2020-12 without one, or for one railcall does
+    not know). It decides what a `$ref`'s siblings mean (ignored up to draft-07) and how a
+    schema names itself (draft-04's `id`; up to draft-07, a `$id` of `#name` is an anchor)."""
+    uri = schema.get("$schema") if isinstance(schema, dict) else None
+    if isinstance(uri, str):
+        for part, dialect in _DIALECTS:
+            if part in uri + "/":
+                return dialect
+    return 2020
+
+
+def _id_keyword(ctx: _Ctx) -> str:
+    return "id" if ctx.dialect == 4 else "$id"
+
+
 def _index(ctx: _Ctx, node, base: str) -> None:
     """Record every subschema's base URI, every `$id` and every `$anchor`, so that `$ref`s
-    resolve the way 2020-12 says: against the nearest enclosing `$id`."""
+    resolve the way 2020-12 says: against the nearest enclosing `$id` (draft-04: `id`; up to
+    draft-07 an id that is only a fragment, `#name`, is an anchor)."""
     from urllib.parse import urldefrag, urljoin
+
+    id_kw = _id_keyword(ctx)
 
     # A loop over an explicit stack, not recursion: this walks the whole document before any
     # depth limit applies (a subschema under $defs is compiled only if referenced), and a
@@ -228,8 +252,10 @@ def _index(ctx: _Ctx, node, base: str) -> None:
             continue
         if not isinstance(node, dict):
             continue
-        sid = node.get("$id")
-        if isinstance(sid, str):
+        sid = node.get(id_kw)
+        if isinstance(sid, str) and ctx.dialect <= 7 and sid.startswith("#"):
+            ctx.anchors[(base, sid[1:])] = node
+        elif isinstance(sid, str):
             base = urldefrag(urljoin(base, sid))[0]
             ctx.docs.setdefault(base, node)
         ctx.base_of[id(node)] = base
@@ -242,12 +268,12 @@ def _index(ctx: _Ctx, node, base: str) -> None:
 def schema_to_ir(schema: dict, options: SchemaOptions | None = None, *, required: bool = False) -> tuple[ir.Node, tuple]:
     """Compile `schema`; returns (node, rules) for an ir.Grammar."""
     options = options or SchemaOptions()
-    ctx = _Ctx(root=schema, options=options, deadline=time.monotonic() + options.time_budget_s)
+    ctx = _Ctx(root=schema, options=options, deadline=time.monotonic() + options.time_budget_s, dialect=_dialect(schema))
     if isinstance(schema, dict):
         from urllib.parse import urldefrag
 
-        sid = schema.get("$id")
-        ctx.root_base = urldefrag(sid)[0] if isinstance(sid, str) else ""
+        sid = schema.get(_id_keyword(ctx))
+        ctx.root_base = urldefrag(sid)[0] if isinstance(sid, str) and not sid.startswith("#") else ""
         ctx.docs[ctx.root_base] = schema
     try:
         node = _node(ctx, schema, "", required, 0)
@@ -276,6 +302,8 @@ def _handled(ctx: _Ctx, schema, pointer: str) -> dict:
     an annotation and dropped. OpenAPI's `nullable: true` beside a `type` adds "null" to it."""
     if not isinstance(schema, dict):
         raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", pointer=pointer)
+    if ctx.dialect <= 7 and "$ref" in schema:  # up to draft-07, a $ref's siblings are ignored
+        schema = {"$ref": schema["$ref"]}
     for k in schema:
         if k in UNENFORCED:
             _unsupported(ctx, k, pointer)
@@ -314,7 +342,8 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
         rest = {k: v for k, v in schema.items() if k != "$ref"}
         if not rest:
             return _ref(ctx, schema["$ref"], pointer + "/$ref", depth, orig)
-        # 2020-12: a $ref beside other keywords applies both, like allOf; properties keep the
+        # 2019-09 and 2020-12: a $ref beside other keywords applies both, like allOf (up to
+        # draft-07 `_handled` has dropped them); properties keep the
         # order the schema writes them in (its own first where `properties` precedes `$ref`)
         target = _resolve_ref(ctx, schema["$ref"], pointer + "/$ref", orig)[1]
         parts = [rest, target] if _own_first(orig, "$ref") else [target, rest]
