@@ -314,3 +314,38 @@ def test_a_schema_with_several_malformed_keywords_reports_the_same_one_in_any_ke
             schema_grammar({"type": "object", "properties": {"a": dict(keys)}})
         seen.add((e.value.keyword, str(e.value)))
     assert len(seen) == 1, seen
+
+
+def _nested_required(n: int) -> dict:
+    s: dict = {"type": "integer"}
+    for _ in range(n):
+        s = {"type": "object", "properties": {"a": s}, "required": ["a"]}
+    return s
+
+
+_ALIASES = {"$defs": {**{f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(40)}, "a40": {"type": "integer"}},
+            "$ref": "#/$defs/a0"}
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    # an optional property no value fits is left out
+    ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}, "b": {"type": "string"}}},
+     '{"b":"x"}', '{"a":1}'),
+    ({"type": "object", "properties": {"a": {"enum": []}, "b": {"type": "string"}}}, '{"b":"x"}', '{"a":1}'),
+    ({"type": "object", "properties": {"a": {"type": "string", "enum": ["long"], "maxLength": 2}}}, "{}", '{"a":"long"}'),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": False, "minItems": 1}}}, "{}", '{"a":[]}'),
+    ({"anyOf": [{"enum": []}, {"type": "integer"}]}, "3", '"x"'),
+    (_nested_required(40), '{"a":' * 40 + "1" + "}" * 40, '{"a":' * 39 + "1" + "}" * 39),
+    (_ALIASES, "7", '"x"'),
+    ({"type": "string", "pattern": "^a{300}$"}, '"' + "a" * 300 + '"', '"' + "a" * 299 + '"'),
+    ({"type": "string", "pattern": "^(ab){200,}$"}, '"' + "ab" * 200 + '"', '"' + "ab" * 199 + '"'),
+])
+def test_satisfiable_schemas_compile(bytes_vocab, schema, good, bad):
+    g = schema_grammar(schema)
+    assert accepts(bytes_vocab, g, good) and not accepts(bytes_vocab, g, bad)
+
+
+def test_a_required_property_no_value_fits_empties_its_object():
+    with pytest.raises(SchemaError) as e:
+        schema_grammar({"type": "object", "properties": {"a": {"enum": []}}, "required": ["a"]})
+    assert e.value.empty

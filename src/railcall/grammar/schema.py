@@ -332,7 +332,7 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
     if schema is True or schema == {}:
         return ir.Ref(_any_rule(ctx))
     if schema is False:
-        raise SchemaError("the schema `false` allows no value", pointer=pointer)
+        raise SchemaError("the schema `false` allows no value", pointer=pointer, empty=True)
     orig = schema
     schema = _handled(ctx, schema, pointer)
     if not schema:
@@ -468,8 +468,10 @@ def _enum(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
                                   empty=True)
     else:
         values = schema["enum"]
-        if not isinstance(values, list) or not values:
-            raise SchemaError("enum must be a non-empty array", pointer=pointer + "/enum", keyword="enum")
+        if not isinstance(values, list):
+            raise SchemaError("enum must be an array", pointer=pointer + "/enum", keyword="enum")
+        if not values:
+            raise SchemaError("an empty enum allows no value", pointer=pointer + "/enum", keyword="enum", empty=True)
     if len(values) > ctx.options.max_enum:
         raise SchemaError(f"{len(values)} enum values exceed the limit of {ctx.options.max_enum}",
                           pointer=pointer + "/enum", keyword="enum", option="max_enum")
@@ -754,7 +756,8 @@ def _number(schema: dict, pointer: str) -> ir.Node:
     if lo is None and hi is None:
         return ir.JsonNumber()
     if lo is not None and hi is not None and (lo > hi or (lo == hi and (xlo or xhi))):
-        raise SchemaError(f"no number lies between the bounds {lo} and {hi}", pointer=pointer, keyword="minimum")
+        raise SchemaError(f"no number lies between the bounds {lo} and {hi}", pointer=pointer, keyword="minimum",
+                          empty=True)
     return ir.JsonNumber(None if lo is None else _decimal_text(lo), None if hi is None else _decimal_text(hi), xlo, xhi)
 
 
@@ -788,7 +791,8 @@ def _array(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
                           f"(at most {ctx.options.max_min_items}): lower minItems",
                           pointer=pointer, keyword="minItems", option="max_min_items")
     if item is None and lo > len(prefix):
-        raise SchemaError(f"minItems {lo} but only {len(prefix)} items are allowed", pointer=pointer, keyword="minItems")
+        raise SchemaError(f"minItems {lo} but only {len(prefix)} items are allowed", pointer=pointer, keyword="minItems",
+                          empty=True)
     return ir.JsonArray(item, lo, hi, prefix, ctx.options.whitespace)
 
 
@@ -843,7 +847,12 @@ def _object(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
             continue
         sub = True if not subs else subs[0] if len(subs) == 1 else {"allOf": subs}
         is_req = name in req
-        node = _node(ctx, sub, f"{pointer}/properties/{_esc(name)}", is_req, depth + 1)
+        try:
+            node = _node(ctx, sub, f"{pointer}/properties/{_esc(name)}", is_req, depth + 1)
+        except SchemaError as e:
+            if not e.empty or is_req:  # a required property no value fits: no object fits either
+                raise
+            continue  # an optional one is left out (an object without it is valid)
         out.append((name, node, is_req))
     extras = _extra_classes(ctx, tuple(props), pprops, ap, pnames, pointer, depth)
     n_req = sum(1 for _, _, r in out if r)
@@ -971,6 +980,19 @@ def _esc(name: str) -> str:
 
 def _ref(ctx: _Ctx, ref, pointer: str, depth: int, holder=None) -> ir.Node:
     uri, target = _resolve_ref(ctx, ref, pointer, holder)
+    # A target that is only another $ref (an alias) is followed here, not made a rule of its
+    # own: each rule is a level of reference nesting, and a chain of aliases would otherwise
+    # run into the matcher's depth limit (32) with nothing nested at all. A cycle of aliases is
+    # left as it is written (it has no value, and is refused as such, naming its links).
+    seen, end = {uri}, (uri, target)
+    while isinstance(end[1], dict) and "$ref" in end[1] and (ctx.dialect <= 7 or not any(
+            k in HANDLED or k in UNENFORCED for k in end[1] if k != "$ref")):
+        end = _resolve_ref(ctx, end[1]["$ref"], end[0].partition("#")[2] + "/$ref", end[1])
+        if end[0] in seen:
+            end = (uri, target)
+            break
+        seen.add(end[0])
+    uri, target = end
     name = "ref:" + uri
     if name not in ctx.rules:
         ctx.rules[name] = None  # in progress: a recursive reference sees the rule name
