@@ -744,8 +744,9 @@ def _int_bounds(schema: dict, pointer: str) -> tuple[int | None, int | None]:
     # Integers are written with at most 23 digits (the number length cap): a bound past that
     # leaves nothing to write.
     if (ilo is not None and ilo > JINT_MAX) or (ihi is not None and ihi < -JINT_MAX):
-        kw = next(k for k in (("minimum", "exclusiveMinimum") if ilo is not None and ilo > JINT_MAX
-                              else ("maximum", "exclusiveMaximum")) if schema.get(k) not in (None, True, False))
+        low = ilo is not None and ilo > JINT_MAX
+        kw = ("minimum" if "minimum" in schema else "exclusiveMinimum") if low else \
+            ("maximum" if "maximum" in schema else "exclusiveMaximum")
         raise SchemaError(f"no integer of at most {MAX_NUMBER_CHARS - 1} digits (what railcall writes) lies within "
                           "the bounds", pointer=pointer, keyword=kw, empty=True)
     return ilo, ihi
