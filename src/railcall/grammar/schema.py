@@ -10,7 +10,8 @@ draft-04, -06, -07 or 2019-09 instead, see _dialect):
     strings: minLength, maxLength, pattern (an ECMA regex subset, see railcall.grammar.regex),
              format (date, time, date-time, email, uuid, uri, ipv4, ipv6, hostname)
     integers and numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (draft-04
-             booleans too); bounded numbers are written without an exponent
+             booleans too); bounded numbers are written without an exponent, bounded
+             integers with at most 23 digits (a bound past that is clamped to it)
     arrays: items, prefixItems (draft-07 `items: [...]` + additionalItems), minItems, maxItems
     objects: properties, required, additionalProperties (false, true, a schema),
              patternProperties (up to 5 patterns: undeclared keys split by which patterns they
@@ -29,12 +30,14 @@ Schema's own semantics (the coverage runner, docs/schema-coverage.md, uses it).
 OpenAPI's `nullable: true` beside a `type` adds null to it.
 
 A JSON Schema assertion railcall does not enforce (UNENFORCED: `not`, `if`, `multipleOf`, ...)
-or an unsatisfiable schema is a SchemaError naming the keyword and its JSON pointer; with
-`lenient=True` an unenforced keyword is ignored and reported through `warnings` instead. Every
-other keyword railcall does not know is an annotation and always ignored, as JSON Schema says
-(`description`, `x-*` extensions, `example`, ...), as is a `format` railcall does not know
-(format is an annotation in JSON Schema 2020-12), with a warning. Hostile schemas hit limits, each a clear error: nesting depth, enum size, pattern size
-and automaton size, and a compile-time budget.
+or an unsatisfiable schema is a SchemaError naming the keyword and its JSON pointer (marked
+`empty` where no value fits: an optional property or an anyOf branch that is so is left out);
+with `lenient=True` an unenforced keyword is ignored and reported through `warnings` instead.
+Every other keyword railcall does not know is an annotation and always ignored, as JSON Schema
+says (`description`, `x-*` extensions, `example`, ...), as is a `format` railcall does not know
+(format is an annotation in JSON Schema 2020-12), with a warning. Hostile schemas hit limits,
+each a clear error: nesting depth, enum size, pattern size and automaton size, and a
+compile-time budget.
 """
 
 from __future__ import annotations
