@@ -323,3 +323,63 @@ def test_the_server_streams_a_dead_end_as_an_error_event(bytes_vocab):
     assert len(errors) == 1 and "grammar_dead_end" in errors[0]
     assert not any('"finish_reason": "stop"' in p or '"finish_reason":"stop"' in p for p in payloads)
     assert "[DONE]" in payloads[-1]
+
+
+# -- integer bounds past what railcall writes (23 digits) -----------------------------------------
+
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "minimum": 10**30},
+    {"type": "integer", "maximum": -10**25},
+    {"type": "integer", "exclusiveMinimum": 10**23 - 1},
+])
+def test_integer_bounds_no_written_integer_meets_are_refused(schema):
+    with pytest.raises(SchemaError, match="23 digits") as e:
+        schema_grammar(schema)
+    assert e.value.keyword in ("minimum", "maximum", "exclusiveMinimum") and e.value.empty
+
+
+@pytest.mark.parametrize("lo, hi", [(5 * 10**22, None), (None, -5 * 10**22), (10**22 + 7, 10**40),
+                                    (-10**40, -(10**22) - 3), (-7, 10**30), (10**22 - 1, 10**22 + 1)])
+def test_integer_bounds_near_the_digit_limit_never_dead_end(bytes_vocab, lo, hi):
+    """Every digit offered leads to an integer within the bounds that fits the 23-digit limit:
+    walking down the largest and the smallest offered digit, each step has a way on."""
+    schema = {"type": "integer", **({} if lo is None else {"minimum": lo}), **({} if hi is None else {"maximum": hi})}
+    cg = compile_schema(schema, bytes_vocab)
+    for pick in (min, max):
+        for sign in (b"", b"-"):
+            m = Matcher(cg)
+            if sign and not m.consume_bytes(sign):
+                continue
+            text = sign
+            while True:
+                ids = [t for t in legal_ids(m, bytes_vocab) if t not in bytes_vocab.stop_ids]
+                if not ids:
+                    assert m.is_accepting(), f"dead end after {text!r}"
+                    break
+                digits = [t for t in ids if len(bytes_vocab.token_bytes[t]) == 1]
+                t = pick(digits, key=lambda t: bytes_vocab.token_bytes[t])
+                assert m.consume_token(t)
+                text += bytes_vocab.token_bytes[t]
+            v = int(text)
+            assert (lo is None or v >= lo) and (hi is None or v <= hi) and len(text.lstrip(b"-")) <= 23
+
+
+@pytest.mark.parametrize("schema", [{"type": "string", "maxLength": 1}, {"type": "string", "minLength": 1, "maxLength": 2},
+                                    {"type": "object", "properties": {"s": {"type": "string", "maxLength": 1}},
+                                     "required": ["s"]}])
+def test_an_escaped_surrogate_pair_has_a_way_on_at_every_byte(bytes_vocab, schema):
+    """Inside an escaped surrogate pair at the length limit: the mask is exactly the tokens the
+    matcher accepts, never empty, and only the low surrogate's bytes go on from the high one."""
+    text = b'"\\ud83d\\ude00"' if schema["type"] == "string" else b'{"s":"\\ud83d\\ude00"}'
+    m = Matcher(compile_schema(schema, bytes_vocab))
+    for i, b in enumerate(text):
+        ids = legal_ids(m, bytes_vocab)
+        assert ids == [t for t in range(bytes_vocab.size) if m.copy().consume_token(t)], text[:i]
+        assert ids, f"dead end after {text[:i]!r}"
+        if text[:i].endswith(b"\\ud83d"):
+            assert {bytes_vocab.token_bytes[t][:1] for t in ids} == {b"\\"}
+        done = m.copy()
+        done.finish()  # a forced finish writes the low surrogate a high one owes
+        assert done.is_accepting()
+        assert m.consume_bytes(bytes([b]))
+    assert m.is_accepting()

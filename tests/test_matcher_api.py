@@ -255,8 +255,9 @@ def test_grammar_errors():
         warnings.simplefilter("always")
         schema_grammar({"type": "string", "not": {"const": "a"}}, SchemaOptions(lenient=True))
     assert any("not" in str(x.message) for x in w)
-    with pytest.raises(SchemaError) as e:
-        schema_grammar({"type": "object", "properties": {"s": {"type": "string", "minLength": 5, "maxLength": 2}}})
+    with pytest.raises(SchemaError) as e:  # required: no object fits (an optional one is left out)
+        schema_grammar({"type": "object", "properties": {"s": {"type": "string", "minLength": 5, "maxLength": 2}},
+                        "required": ["s"]})
     assert e.value.keyword == "minLength" and e.value.pointer == "/properties/s"
 
 

@@ -36,6 +36,18 @@ CASES = [
     ({"type": "string", "maxLength": 3}, b'"abcd"', False),
     ({"type": "string", "maxLength": 3}, '"é🎉x"'.encode(), True),  # characters, not bytes
     ({"type": "string", "maxLength": 3}, b'"\\n\\t\\\\"', True),  # an escape is one character
+    # an escaped surrogate pair is one character; a lone surrogate escape is no character at all
+    ({"type": "string", "maxLength": 1}, b'"\\ud83d\\ude00"', True),
+    ({"type": "string", "maxLength": 2}, b'"a\\uD83D\\uDE00"', True),
+    ({"type": "string", "maxLength": 1}, b'"a\\ud83d\\ude00"', False),
+    ({"type": "string", "minLength": 2}, b'"\\ud83d\\ude00"', False),
+    ({"type": "string", "minLength": 2}, b'"\\ud83d\\ude00\\ud7ff"', True),
+    (S, b'"\\ud83d"', False),
+    (S, b'"\\ud83dx"', False),
+    (S, b'"\\ud83d\\n"', False),
+    (S, b'"\\ud83d\\ud83d"', False),
+    (S, b'"\\ude00"', False),
+    (S, b'"\\ud7ff\\ue000"', True),
     ({"type": "string", "minLength": 2}, b'"a"', False),
     ({"type": "string", "minLength": 2}, b'"ab"', True),
     # integers, with exact bounds

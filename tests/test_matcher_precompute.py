@@ -577,7 +577,7 @@ def test_allowed_bytes_are_what_a_step_accepts():
     import gc
     from decimal import Decimal
 
-    from railcall.grammar.program import Accept, JDec, JInt, JNum, JStr, Lit
+    from railcall.grammar.program import N_SUB, Accept, JDec, JInt, JNum, JStr, Lit
 
     end = Accept()
     for _ in range(20):  # a freed instruction's id, reused by one with other bounds, shares nothing
@@ -600,7 +600,7 @@ def test_allowed_bytes_are_what_a_step_accepts():
         cases += [(ins, (0, False, 0) if loc == 0 else loc) for loc in locals_]
     for lo, hi in [(0, 256), (1, 3), (2, 2), (0, 0)]:
         ins = JStr(lo, hi, end)
-        cases += [(ins, count << 4 | sub) for count in range(0, 4) for sub in range(13) if count <= hi]
+        cases += [(ins, count << 5 | sub) for count in range(0, 4) for sub in range(N_SUB) if count <= hi]
     for integer in (False, True):
         ins = JNum(integer, end)
         cases += [(ins, n << 4 | sub) for n in (0, 3) for sub in range(9)]

@@ -154,3 +154,45 @@ def test_an_older_draft_runs_with_its_own_schema_uri():
     t = coverage.run_file(Spy(), files["maximum"], "7")
     assert t.crashes == 0 and t.compiled == t.schemas and t.passed == t.tests
     assert seen and all(s.get("$schema", "").startswith("http://json-schema.org/draft-07") for s in seen if isinstance(s, dict))
+
+
+# -- schemas whose keywords once failed together: random walks end in values jsonschema accepts ----
+
+_D4 = "http://json-schema.org/draft-04/schema#"
+_COMBINED = [
+    {"type": "string", "enum": ["S", "XXL", "M"], "maxLength": 2},
+    {"enum": [1, 10, 3, "x"], "maximum": 5},
+    {"allOf": [{"enum": [1, 2, 3]}, {"minimum": 2}]},
+    {"type": "object", "properties": {"size": {"enum": ["S", "XXL"], "maxLength": 2}, "n": {"const": 4, "minimum": 3}},
+     "required": ["size"]},
+    {"type": "integer", "minimum": 5 * 10**22},
+    {"type": "integer", "maximum": -(10**22) - 3},
+    {"$schema": _D4, "allOf": [{"maximum": 10, "exclusiveMaximum": False}, {"maximum": 5, "exclusiveMaximum": True}]},
+    {"type": "string", "minLength": 2, "maxLength": 3},
+    {"type": "object", "properties": {"a": {"type": "string", "nullable": True, "x-order": 1}}, "required": ["a"]},
+]
+# what jsonschema, which knows no OpenAPI, checks in place of a schema with `nullable`
+_AS_JSON_SCHEMA = {8: {"type": "object", "properties": {"a": {"type": ["string", "null"]}}, "required": ["a"]}}
+
+
+@settings(max_examples=90, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(st.sampled_from(range(len(_COMBINED))), st.randoms(use_true_random=False))
+def test_walks_through_combined_keywords_validate(bytes_vocab, i, rnd):
+    schema = _COMBINED[i]
+    m = Matcher(CompiledGrammar(schema_grammar(schema, SchemaOptions(standard=True)), bytes_vocab))
+    out: list[int] = []
+    stops = set(bytes_vocab.stop_ids)
+    for _ in range(80):  # uniform over the legal tokens: every value, and every prefix, is reachable
+        legal = m.legal_token_ids()
+        assert legal.size, f"dead end after {bytes_vocab.decode(out)!r}"
+        go = [t for t in legal.tolist() if t not in stops]
+        if not go or (m.is_accepting() and rnd.random() < 0.3):
+            break
+        t = rnd.choice(go)
+        assert m.consume_token(t)
+        out.append(t)
+    if not m.is_accepting():
+        out += m.finish()
+    value = json.loads(bytes_vocab.decode(out))
+    check = _AS_JSON_SCHEMA.get(i, schema)
+    jsonschema.validators.validator_for(check)(check).validate(value)

@@ -396,7 +396,16 @@ N, ESC, U0, U1, U2, U3 = 0, 1, 2, 3, 4, 5
 # UTF-8 continuation substates, named by (bytes still owed, allowed range of the next byte). The
 # narrow ranges after E0/ED/F0/F4 reject overlong forms and surrogates, as RFC 3629 requires.
 C1, C2A0, C2, C2ED, C3F0, C3, C3F4 = 6, 7, 8, 9, 10, 11, 12
-N_SUB = 13
+# A \u escape of a UTF-16 surrogate: after `\ud` (U1D), inside a high surrogate (H2, H3), and
+# the low surrogate that must follow it (HN: `\`, HE: `u`, HU: `d`, HD: `c`-`f`, then U2, U3). The
+# pair is one character (JSON Schema counts code points), counted at its first backslash; a lone
+# surrogate is no character (UTF-8 cannot encode it, a tool cannot receive it) and is not offered.
+U1D, H2, H3, HN, HE, HU, HD = 13, 14, 15, 16, 17, 18, 19
+N_SUB = 20
+# A string's local is count << JSTR_BITS | substate; the matcher's hot paths write the shift (5)
+# and the mask (31) as literals.
+JSTR_BITS = 5
+assert N_SUB <= 1 << JSTR_BITS
 DEAD, EXIT = -1, -2
 
 
@@ -418,8 +427,14 @@ def _jstr_tables():
         nxt[ESC, c] = N
     nxt[ESC, ord("u")] = U0
     hexd = [ord(c) for c in "0123456789abcdefABCDEF"]
-    for s, t in ((U0, U1), (U1, U2), (U2, U3), (U3, N)):
+    for s, t in ((U0, U1), (U1, U2), (U2, U3), (U3, N), (H2, H3), (H3, HN)):
         nxt[s, hexd] = t
+    nxt[U0, list(b"dD")] = U1D
+    nxt[U1D, list(b"01234567")] = U2  # U+D000-D7FF: an ordinary character
+    nxt[U1D, list(b"89abAB")] = H2  # a high surrogate: a low one must follow
+    nxt[HN, 0x5C], nxt[HE, ord("u")] = HE, HU
+    nxt[HU, list(b"dD")] = HD
+    nxt[HD, list(b"cdefCDEF")] = U2
     for s, lo, hi, t in ((C1, 0x80, 0xBF, N), (C2A0, 0xA0, 0xBF, C1), (C2, 0x80, 0xBF, C1),
                          (C2ED, 0x80, 0x9F, C1), (C3F0, 0x90, 0xBF, C2), (C3, 0x80, 0xBF, C2),
                          (C3F4, 0x80, 0x8F, C2)):
@@ -442,8 +457,9 @@ _JSTR_ALLOWED = [[_frozen(_J_NOINC[sub] | (_J_INC[sub] if f & 1 else False) | (_
 class JStr(Instr):
     """A JSON string body and its closing quote (the opening quote is the preceding literal).
 
-    local = count << 4 | substate, where count is the characters written so far (an escape is
-    one character, counted at its backslash; a UTF-8 character at its lead byte).
+    local = count << 5 | substate, where count is the characters written so far (an escape is
+    one character, counted at its backslash, an escaped surrogate pair at its first; a UTF-8
+    character at its lead byte).
     """
 
     __slots__ = ("min", "max", "margin")
@@ -455,17 +471,17 @@ class JStr(Instr):
         self.margin = 0  # set by the matcher (the vocabulary's longest token, in bytes)
 
     def step(self, local, stack, b, out):
-        sub = local & 15
+        sub = local & 31
         t = _JN[sub][b]
         if t >= 0:
-            count = (local >> 4) + _JI[sub][b]
+            count = (local >> 5) + _JI[sub][b]
             if count <= self.max:
-                out.add((self, count << 4 | t, stack))
-        elif t == EXIT and (local >> 4) >= self.min:
+                out.add((self, count << 5 | t, stack))
+        elif t == EXIT and (local >> 5) >= self.min:
             self.next.arrive(0, stack, out)
 
     def allowed(self, local):
-        sub, count = local & 15, local >> 4
+        sub, count = local & 31, local >> 5
         return _JSTR_ALLOWED[sub][(count < self.max) | (count >= self.min) << 1]
 
     def coarse(self, local):
@@ -473,9 +489,9 @@ class JStr(Instr):
         # tokens do not depend on the exact count. The margin is the longest token in bytes
         # (a token adds at most that many characters), so no token can reach the cap from a
         # coarsened position. Below `min` the closing quote is illegal, so those stay exact.
-        count = local >> 4
+        count = local >> 5
         if count >= self.min and count + self.margin <= self.max:
-            return -1 - (local & 15)
+            return -1 - (local & 31)
         return local
 
 
@@ -603,6 +619,21 @@ class _Stepper(Instr):
 
 JINT_STEPS_LIMIT = 4096  # memoised locals per bounded integer (each a tuple of 11 steps)
 _JINT_MAG_CAP = 10 ** (MAX_NUMBER_CHARS - 2)  # the least magnitude of MAX_NUMBER_CHARS - 1 digits
+# The largest magnitude a bounded integer is written with: MAX_NUMBER_CHARS - 1 digits (a sign
+# and 23 digits fill the 24 characters). A bound past it is clamped to it (see `clamp_int`), so
+# the digit search never offers a prefix that only a longer integer could bring within bounds.
+JINT_MAX = 10 ** (MAX_NUMBER_CHARS - 1) - 1
+
+
+def clamp_int(lo: int | None, hi: int | None) -> tuple[int, int]:
+    """Integer bounds intersected with what railcall writes, [-JINT_MAX, JINT_MAX]; GrammarError
+    if no integer of at most MAX_NUMBER_CHARS - 1 digits is left."""
+    clo = -JINT_MAX if lo is None else max(lo, -JINT_MAX)
+    chi = JINT_MAX if hi is None else min(hi, JINT_MAX)
+    if clo > chi:
+        raise GrammarError(f"no integer of at most {MAX_NUMBER_CHARS - 1} digits lies within the bounds "
+                           f"(minimum {lo}, maximum {hi})")
+    return clo, chi
 _NO_STEPS = (None,) * 11
 _JINT_ALLOWED: dict[int, np.ndarray] = {}  # which of JInt._BYTES a local allows (a bit each) -> the array
 
@@ -1293,6 +1324,13 @@ class _Compiler:
         if isinstance(node, ir.JsonPattern):
             hi = self._string_max(node, pattern=True)
             dfa = char_dfa(node.kind, node.arg, hi)
+            if not dfa.fits(0, 0, node.min_len, hi) and node.max_len is None and hi < PATTERN_MAX_LEN:
+                # The string cap is below the pattern's shortest match (`^a{300}$`): raised to
+                # it, as it is to a minLength above it.
+                lengths = char_dfa(node.kind, node.arg, PATTERN_MAX_LEN).lengths[0] >> node.min_len
+                if lengths:
+                    hi = node.min_len + (lengths & -lengths).bit_length() - 1
+                    dfa = char_dfa(node.kind, node.arg, hi)
             if not dfa.fits(0, 0, node.min_len, hi):
                 raise GrammarError(f"no string matching {node.arg!r} has a length in [{node.min_len}, {hi}]")
             body = JPat(dfa, node.min_len, hi, nxt)
@@ -1301,7 +1339,7 @@ class _Compiler:
         if isinstance(node, ir.JsonInteger):
             if node.minimum is None and node.maximum is None:
                 return self._num(JNum(True, nxt))
-            return JInt(node.minimum, node.maximum, nxt)
+            return JInt(*clamp_int(node.minimum, node.maximum), nxt)
         if isinstance(node, ir.JsonNumber):
             if node.minimum is None and node.maximum is None:
                 return self._num(JNum(False, nxt))

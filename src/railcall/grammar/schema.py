@@ -1,15 +1,17 @@
 """JSON Schema -> grammar IR.
 
 The machine writes compact JSON (or, as an option, JSON with bounded whitespace) with keys in
-declared order; the model chooses values. Covered (draft 2020-12, draft-07 forms accepted):
+declared order; the model chooses values. Covered (draft 2020-12; the root's `$schema` selects
+draft-04, -06, -07 or 2019-09 instead, see _dialect):
 
     type (one or a list)   enum, const            anyOf; oneOf where the branches are disjoint
     allOf (merged)         $ref to #..., $defs / definitions, recursion included ($ref with
-                           siblings is merged like allOf)
+                           siblings is merged like allOf; up to draft-07 the siblings are ignored)
     strings: minLength, maxLength, pattern (an ECMA regex subset, see railcall.grammar.regex),
              format (date, time, date-time, email, uuid, uri, ipv4, ipv6, hostname)
     integers and numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (draft-04
-             booleans too); bounded numbers are written without an exponent
+             booleans too); bounded numbers are written without an exponent, bounded
+             integers with at most 23 digits (a bound past that is clamped to it)
     arrays: items, prefixItems (draft-07 `items: [...]` + additionalItems), minItems, maxItems
     objects: properties, required, additionalProperties (false, true, a schema),
              patternProperties (up to 5 patterns: undeclared keys split by which patterns they
@@ -23,12 +25,19 @@ without parameters, `"properties": {}`, takes `{}`), and a schema without `type`
 type its keywords imply (`properties` -> object). An object without `properties` is free-form. `SchemaOptions(standard=True)` switches both to JSON
 Schema's own semantics (the coverage runner, docs/schema-coverage.md, uses it).
 
-An unsupported keyword or an unsatisfiable schema is a SchemaError naming the keyword and its
-JSON pointer; with `lenient=True` an unsupported keyword is ignored and reported through
-`warnings` instead. Annotations (`description`, `title`, `default`, ...) are always ignored, as
-is a `format` railcall does not know (format is an annotation in JSON Schema 2020-12), with a
-warning. Hostile schemas hit limits, each a clear error: nesting depth, enum size, pattern size
-and automaton size, and a compile-time budget.
+`enum` and `const` offer only the values that satisfy every other keyword that applies to them
+(siblings, and what allOf/$ref/anyOf merge in), checked as JSON Schema reads the schema.
+OpenAPI's `nullable: true` beside a `type` adds null to it.
+
+A JSON Schema assertion railcall does not enforce (UNENFORCED: `not`, `if`, `multipleOf`, ...)
+or an unsatisfiable schema is a SchemaError naming the keyword and its JSON pointer (marked
+`empty` where no value fits: an optional property or an anyOf branch that is so is left out);
+with `lenient=True` an unenforced keyword is ignored and reported through `warnings` instead.
+Every other keyword railcall does not know is an annotation and always ignored, as JSON Schema
+says (`description`, `x-*` extensions, `example`, ...), as is a `format` railcall does not know
+(format is an annotation in JSON Schema 2020-12), with a warning. Hostile schemas hit limits,
+each a clear error: nesting depth, enum size, pattern size and automaton size, and a
+compile-time budget.
 """
 
 from __future__ import annotations
@@ -46,7 +55,16 @@ from railcall.grammar.regex import RegexError, compile_pattern
 ANNOTATIONS = frozenset({
     "description", "title", "default", "examples", "$comment", "$schema", "$id", "deprecated",
     "readOnly", "writeOnly", "$defs", "definitions", "$anchor", "contentMediaType", "contentEncoding",
-    "contentSchema", "$vocabulary",
+    "contentSchema", "$vocabulary", "$dynamicAnchor", "$recursiveAnchor",
+})
+# JSON Schema's assertions and applicators (2020-12 and the drafts before it) that railcall does
+# not enforce: each is a SchemaError naming it (or, lenient, ignored with a warning). Any other
+# keyword railcall does not know is an annotation and ignored, as the specification says (`self`
+# in Snowplow schemas, OpenAPI's `x-*` extensions and `example`, draft-04's `id`, ...).
+UNENFORCED = frozenset({
+    "not", "multipleOf", "divisibleBy", "if", "then", "else", "contains", "minContains", "maxContains",
+    "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
+    "$dynamicRef", "$recursiveRef", "extends", "disallow",
 })
 # Keywords railcall enforces. Those that only matter for a type the schema does not allow are
 # harmless and enforced where they apply.
@@ -146,6 +164,7 @@ class _Ctx:
     base_of: dict = field(default_factory=dict)  # id(subschema) -> its base URI
     root_base: str = ""
     indexed: bool = False  # docs, anchors and base_of filled (on the first $ref: see _resolve_ref)
+    dialect: int = 2020  # 4, 6, 7, 2019 or 2020: the root's `$schema` (see _dialect)
 
 
 _NOT_SCHEMAS = frozenset({"enum", "const", "default", "examples"})
@@ -198,10 +217,32 @@ def _shape_error(schema: dict, pointer: str) -> None:
             raise SchemaError(f"{k} must be a number, not {v!r}", pointer=pointer + "/" + k, keyword=k)
 
 
+_DIALECTS = (("draft-04/", 4), ("draft-06/", 6), ("draft-07/", 7), ("2019-09/", 2019), ("2020-12/", 2020))
+
+
+def _dialect(schema) -> int:
+    """The dialect the root's `$schema` names (draft 2020-12 without one, or for one railcall does
+    not know). It decides what a `$ref`'s siblings mean (ignored up to draft-07) and how a
+    schema names itself (draft-04's `id`; up to draft-07, a `$id` of `#name` is an anchor)."""
+    uri = schema.get("$schema") if isinstance(schema, dict) else None
+    if isinstance(uri, str):
+        for part, dialect in _DIALECTS:
+            if part in uri + "/":
+                return dialect
+    return 2020
+
+
+def _id_keyword(ctx: _Ctx) -> str:
+    return "id" if ctx.dialect == 4 else "$id"
+
+
 def _index(ctx: _Ctx, node, base: str) -> None:
     """Record every subschema's base URI, every `$id` and every `$anchor`, so that `$ref`s
-    resolve the way 2020-12 says: against the nearest enclosing `$id`."""
+    resolve the way 2020-12 says: against the nearest enclosing `$id` (draft-04: `id`; up to
+    draft-07 an id that is only a fragment, `#name`, is an anchor)."""
     from urllib.parse import urldefrag, urljoin
+
+    id_kw = _id_keyword(ctx)
 
     # A loop over an explicit stack, not recursion: this walks the whole document before any
     # depth limit applies (a subschema under $defs is compiled only if referenced), and a
@@ -214,8 +255,10 @@ def _index(ctx: _Ctx, node, base: str) -> None:
             continue
         if not isinstance(node, dict):
             continue
-        sid = node.get("$id")
-        if isinstance(sid, str):
+        sid = node.get(id_kw)
+        if isinstance(sid, str) and ctx.dialect <= 7 and sid.startswith("#"):
+            ctx.anchors[(base, sid[1:])] = node
+        elif isinstance(sid, str):
             base = urldefrag(urljoin(base, sid))[0]
             ctx.docs.setdefault(base, node)
         ctx.base_of[id(node)] = base
@@ -228,12 +271,12 @@ def _index(ctx: _Ctx, node, base: str) -> None:
 def schema_to_ir(schema: dict, options: SchemaOptions | None = None, *, required: bool = False) -> tuple[ir.Node, tuple]:
     """Compile `schema`; returns (node, rules) for an ir.Grammar."""
     options = options or SchemaOptions()
-    ctx = _Ctx(root=schema, options=options, deadline=time.monotonic() + options.time_budget_s)
+    ctx = _Ctx(root=schema, options=options, deadline=time.monotonic() + options.time_budget_s, dialect=_dialect(schema))
     if isinstance(schema, dict):
         from urllib.parse import urldefrag
 
-        sid = schema.get("$id")
-        ctx.root_base = urldefrag(sid)[0] if isinstance(sid, str) else ""
+        sid = schema.get(_id_keyword(ctx))
+        ctx.root_base = urldefrag(sid)[0] if isinstance(sid, str) and not sid.startswith("#") else ""
         ctx.docs[ctx.root_base] = schema
     try:
         node = _node(ctx, schema, "", required, 0)
@@ -257,15 +300,30 @@ def _unsupported(ctx: _Ctx, keyword: str, pointer: str, why: str = "") -> None:
 
 
 def _handled(ctx: _Ctx, schema, pointer: str) -> dict:
-    """The keywords railcall enforces, after checking the schema's shape; an unsupported keyword
-    is an error (or, lenient, a warning); annotations are dropped."""
+    """The keywords railcall enforces, after checking the schema's shape; an assertion railcall
+    does not enforce (UNENFORCED) is an error (or, lenient, a warning); every other keyword is
+    an annotation and dropped. OpenAPI's `nullable: true` beside a `type` adds "null" to it."""
     if not isinstance(schema, dict):
         raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", pointer=pointer)
+    if ctx.dialect <= 7 and "$ref" in schema:  # up to draft-07, a $ref's siblings are ignored
+        schema = {"$ref": schema["$ref"]}
     for k in schema:
-        if k not in HANDLED and k not in ANNOTATIONS:
+        if k in UNENFORCED:
             _unsupported(ctx, k, pointer)
     _check_shapes(schema, pointer)
-    return {k: v for k, v in schema.items() if k in HANDLED}
+    out = {k: v for k, v in schema.items() if k in HANDLED}
+    if schema.get("nullable") is True and isinstance(out.get("type"), (str, list)):
+        # OpenAPI 3.0: null joins the types that `type` names (without a `type`, nullable adds
+        # nothing); enum and the other keywords still apply to it.
+        t = out["type"]
+        out["type"] = [t, "null"] if isinstance(t, str) else list(dict.fromkeys([*t, "null"]))
+    for ex, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(ex), bool):
+            # Draft-04's boolean form, rewritten as the number form: the flag belongs to its own
+            # schema's bound, and an allOf merge must not pair it with another branch's.
+            if out.pop(ex) and bound in out:
+                out[ex] = out.pop(bound)
+    return out
 
 
 def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Node:
@@ -277,7 +335,7 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
     if schema is True or schema == {}:
         return ir.Ref(_any_rule(ctx))
     if schema is False:
-        raise SchemaError("the schema `false` allows no value", pointer=pointer)
+        raise SchemaError("the schema `false` allows no value", pointer=pointer, empty=True)
     orig = schema
     schema = _handled(ctx, schema, pointer)
     if not schema:
@@ -287,7 +345,8 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
         rest = {k: v for k, v in schema.items() if k != "$ref"}
         if not rest:
             return _ref(ctx, schema["$ref"], pointer + "/$ref", depth, orig)
-        # 2020-12: a $ref beside other keywords applies both, like allOf; properties keep the
+        # 2019-09 and 2020-12: a $ref beside other keywords applies both, like allOf (up to
+        # draft-07 `_handled` has dropped them); properties keep the
         # order the schema writes them in (its own first where `properties` precedes `$ref`)
         target = _resolve_ref(ctx, schema["$ref"], pointer + "/$ref", orig)[1]
         parts = [rest, target] if _own_first(orig, "$ref") else [target, rest]
@@ -298,7 +357,7 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
         return _node(ctx, merged, pointer, required, depth + 1)
 
     if "const" in schema or "enum" in schema:
-        return _enum(ctx, schema, pointer)
+        return _enum(ctx, schema, pointer, depth)
 
     for kw in ("anyOf", "oneOf"):
         if kw in schema:
@@ -398,7 +457,12 @@ def _int_kw(schema: dict, kw: str, pointer: str) -> int | None:
 # -- enum and const ---------------------------------------------------------------------------------
 
 
-def _enum(ctx: _Ctx, schema: dict, pointer: str) -> ir.Node:
+def _enum(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
+    """The listed values that satisfy every other assertion of `schema` (its siblings of
+    `enum`/`const`, which an `allOf` or a `$ref` merged in, and an `anyOf`/`oneOf` beside them),
+    as one choice of literals; a SchemaError (empty) if none does. The values are checked the
+    way JSON Schema reads the schema (see `_admits`): a value the author listed is offered as
+    written, so railcall's generation defaults do not apply to it."""
     if "const" in schema:
         values = [schema["const"]]
         if "enum" in schema:
@@ -407,8 +471,10 @@ def _enum(ctx: _Ctx, schema: dict, pointer: str) -> ir.Node:
                                   empty=True)
     else:
         values = schema["enum"]
-        if not isinstance(values, list) or not values:
-            raise SchemaError("enum must be a non-empty array", pointer=pointer + "/enum", keyword="enum")
+        if not isinstance(values, list):
+            raise SchemaError("enum must be an array", pointer=pointer + "/enum", keyword="enum")
+        if not values:
+            raise SchemaError("an empty enum allows no value", pointer=pointer + "/enum", keyword="enum", empty=True)
     if len(values) > ctx.options.max_enum:
         raise SchemaError(f"{len(values)} enum values exceed the limit of {ctx.options.max_enum}",
                           pointer=pointer + "/enum", keyword="enum", option="max_enum")
@@ -416,7 +482,15 @@ def _enum(ctx: _Ctx, schema: dict, pointer: str) -> ir.Node:
     if allowed is not None:
         values = [v for v in values if _json_type(v) in allowed or (_json_type(v) == "integer" and "number" in allowed)]
         if not values:
-            raise SchemaError("no enum value has an allowed type", pointer=pointer + "/enum", keyword="enum")
+            raise SchemaError("no enum value has an allowed type", pointer=pointer + "/enum", keyword="enum",
+                              empty=True)
+    rest = {k: v for k, v in schema.items() if k not in ("enum", "const", "type")}
+    if rest:
+        values = [v for v in values if _admits(ctx, rest, v, pointer, depth)]
+        if not values:
+            kw = "const" if "const" in schema else "enum"
+            raise SchemaError(f"no {kw} value satisfies the schema's other keywords ({', '.join(rest)}): no value fits",
+                              pointer=pointer + "/" + kw, keyword=kw, empty=True)
     # A number equal to an integer has two plain spellings (1 and 1.0); JSON Schema counts them
     # as one value, so under standard semantics both are offered (by default only the one the
     # schema wrote: one spelling per value is what generation wants).
@@ -433,6 +507,126 @@ def _enum(ctx: _Ctx, schema: dict, pointer: str) -> ir.Node:
         return ir.enum(spelled)
     except GrammarError as e:
         raise SchemaError(str(e), pointer=pointer, keyword="const" if "const" in schema else "enum") from None
+
+
+def _admits(ctx: _Ctx, schema, value, pointer: str, depth: int) -> bool:
+    """Whether `value` (a JSON value, as json.loads gives it) satisfies `schema`, as JSON Schema
+    reads it: each keyword constrains only the type it is about, undeclared properties are
+    allowed unless the schema forbids them. Only enum and const values are checked this way (a
+    handful of values, at compile time, never per token). A keyword railcall does not enforce is
+    reported as it is where the grammar meets it (`_handled`)."""
+    if schema is True:
+        return True
+    if schema is False:
+        return False
+    if depth > ctx.options.max_depth:
+        raise SchemaError(f"nesting deeper than {ctx.options.max_depth} levels", pointer=pointer, option="max_depth")
+    orig = schema
+    s = _handled(ctx, schema, pointer)
+    if "$ref" in s:
+        target = _resolve_ref(ctx, s["$ref"], pointer + "/$ref", orig)[1]
+        if not _admits(ctx, target, value, pointer + "/$ref", depth + 1):
+            return False
+    for i, br in enumerate(s.get("allOf", ())):
+        if not _admits(ctx, br, value, f"{pointer}/allOf/{i}", depth + 1):
+            return False
+    if "anyOf" in s and not any(_admits(ctx, br, value, f"{pointer}/anyOf/{i}", depth + 1)
+                                for i, br in enumerate(s["anyOf"])):
+        return False
+    if "oneOf" in s and sum(_admits(ctx, br, value, f"{pointer}/oneOf/{i}", depth + 1)
+                            for i, br in enumerate(s["oneOf"])) != 1:
+        return False
+    if "const" in s and not _json_equal(s["const"], value):
+        return False
+    if "enum" in s and not any(_json_equal(e, value) for e in s["enum"]):
+        return False
+    kind = _json_type(value)
+    types = _types(ctx, s, pointer)
+    if types is not None and kind not in types and not (kind == "integer" and "number" in types):
+        return False
+    if kind in ("integer", "number"):
+        lo, xlo, hi, xhi = _bounds(s, pointer)
+        if lo is not None and (value < lo or (xlo and value == lo)):
+            return False
+        if hi is not None and (value > hi or (xhi and value == hi)):
+            return False
+    elif kind == "string":
+        return _admits_string(ctx, s, value, pointer)
+    elif kind == "array":
+        return _admits_array(ctx, s, value, pointer, depth)
+    elif kind == "object":
+        return _admits_object(ctx, s, value, pointer, depth)
+    return True
+
+
+def _admits_string(ctx: _Ctx, s: dict, value: str, pointer: str) -> bool:
+    n = len(value)  # code points, as JSON Schema counts
+    if n < (_int_kw(s, "minLength", pointer) or 0):
+        return False
+    hi = _int_kw(s, "maxLength", pointer)
+    if hi is not None and n > hi:
+        return False
+    for kw, regex in (("pattern", s.get("pattern")), ("format", FORMATS.get(s.get("format")))):
+        if regex is None:
+            continue
+        try:
+            if not compile_pattern(regex, max(256, n)).matches(value):
+                return False
+        except RegexError as e:
+            if not ctx.options.lenient:
+                raise SchemaError(str(e), pointer=pointer + "/" + kw, keyword=kw) from None
+    return True
+
+
+def _admits_array(ctx: _Ctx, s: dict, value: list, pointer: str, depth: int) -> bool:
+    if len(value) < (_int_kw(s, "minItems", pointer) or 0):
+        return False
+    hi = _int_kw(s, "maxItems", pointer)
+    if hi is not None and len(value) > hi:
+        return False
+    if s.get("uniqueItems") is True and any(_json_equal(value[i], value[j]) for i in range(len(value))
+                                           for j in range(i + 1, len(value))):
+        return False
+    prefix, items, kw = s.get("prefixItems", []), s.get("items", True), "items"
+    if isinstance(items, list):  # draft-07 tuple form
+        prefix, items, kw = items, s.get("additionalItems", True), "additionalItems"
+    for i, x in enumerate(value):
+        sub, where = (prefix[i], f"{pointer}/prefixItems/{i}") if i < len(prefix) else (items, f"{pointer}/{kw}")
+        if not _admits(ctx, sub, x, where, depth + 1):
+            return False
+    return True
+
+
+def _admits_object(ctx: _Ctx, s: dict, value: dict, pointer: str, depth: int) -> bool:
+    if any(r not in value for r in s.get("required", ())):
+        return False
+    if len(value) < (_int_kw(s, "minProperties", pointer) or 0):
+        return False
+    hi = _int_kw(s, "maxProperties", pointer)
+    if hi is not None and len(value) > hi:
+        return False
+    props, pprops = s.get("properties", {}), s.get("patternProperties", {})
+    names = s.get("propertyNames", True)
+    for key, x in value.items():
+        if not _admits(ctx, names, key, pointer + "/propertyNames", depth + 1):
+            return False
+        hits = [p for p in pprops if _pattern_matches(ctx, p, key, f"{pointer}/patternProperties/{_esc(p)}")]
+        if key in props and not _admits(ctx, props[key], x, f"{pointer}/properties/{_esc(key)}", depth + 1):
+            return False
+        for p in hits:
+            if not _admits(ctx, pprops[p], x, f"{pointer}/patternProperties/{_esc(p)}", depth + 1):
+                return False
+        if key not in props and not hits and not _admits(ctx, s.get("additionalProperties", True), x,
+                                                         pointer + "/additionalProperties", depth + 1):
+            return False
+    return True
+
+
+def _pattern_matches(ctx: _Ctx, pattern: str, text: str, pointer: str) -> bool:
+    try:
+        return compile_pattern(pattern, max(256, len(text))).matches(text)
+    except RegexError as e:
+        raise SchemaError(str(e), pointer=pointer, keyword="patternProperties") from None
 
 
 def _json_equal(a, b) -> bool:
@@ -546,7 +740,18 @@ def _int_bounds(schema: dict, pointer: str) -> tuple[int | None, int | None]:
     if hi is not None:
         ihi = math.ceil(hi) - 1 if xhi and float(hi).is_integer() else math.floor(hi)
     if ilo is not None and ihi is not None and ilo > ihi:
-        raise SchemaError(f"no integer lies between the bounds ({ilo} > {ihi})", pointer=pointer, keyword="minimum")
+        raise SchemaError(f"no integer lies between the bounds ({ilo} > {ihi})", pointer=pointer, keyword="minimum",
+                          empty=True)
+    from railcall.grammar.program import JINT_MAX, MAX_NUMBER_CHARS
+
+    # Integers are written with at most 23 digits (the number length cap): a bound past that
+    # leaves nothing to write.
+    if (ilo is not None and ilo > JINT_MAX) or (ihi is not None and ihi < -JINT_MAX):
+        low = ilo is not None and ilo > JINT_MAX
+        kw = ("minimum" if "minimum" in schema else "exclusiveMinimum") if low else \
+            ("maximum" if "maximum" in schema else "exclusiveMaximum")
+        raise SchemaError(f"no integer of at most {MAX_NUMBER_CHARS - 1} digits (what railcall writes) lies within "
+                          "the bounds", pointer=pointer, keyword=kw, empty=True)
     return ilo, ihi
 
 
@@ -555,7 +760,8 @@ def _number(schema: dict, pointer: str) -> ir.Node:
     if lo is None and hi is None:
         return ir.JsonNumber()
     if lo is not None and hi is not None and (lo > hi or (lo == hi and (xlo or xhi))):
-        raise SchemaError(f"no number lies between the bounds {lo} and {hi}", pointer=pointer, keyword="minimum")
+        raise SchemaError(f"no number lies between the bounds {lo} and {hi}", pointer=pointer, keyword="minimum",
+                          empty=True)
     return ir.JsonNumber(None if lo is None else _decimal_text(lo), None if hi is None else _decimal_text(hi), xlo, xhi)
 
 
@@ -589,7 +795,8 @@ def _array(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
                           f"(at most {ctx.options.max_min_items}): lower minItems",
                           pointer=pointer, keyword="minItems", option="max_min_items")
     if item is None and lo > len(prefix):
-        raise SchemaError(f"minItems {lo} but only {len(prefix)} items are allowed", pointer=pointer, keyword="minItems")
+        raise SchemaError(f"minItems {lo} but only {len(prefix)} items are allowed", pointer=pointer, keyword="minItems",
+                          empty=True)
     return ir.JsonArray(item, lo, hi, prefix, ctx.options.whitespace)
 
 
@@ -644,7 +851,12 @@ def _object(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
             continue
         sub = True if not subs else subs[0] if len(subs) == 1 else {"allOf": subs}
         is_req = name in req
-        node = _node(ctx, sub, f"{pointer}/properties/{_esc(name)}", is_req, depth + 1)
+        try:
+            node = _node(ctx, sub, f"{pointer}/properties/{_esc(name)}", is_req, depth + 1)
+        except SchemaError as e:
+            if not e.empty or is_req:  # a required property no value fits: no object fits either
+                raise
+            continue  # an optional one is left out (an object without it is valid)
         out.append((name, node, is_req))
     extras = _extra_classes(ctx, tuple(props), pprops, ap, pnames, pointer, depth)
     n_req = sum(1 for _, _, r in out if r)
@@ -682,8 +894,8 @@ def _property_names(ctx: _Ctx, s, pointer: str):
     where = pointer + "/propertyNames"
     if s is False:
         return (compile_pattern(""), 1, 0, "")  # no name at all: no length fits
-    if not isinstance(s, dict) or any(k not in {"pattern", "minLength", "maxLength", "type"} | ANNOTATIONS for k in s) \
-            or s.get("type", "string") != "string":
+    if not isinstance(s, dict) or any(k in HANDLED | UNENFORCED and k not in {"pattern", "minLength", "maxLength", "type"}
+                                      for k in s) or s.get("type", "string") != "string":
         _unsupported(ctx, "propertyNames", pointer, "only pattern, minLength and maxLength are enforced on names")
         return None
     try:
@@ -772,6 +984,19 @@ def _esc(name: str) -> str:
 
 def _ref(ctx: _Ctx, ref, pointer: str, depth: int, holder=None) -> ir.Node:
     uri, target = _resolve_ref(ctx, ref, pointer, holder)
+    # A target that is only another $ref (an alias) is followed here, not made a rule of its
+    # own: each rule is a level of reference nesting, and a chain of aliases would otherwise
+    # run into the matcher's depth limit (32) with nothing nested at all. A cycle of aliases is
+    # left as it is written (it has no value, and is refused as such, naming its links).
+    seen, end = {uri}, (uri, target)
+    while isinstance(end[1], dict) and "$ref" in end[1] and (ctx.dialect <= 7 or not any(
+            k in HANDLED or k in UNENFORCED for k in end[1] if k != "$ref")):
+        end = _resolve_ref(ctx, end[1]["$ref"], end[0].partition("#")[2] + "/$ref", end[1])
+        if end[0] in seen:
+            end = (uri, target)
+            break
+        seen.add(end[0])
+    uri, target = end
     name = "ref:" + uri
     if name not in ctx.rules:
         ctx.rules[name] = None  # in progress: a recursive reference sees the rule name
@@ -914,7 +1139,7 @@ def _merge(ctx: _Ctx, a: dict, b, pointer: str, depth: int) -> dict:
         elif k == "enum":
             out[k] = [x for x in va if any(_json_equal(x, y) for y in vb)]
             if not out[k]:
-                raise SchemaError("allOf enums have no value in common", pointer=pointer, keyword="enum")
+                raise SchemaError("allOf enums have no value in common", pointer=pointer, keyword="enum", empty=True)
         elif k == "const":
             raise SchemaError(f"allOf requires two different constants {va!r} and {vb!r}", pointer=pointer, keyword="const")
         elif k in ("items", "additionalItems", "prefixItems"):

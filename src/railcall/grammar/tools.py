@@ -143,7 +143,8 @@ class ToolGrammarBuilder:
             # of keywords alone (`{"minimum": 5}`, an anyOf, a $ref) would allow other values.
             untyped = "type" not in params
             try:
-                node, rules = schema_to_ir(dict(params, type="object"), self.options)
+                node, rules = schema_to_ir({**{k: v for k, v in params.items() if k != "nullable"}, "type": "object"},
+                                           self.options)
             except SchemaError as e:
                 if untyped and e.empty:
                     raise SchemaError(f"parameters must describe an object, and no object fits this schema ({e.detail})",

@@ -9,7 +9,7 @@ from bisect import bisect_left, bisect_right
 import numpy as np
 
 from railcall.bitmask import bitmask_words, unpack_bitmask
-from railcall.grammar.program import _JI, _JN, EXIT, MAX_NUMBER_CHARS, NUM_BYTES, JInt, JNum, JStr, Lit, Select
+from railcall.grammar.program import _JI, _JN, EXIT, MAX_NUMBER_CHARS, N_SUB, NUM_BYTES, JInt, JNum, JStr, Lit, Select
 from railcall.matcher.completion import Completions
 from railcall.matcher.entries import _Bits, entry_dense, entry_ids, _union, vocab_cache
 from railcall.matcher.indexes import (
@@ -75,8 +75,8 @@ class Automaton(Completions):
         self._reach = prefix_reach(vocab)
         # per string substate: whether some token closes a string from there (on SmolLM2 and
         # Gemma 3 only between characters and after a backslash)
-        self._jstr_closes = [bool(jstr_index(vocab, sub).exit_ids.size) for sub in range(13)]
-        self._closing_subs = [sub for sub in range(1, 13) if self._jstr_closes[sub]]  # inside an escape
+        self._jstr_closes = [bool(jstr_index(vocab, sub).exit_ids.size) for sub in range(N_SUB)]
+        self._closing_subs = [sub for sub in range(1, N_SUB) if self._jstr_closes[sub]]  # inside an escape
         self._nextm: dict[bytes, np.ndarray] = vc.next_bytes
         self._budget = KEY_BUDGET
         self._costly: set = vc.costly_keys
@@ -188,7 +188,7 @@ class Automaton(Completions):
                 key = self._cmemo.get(t)
                 if key is None and type(ins) is JStr:  # a string at a new count: by its clamps
                     ins, loc, st = t
-                    key = self._cmemo.get((ins, -1 - (loc & 15), *_jstr_clamps(ins, loc >> 4, self.vocab.max_token_len), st))
+                    key = self._cmemo.get((ins, -1 - (loc & 31), *_jstr_clamps(ins, loc >> 5, self.vocab.max_token_len), st))
         if key is None:
             key = self._ckey(s)
         hit = self._masks._d.get(key)  # MaskCache.get, inlined: the common case of a first visit
@@ -396,7 +396,7 @@ class Automaton(Completions):
                         return False
             return True  # the text ends inside the trie, on a path to some key
         if kind is JStr:  # JStr.step, byte by byte, without a state per count
-            sub, count, hi = loc & 15, loc >> 4, ins.max
+            sub, count, hi = loc & 31, loc >> 5, ins.max
             for i in range(start, len(data)):
                 b = data[i]
                 nxt = _JN[sub][b]
@@ -477,7 +477,7 @@ class Automaton(Completions):
                 # A literal has as many states as bytes. A number or a string may have thousands
                 # (every value of a bounded integer), a trie as many as its keys' bytes: the
                 # first few are walked here, the rest stay lazy. More for a trie of names (every
-                # call starts there), for a string (13 substates: escapes, multi-byte
+                # call starts there), for a string (20 substates: escapes, multi-byte
                 # characters) and for a bounded integer (each prefix of a value has its own
                 # mask, and computing one on first use is among the costlier ones).
                 k = per_instr.get(kinds, 0)
@@ -524,8 +524,8 @@ class Automaton(Completions):
                 # quote, grouped by what follows the quote (`"`, `",`, `"}` recur); and one
                 # ordinary character standing for every token that stays inside
                 ins, loc, st = lone
-                idx = jstr_index(v, loc & 15)
-                gid, rests = jstr_exit_groups(v, loc & 15)
+                idx = jstr_index(v, loc & 31)
+                gid, rests = jstr_exit_groups(v, loc & 31)
                 legal = unpack_bitmask(entry_dense(entry, self.words), self.width)
                 sel = legal[idx.exit_ids] & text_np[idx.exit_ids]
                 ids, g = idx.exit_ids[sel], gid[sel]
@@ -538,7 +538,7 @@ class Automaton(Completions):
                     if n >= 0:
                         row.update(dict.fromkeys(part.tolist(), n))
                         found.append(n)
-                if loc & 15 == 0:  # between characters: one way into every substate
+                if loc & 31 == 0:  # between characters: one way into every substate
                     found.extend(self._walk_bytes(s, r, 0, ends) for r in _JSTR_REACH)
             elif entry[1] <= small:
                 for t in entry_ids(entry, self.width):
@@ -705,8 +705,8 @@ class Automaton(Completions):
         """The tokens longer than `p` that spell it and go on legally into string `ins` at `loc`:
         those that stay inside within the room left, and those that close it with the characters
         it owes and go on legally after the quote (each distinct text after it walked once)."""
-        idx = jstr_after_prefix(self.vocab, p, loc & 15)
-        count = loc >> 4
+        idx = jstr_after_prefix(self.vocab, p, loc & 31)
+        count = loc >> 5
         room = ins.max - count
         legal = [idx.inside_ids[idx.inside_chars <= room]]
         ok = (idx.exit_chars <= room) & (idx.exit_chars >= ins.min - count)
@@ -833,7 +833,7 @@ class Automaton(Completions):
         (per vocabulary, substate and room left) and the tokens that close the string and go on
         legally after it (per substate, continuation, characters still owed and room left).
         The two sets are disjoint, so the count is a sum."""
-        count, sub = loc >> 4, loc & 15
+        count, sub = loc >> 5, loc & 31
         v = self.vocab
         room = ins.max - count
         inside, n_in = jstr_inside(v, sub, self.words, room)

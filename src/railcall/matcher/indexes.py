@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from railcall.bitmask import pack_ids
-from railcall.grammar.program import EXIT, JSTR_INC, JSTR_NEXT, NUM_FINAL, NUM_NEXT
+from railcall.grammar.program import EXIT, JSTR_INC, JSTR_NEXT, N_SUB, NUM_FINAL, NUM_NEXT
 from railcall.vocab import Vocabulary
 
 
@@ -274,12 +274,12 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     special_flags(vocab)
     number_margin(vocab)
     words = (vocab.logits_width + 31) // 32
-    for sub in range(13):
+    for sub in range(N_SUB):
         jstr_index(vocab, sub)
         jstr_inside(vocab, sub, words)
     for room in range(vocab.max_token_len):  # between characters, near a string's cap
         jstr_inside(vocab, 0, words, room)
-    for sub in range(13):
+    for sub in range(N_SUB):
         jstr_exit_rests(vocab, sub)
         jstr_exit_groups(vocab, sub)
     for integer in (False, True):

@@ -109,7 +109,7 @@ class ContentKeys:
             k = memo[(ins, loc, st)] = self._rest_key(ins.data[loc:], ins.next, st)
             return k
         if t is JStr:  # keyed by the clamped counts: a string's states mostly share one
-            count, sub = loc >> 4, loc & 15
+            count, sub = loc >> 5, loc & 31
             need, room = _jstr_clamps(ins, count, top)
             mk = (ins, -1 - sub, need, room, st)
             k = memo.get(mk)
@@ -223,7 +223,7 @@ class ContentKeys:
                  self._dkey(ins, c, st, d - 1) if kids[c] else None)
                 for b, c in sorted(kids[loc].items())]))
         elif t is JStr:
-            count, sub = loc >> 4, loc & 15
+            count, sub = loc >> 5, loc & 31
             need = max(0, ins.min - count)
             # past its closing quote a token spells one of `quote_rests`, of at most d - 1 - need
             # bytes: keyed by which of those may follow (`_quote_key`), not by all that the next
@@ -341,10 +341,10 @@ class ContentKeys:
             # A string accepts nearly every byte (all but raw control characters): as far as
             # the longest token going on from p, its characters owed and allowed; past its
             # closing quote only the few texts that tokens starting with p spell after a quote.
-            need, room = _jstr_clamps(ins, loc >> 4, e)
+            need, room = _jstr_clamps(ins, loc >> 5, e)
             rests = quote_rests_after(self.vocab, p, need) if need < e else None
             after = self._texts_key(ins.next, st, ("qp", p, need), rests) if rests else None
-            return self._kid(("ps", loc & 15, need, room, after))
+            return self._kid(("ps", loc & 31, need, room, after))
         go = np.flatnonzero(self._next_bytes(p) & ins.allowed(loc)).tolist()
         if not go:
             return 0  # no token goes on from p with a byte this thread accepts: alive is all

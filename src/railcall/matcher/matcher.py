@@ -262,17 +262,17 @@ class Matcher:
             if type(ins) is JStr:
                 # inside a string: a token that stays inside moves the count and the substate
                 # at once (no state per byte on the way)
-                chars, end = jstr_moves(v, loc & 15)
+                chars, end = jstr_moves(v, loc & 31)
                 c = int(chars[token_id])
-                count = (loc >> 4) + c
+                count = (loc >> 5) + c
                 if c >= 0 and count <= ins.max:
                     sub = int(end[token_id])
-                    s = g._intern(frozenset([(ins, count << 4 | sub, st)]))
-                    if g._state_mask[s] is None and sub == loc & 15:
+                    s = g._intern(frozenset([(ins, count << 5 | sub, st)]))
+                    if g._state_mask[s] is None and sub == loc & 31:
                         # the same substate, owing and allowed as many characters as a token can
                         # tell: the same mask (see Automaton._content_key), no look-up needed
                         top = v.max_token_len
-                        if _jstr_clamps(ins, count, top) == _jstr_clamps(ins, loc >> 4, top):
+                        if _jstr_clamps(ins, count, top) == _jstr_clamps(ins, loc >> 5, top):
                             g._state_mask[s] = g._state_mask[s0]
                     return self._advanced(s0, token_id, s)
             elif type(ins) is Lit and len(data) < len(ins.data) - loc and ins.data.startswith(data, loc):

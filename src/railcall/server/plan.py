@@ -191,7 +191,7 @@ def _response_grammar(req: ChatCompletionRequest) -> tuple[ir.Grammar | None, st
         return ir.Grammar(node, rules, name="json_object"), "json"
     spec = rf.json_schema
     schema = spec.schema_
-    # strict: every keyword must be enforced (an unsupported one is a 400); not strict: keywords
+    # strict: every assertion must be enforced (an unenforced one is a 400); not strict: assertions
     # the grammar cannot enforce are ignored, as OpenAI does without strict.
     options = SchemaOptions(lenient=not spec.strict)
     try:
