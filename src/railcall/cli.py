@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from typing import Optional
 
 import typer
@@ -183,6 +184,23 @@ def bench(
     print_report(report, console)
     console.print(f"wrote {out}, {Path(out).with_suffix('.md')} and {Path(out).with_suffix('.png')} "
                   f"in {report['seconds']:.0f} s")
+
+
+@contextmanager
+def _category_bars():
+    """A progress bar per category (done, elapsed, ETA); yields progress(category, done, total)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    bars: dict = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=console) as prog:
+
+        def progress(cat, done, total):
+            if cat not in bars:
+                bars[cat] = prog.add_task(cat, total=total)
+            prog.update(bars[cat], completed=done)
+
+        yield progress
 
 
 def _bfcl_folder(data: str | None) -> str:
@@ -485,8 +503,6 @@ def eval_bfcl(
     """Each BFCL task on the model with and without the grammar: parse rate, schema validity, AST accuracy."""
     from pathlib import Path
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from railcall.eval import bfcl
     from railcall.eval.report import table
     from railcall.eval.runner import run_bfcl
@@ -496,15 +512,7 @@ def eval_bfcl(
     cats = [c.strip() for item in category for c in item.split(",") if c.strip()]
     if cats == ["all"]:
         cats = bfcl.single_turn_categories(Path(data))
-    bars: dict = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=console) as prog:
-
-        def progress(cat, done, total):
-            if cat not in bars:
-                bars[cat] = prog.add_task(cat, total=total)
-            prog.update(bars[cat], completed=done)
-
+    with _category_bars() as progress:
         try:
             summary = run_bfcl(cats, Path(out), data=Path(data), limit=limit, grammar=not no_grammar, model=model,
                                max_tokens=max_tokens, batch=batch, resume=resume, threads=threads, progress=progress,
@@ -532,8 +540,6 @@ def eval_multi_turn(
     """BFCL's multi-turn tasks as agent episodes over BFCL's simulated services, scored by BFCL's checker."""
     from pathlib import Path
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from railcall.eval import multi_turn
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -543,15 +549,7 @@ def eval_multi_turn(
     if bad:
         _fail(ValueError(f"unknown multi-turn categor{'ies' if len(bad) > 1 else 'y'} {', '.join(bad)}; "
                          f"use {' or '.join(multi_turn.MULTI_TURN)}"))
-    bars: dict = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=console) as prog:
-
-        def progress(cat, done, total):
-            if cat not in bars:
-                bars[cat] = prog.add_task(cat, total=total)
-            prog.update(bars[cat], completed=done)
-
+    with _category_bars() as progress:
         try:
             summary = multi_turn.run(cats, Path(out), data=Path(data), limit=limit, model=model, max_steps=max_steps,
                                      max_tokens=max_tokens, resume=resume, progress=progress,
