@@ -31,6 +31,12 @@ CASES = [
     ({"$schema": D7, "definitions": {"n": {"$id": "#num", "type": "integer"}}, "items": {"$ref": "#num"}}, [[1], ["a"]]),
     ({"$schema": D6, "$id": "http://example.com/r.json", "definitions": {"b": {"$id": "b.json", "type": "boolean"}},
       "items": {"$ref": "b.json"}}, [[True], [1]]),
+    # an id beside a $ref is one of its ignored siblings: the $ref resolves against the outer base
+    *[({"$schema": d, k: "http://example.com/sib/base/",
+        "definitions": {"s": {k: "http://example.com/sib/foo.json", "type": "string"},
+                        "n": {k: "foo.json", "type": "number"}},
+        "allOf": [{k: "http://example.com/sib/", "$ref": "foo.json"}]}, ["a", 1])
+      for d, k in ((D4, "id"), (D6, "$id"), (D7, "$id"))],
     ({"$schema": D4, "type": "number", "maximum": 5, "exclusiveMaximum": True}, [5, 4.5]),
     ({"$schema": D4, "allOf": [{"maximum": 10, "exclusiveMaximum": False}, {"maximum": 5, "exclusiveMaximum": True}]},
      [5, 4]),

@@ -256,6 +256,8 @@ def _index(ctx: _Ctx, node, base: str) -> None:
         if not isinstance(node, dict):
             continue
         sid = node.get(id_kw)
+        if ctx.dialect <= 7 and "$ref" in node:
+            sid = None  # up to draft-07 a $ref's siblings are ignored, its id among them: no new base
         if isinstance(sid, str) and ctx.dialect <= 7 and sid.startswith("#"):
             ctx.anchors[(base, sid[1:])] = node
         elif isinstance(sid, str):
