@@ -121,7 +121,7 @@ def qwen2_vocab() -> Vocabulary:
     return Vocabulary.from_gguf(embedded_gguf_path("qwen2"))
 
 
-# -- the delimiter tests (output parser, regions): four vocabularies ---------------------------
+# -- the delimiter tests (output parser, regions): five vocabularies ---------------------------
 
 
 @pytest.fixture(scope="module")
@@ -132,10 +132,10 @@ def multi_vocab():
     return multi_token_vocab()
 
 
-@pytest.fixture(params=["bytes", "bpe", "multi", "smollm2"])
+@pytest.fixture(params=["bytes", "bpe", "multi", "smollm2", "qwen2"])
 def vocab(request, bytes_vocab, bpe_vocab, multi_vocab):
-    if request.param == "smollm2":
-        return request.getfixturevalue("smollm2_vocab")
+    if request.param in ("smollm2", "qwen2"):
+        return request.getfixturevalue(f"{request.param}_vocab")
     return {"bytes": bytes_vocab, "bpe": bpe_vocab, "multi": multi_vocab}[request.param]
 
 
