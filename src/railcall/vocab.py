@@ -48,6 +48,7 @@ END_OF_TURN_NAMES = (
     "<end_of_turn>",  # Gemma
     "<|eot_id|>",  # Llama 3
     "<|end|>",  # Phi
+    "<｜end▁of▁sentence｜>",  # DeepSeek (R1 and its Qwen and Llama distills): EOS, named by a bare tokenizer.json
     "<|endoftext|>",
     "<|end_of_text|>",
     "<eos>",
