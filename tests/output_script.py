@@ -9,6 +9,7 @@ without a model and in milliseconds.
 from __future__ import annotations
 
 import codecs
+import re
 from dataclasses import dataclass
 
 from railcall.vocab import Vocabulary, single_token
@@ -21,9 +22,14 @@ class Tok:
     text: str
 
 
+TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+_TAG = re.compile("(" + "|".join(map(re.escape, TAGS)) + ")")
+
+
 def script(vocab: Vocabulary, *parts) -> list[int]:
-    """Token ids for `parts`: strings are spelled in ordinary text tokens (never a special
-    token, so `"</think>"` is `<`, `/`, ... pieces), `Tok(...)` is the delimiter's own token."""
+    """Token ids for `parts`: strings are spelled in ordinary text tokens and never with a
+    delimiter's own token (so `"</think>"` is `<`, `/think>` ... pieces, also where the tag is an
+    ordinary token, as Qwen's are), `Tok(...)` is the delimiter's own token."""
     ids: list[int] = []
     for p in parts:
         if isinstance(p, Tok):
@@ -32,9 +38,12 @@ def script(vocab: Vocabulary, *parts) -> list[int]:
                 ids.append(tid)
                 continue
             p = p.text
-        toks = vocab.greedy_tokenize(p.encode("utf-8"))
-        assert toks is not None, f"{p!r} cannot be spelled in {vocab.name}"
-        ids.extend(toks)
+        # a tag in the text is cut after its `<`: no piece contains the whole tag
+        pieces = [q for piece in _TAG.split(p) for q in ([piece[:1], piece[1:]] if piece in TAGS else [piece]) if q]
+        for piece in pieces:
+            toks = vocab.greedy_tokenize(piece.encode("utf-8"))
+            assert toks is not None, f"{piece!r} cannot be spelled in {vocab.name}"
+            ids.extend(toks)
     return ids
 
 

@@ -72,3 +72,23 @@ def test_report_files_are_replaced_whole(tmp_path, disk_full):
     with pytest.raises(OSError):
         write_report({**report, "quick": True}, out)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_bench_names_its_vocabularies():
+    r = CliRunner().invoke(app, ["bench", "--vocab", "llama9", "--data", str(DATA)])
+    assert r.exit_code != 0 and "smollm2, gemma3, qwen2" in r.output
+
+
+@pytest.mark.qwen2
+def test_the_qwen2_cell_vocabulary_is_the_tokenizers():
+    """A bench cell's qwen2 vocabulary: Qwen's tokenizer rebuilt from the GGUF metadata, whose
+    tags are single ordinary tokens, and the tokenizer.json the peers are built from."""
+    import json as _json
+
+    from railcall.bench.cell import load_vocab
+
+    vocab, tok, text = load_vocab("qwen2")  # a bare tokenizer.json: no eos_token_id beside it
+    assert vocab.stop_ids == (151643,)  # <｜end▁of▁sentence｜>, known by name
+    assert vocab.size == 151665 == len(_json.loads(text)["model"]["vocab"]) + len(_json.loads(text)["added_tokens"])
+    for tag, tid in {"<think>": 151648, "</tool_call>": 151658}.items():
+        assert tok.encode(tag, add_special_tokens=False).ids == [tid] and not vocab.is_special(tid)

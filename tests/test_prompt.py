@@ -1,5 +1,7 @@
 """Chat prompts: the model's own tool template where it has one, a system message otherwise."""
 
+import pytest
+
 from railcall.demo import DEMO_TOOLS
 from railcall.prompt import chat_prompt_ids, has_native_tools, system_prompt
 
@@ -31,3 +33,38 @@ def test_no_tool_template_gets_a_system_message():
     assert "tools" not in kw and messages[0]["role"] == "system"
     assert all(t.name in messages[0]["content"] for t in DEMO_TOOLS)
     assert '{"tool":"<tool name>"' in system_prompt(DEMO_TOOLS)
+
+
+# -- on DeepSeek-R1-Distill-Qwen's tokenizer and chat template ---------------------------------
+
+# A template that renders tools, in the shape of Qwen 2.5's (shortened).
+TOOLS_TEMPLATE = ("{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}"
+                  "{% for m in messages %}<｜{{ m['role'] }}｜>{{ m['content'] }}{% endfor %}<｜Assistant｜>")
+
+
+@pytest.mark.qwen2
+def test_deepseek_r1_template_lists_no_tools_so_railcall_writes_them(qwen2_tokenizer):
+    """The template renders calls and tool results in history, but no tool list: railcall's
+    system prompt carries the tools, placed by the template after its BOS."""
+    tok = qwen2_tokenizer
+    assert "message['tool_calls']" in tok.chat_template and not has_native_tools(tok)
+    ids = chat_prompt_ids(tok, DEMO_TOOLS, "hi")
+    assert tok.decode(ids) == "<｜begin▁of▁sentence｜>" + system_prompt(DEMO_TOOLS) + "<｜User｜>hi<｜Assistant｜>"
+    assert ids[0] == tok.convert_tokens_to_ids("<｜begin▁of▁sentence｜>") == 151646
+    assert ids[-1] == tok.convert_tokens_to_ids("<｜Assistant｜>") == 151645
+    body = ids[1:-3]  # the system prompt: ordinary tokens only, none a tag
+    assert body and max(body) < 151643
+
+
+@pytest.mark.qwen2
+def test_a_template_that_renders_tools_gets_them_on_qwen2(qwen2_tokenizer):
+    import copy
+
+    tok = copy.copy(qwen2_tokenizer)
+    tok.chat_template = TOOLS_TEMPLATE
+    assert has_native_tools(tok) and not has_native_tools(qwen2_tokenizer)  # the copy alone changed
+    text = tok.decode(chat_prompt_ids(tok, DEMO_TOOLS, "hi"))
+    assert text.startswith("<tools>") and text.endswith("<｜user｜>hi<｜Assistant｜>")
+    for t in DEMO_TOOLS:
+        assert '"name": "%s"' % t.name in text
+    assert "You are an assistant" not in text

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from output_script import detokenize
@@ -64,3 +65,29 @@ def test_generate_with_reasoning_and_a_structured_answer(smollm2_tokenizer, smol
     # JSON string is answer text.
     assert p.result().reasoning_content == "plan it"
     assert json.loads(p.result().content) == {"literal": "a </think> tag"}
+
+
+@pytest.mark.qwen2
+def test_generate_with_reasoning_and_an_auto_hermes_call_on_qwen2(qwen2_tokenizer):
+    """On Qwen's vocabulary the tags are single ordinary tokens: reasoning ends only at 151649
+    (a `</think>` spelled in pieces stays reasoning), and the call grammar starts at 151657."""
+    from railcall import Tool, tool_grammar
+    from railcall.vocab import Vocabulary
+
+    v = Vocabulary.from_hf(qwen2_tokenizer, logits_width=152064, name="qwen2")
+    encode = lambda s: qwen2_tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    ids = ([151648] + encode("a </") + encode("think> is text") + [151649] + encode("On it.") + [151657]
+           + encode('{"name":"calc","arguments":{"expr":"6*7"}}') + [151658, v.stop_ids[0]])
+    calc = Tool("calc", "", {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]})
+    d = Delimiters.from_vocab(v)
+    m = answer_matcher(v, compiled_grammar(tool_grammar([calc], "hermes"), v), d, mode="auto", reasoning=True)
+    g = generate(ScriptedBackend(ids, v.logits_width), v, [1], m, SamplingParams(max_tokens=64))
+    assert not g.grammar_error and g.finish_reason == "stop"
+    assert g.tokens == ids[:-1]  # every scripted token was legal, none replaced (the stop is not kept)
+    p = OutputParser(d, stop_ids=v.stop_ids)
+    for tid, t in detokenize(v, g.tokens):
+        p.feed(tid, t)
+    p.finish()
+    r = p.result()
+    assert (r.reasoning_content, r.content) == ("a </think> is text", "On it.")
+    assert [(c.name, json.loads(c.arguments)) for c in r.tool_calls] == [("calc", {"expr": "6*7"})]

@@ -98,3 +98,72 @@ def test_prewarm_in_the_spec(plugin):
     spec = plugin.request_spec(params({"tools": [tool({"type": "object"})], "prewarm": False}))
     assert not spec.prewarm and not spec.precompute
     assert plugin.request_spec(params({"tools": [tool({"type": "object"})]})).prewarm  # the default, as compiled_grammar's
+
+
+# -- on Qwen's 152k vocabulary: reasoning, then a Hermes call or a structured answer -------------
+
+THINK, UNTHINK, CALL, UNCALL, EOS = 151648, 151649, 151657, 151658, 151643
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+@pytest.fixture(scope="module")
+def qwen2_folder():
+    from railcall.models.store import tokenizer_folder
+
+    return tokenizer_folder("qwen2")
+
+
+@pytest.mark.qwen2
+@pytest.mark.parametrize("answer", ["hermes call", "schema"])
+def test_reasoning_then_the_answer_on_qwen2_ids(plugin, qwen2_tokenizer, qwen2_folder, answer):
+    """The processor as vLLM drives it, one sampled token per step (a test double stands in for
+    the model: each step's logits prefer the next token of a script, and the argmax after the
+    processor's mask is what is "sampled"). The Vocabulary comes from the tokenizer folder, as
+    vLLM's model config names it."""
+    import torch
+
+    from railcall.output import Delimiters, OutputParser
+    from output_script import detokenize
+
+    enc = lambda text: qwen2_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    reasoning = [THINK] + enc("I could write a </") + enc("think> tag.") + [UNTHINK]
+    if answer == "hermes call":
+        spec = {"tools": [tool(WEATHER)], "format": "hermes", "mode": "auto", "reasoning": True}
+        script = reasoning + enc("Sure.") + [CALL] + enc('{"name":"f","arguments":{"city":"Paris"}}') + [UNCALL, EOS]
+    else:
+        spec = {"schema": WEATHER, "reasoning": True}
+        # the close token inside the answer's string: text there, as its bytes
+        script = reasoning + enc('{"city":"Paris ') + [UNTHINK] + enc('"}') + [EOS]
+    close = script.index(UNTHINK)
+    assert UNTHINK not in script[:close]  # the spelled close in reasoning is pieces
+
+    proc = plugin.RailcallLogitsProcessor.__new__(plugin.RailcallLogitsProcessor)
+    proc.model_config = types.SimpleNamespace(tokenizer=str(qwen2_folder))
+    proc.width, proc.max_rows, proc.vocab, proc.bitmask, proc.requests = 152064, 4, None, None, {}
+    out: list[int] = []
+    sp = SamplingParams(extra_args={"railcall": spec}, all_stop_token_ids=(EOS,), max_tokens=200)
+    proc.update_state(types.SimpleNamespace(removed=[], added=[(0, sp, [1, 2], out)], moved=[]))
+    for k, want in enumerate(script):
+        logits = torch.zeros(1, proc.width)
+        logits[0, want] = 10.0
+        if want != UNTHINK:
+            logits[0, UNTHINK] = 5.0  # legal all through reasoning: only the script's token beats it
+        proc.apply(logits)
+        assert torch.isfinite(logits[0, want]), (k, qwen2_tokenizer.decode([want]))
+        if 0 < k <= close + 1:  # reasoning ends at the close token; the answer never starts with it
+            assert bool(torch.isfinite(logits[0, UNTHINK])) == (k <= close), k
+        out.append(int(logits[0].argmax()))
+    assert out == script
+    assert proc.vocab.size == 151665 and [d.token_id for d in Delimiters.from_vocab(proc.vocab).all()] == [
+        THINK, UNTHINK, CALL, UNCALL]
+    p = OutputParser(Delimiters.from_vocab(proc.vocab), stop_ids=proc.vocab.stop_ids,
+                     call_format="hermes" if answer == "hermes call" else None)
+    for tid, text in detokenize(proc.vocab, out):
+        p.feed(tid, text)
+    p.finish()
+    r = p.result()
+    assert r.reasoning_content == "I could write a </think> tag."
+    if answer == "hermes call":
+        assert (r.content, [(c.name, c.arguments) for c in r.tool_calls]) == ("Sure.", [("f", '{"city":"Paris"}')])
+    else:
+        assert (r.content, r.tool_calls) == ('{"city":"Paris </think>"}', [])  # the token, as text

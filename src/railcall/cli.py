@@ -163,7 +163,7 @@ def demo(
 @app.command()
 def bench(
     quick: bool = typer.Option(False, "--quick", help="A small run (SmolLM2 only, two workloads) in under a minute."),
-    vocab: list[str] = typer.Option(None, "--vocab", help="smollm2 and/or gemma3 (default: both; --quick: smollm2)."),
+    vocab: list[str] = typer.Option(None, "--vocab", help="smollm2, gemma3 and/or qwen2 (default: all three; --quick: smollm2)."),
     out: str = typer.Option("bench-out/bench.json", "--out", help="The JSON file to write (a PNG chart is written beside it)."),
     data: Optional[str] = typer.Option(None, "--data", help="The BFCL data folder (for the bfcl20 workload; default: the installed bfcl-eval package's)."),
     engine: list[str] = typer.Option(None, "--engine", help="Only these engines: railcall, railcall-py, railcall-lazy, railcall-eager, llguidance, xgrammar, outlines-core (default: all)."),
@@ -171,12 +171,12 @@ def bench(
     """Benchmark railcall against llguidance, xgrammar and outlines-core, side by side."""
     from pathlib import Path
 
-    from railcall.bench.run import print_report, run
+    from railcall.bench.run import VOCABS, print_report, run
 
-    vocabs = vocab or (["smollm2"] if quick else ["smollm2", "gemma3"])
+    vocabs = vocab or (["smollm2"] if quick else list(VOCABS))
     for v in vocabs:
-        if v not in ("smollm2", "gemma3"):
-            _fail(ValueError(f"unknown vocabulary {v!r}; use smollm2 or gemma3"))
+        if v not in VOCABS:
+            _fail(ValueError(f"unknown vocabulary {v!r}; use {', '.join(VOCABS)}"))
     data = _bfcl_folder(data)
     console.print(f"railcall bench{' --quick' if quick else ''}: vocabularies {', '.join(vocabs)}")
     report = run(quick=quick, vocabs=vocabs, out=Path(out), data=Path(data), engines=engine or None,

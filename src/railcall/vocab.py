@@ -48,6 +48,7 @@ END_OF_TURN_NAMES = (
     "<end_of_turn>",  # Gemma
     "<|eot_id|>",  # Llama 3
     "<|end|>",  # Phi
+    "<｜end▁of▁sentence｜>",  # DeepSeek (R1 and its Qwen and Llama distills): EOS, named by a bare tokenizer.json
     "<|endoftext|>",
     "<|end_of_text|>",
     "<eos>",
@@ -383,7 +384,10 @@ class Vocabulary:
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike, *, logits_width: int | None = None, cache: bool = True) -> "Vocabulary":
-        """From a GGUF file's tokenizer metadata (no transformers needed), cached on disk."""
+        """From a GGUF file's tokenizer metadata, cached on disk. Reads only the key-value section at
+        the front (railcall.models.gguf_metadata), so a file cut short after it -- a split GGUF's
+        first part -- builds the same vocabulary as the whole file; needs neither transformers nor
+        the `gguf` package."""
         from railcall.models.store import _quick_digest
 
         path = Path(path)
@@ -531,47 +535,39 @@ def _finish(token_bytes, special, special_text, eos_ids, logits_width, name) -> 
     )
 
 
-# GGUF token types (llama.cpp's llama_token_type)
-_GGUF_NORMAL, _GGUF_UNKNOWN, _GGUF_CONTROL, _GGUF_USER_DEFINED, _GGUF_UNUSED, _GGUF_BYTE = 1, 2, 3, 4, 5, 6
-
-
 def _vocab_from_gguf(path: Path, logits_width: int | None) -> Vocabulary:
+    from railcall.errors import ModelError
+    from railcall.models.gguf_metadata import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, read_metadata
+
     try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise VocabularyError("reading a GGUF needs the `gguf` package: pip install gguf==0.19.0") from None
-    reader = GGUFReader(str(path))
-    fields = reader.fields
-
-    def get(key, default=None):
-        f = fields.get(key)
-        return default if f is None else f.contents()
-
-    tokens = get("tokenizer.ggml.tokens")
+        meta = read_metadata(path)
+    except ModelError as e:
+        raise VocabularyError(str(e)) from None
+    tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
-        raise VocabularyError(f"{path} has no tokenizer.ggml.tokens metadata")
-    types = get("tokenizer.ggml.token_type") or [_GGUF_NORMAL] * len(tokens)
-    model = get("tokenizer.ggml.model", "llama")
-    byte_level = model == "gpt2"
+        raise VocabularyError(f"{path} has no tokenizer.ggml.tokens metadata: the file carries no tokenizer")
+    types = meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    byte_level = meta.get("tokenizer.ggml.model", "llama") == "gpt2"
     size = len(tokens)
     token_bytes: list[bytes] = [b""] * size
     special = np.zeros(size, dtype=bool)
     special_text: dict[int, str] = {}
     for i, (tok, ty) in enumerate(zip(tokens, types)):
-        if ty in (_GGUF_CONTROL, _GGUF_UNKNOWN, _GGUF_UNUSED):
+        if ty in (CONTROL, UNKNOWN, UNUSED):
             special[i] = True
             special_text[i] = tok
-        elif ty == _GGUF_USER_DEFINED:
-            # llama.cpp keeps user-defined pieces as raw text (byte-level models included)
+        elif ty == USER_DEFINED:
+            # llama.cpp keeps user-defined pieces as raw text (byte-level models included): Qwen's
+            # <think> and <tool_call> are ordinary tokens whose bytes are their text
             token_bytes[i] = tok.encode("utf-8")
-        elif ty == _GGUF_BYTE:
+        elif ty == BYTE:
             token_bytes[i] = sentencepiece_bytes(tok)
         else:
             token_bytes[i] = byte_level_bytes(tok) if byte_level else sentencepiece_bytes(tok)
-    eos = get("tokenizer.ggml.eos_token_id")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
     eos_ids = [int(eos)] if eos is not None else []
-    arch = get("general.architecture", "")
-    width = logits_width or get(f"{arch}.vocab_size") or size
+    arch = meta.get("general.architecture", "")
+    width = logits_width or meta.get(f"{arch}.vocab_size") or size
     return _finish(token_bytes, special, special_text, eos_ids, int(width), path.stem)
 
 

@@ -167,11 +167,15 @@ def main(argv=None) -> None:
     p.add_argument("--workload", required=True)
     p.add_argument("--paths", type=int, default=8)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--data", default=str(Path("..") / "shared" / "data" / "bfcl"))
+    p.add_argument("--data", default=None, help="The BFCL data folder (default: the installed bfcl-eval package's)")
     p.add_argument("--samples", default=None, help="JSON file of model-sampled calls per workload")
     p.add_argument("--walks", type=int, default=3, help="cold walks of the paths; each step counts its median time")
     a = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if a.data is None:
+        from railcall.data import bfcl_data
+
+        a.data = bfcl_data()
     rec = run_cell(a.engine, a.vocab, a.workload, a.paths, a.quick, Path(a.data), a.samples, a.walks)
     print("RESULT " + json.dumps(rec))
 

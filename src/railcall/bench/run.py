@@ -20,6 +20,9 @@ from railcall.bench.engines import ENGINES, NOTES, PURE, engine_version
 
 FIGURES = ["ttfm_cold_us_p50", "ttfm_warm_us_p50", "tbm_us_p50", "tbm_us_p99", "tbm_us_max", "consume_us_p50", "peak_mem_mb"]
 PEERS = ["llguidance", "xgrammar", "outlines-core"]
+# The vocabularies: SmolLM2's 49k byte-level BPE, Gemma 3's 262k SentencePiece, and Qwen's 152k
+# byte-level BPE (DeepSeek-R1-Distill-Qwen's tokenizer, from its GGUF's metadata).
+VOCABS = ["smollm2", "gemma3", "qwen2"]
 OURS = ["railcall", "railcall-py", "railcall-lazy", "railcall-eager"]
 
 
@@ -272,7 +275,7 @@ def markdown(report: dict) -> str:
                  + ", ".join(f"{k} {v}" for k, v in m["engines"].items()) + "."
                  + (f" railcall (default, lazy and eager): {m['railcall_build']}." if m.get("railcall_build") else ""))
     heads = ["engine", "TTFM cold", "TTFM warm", "mask p50", "mask p99", "mask max", "consume p50", "peak MB", "note"]
-    for vocab, wl in sorted({(r["vocab"], r["workload"]) for r in report["results"]}, key=lambda c: (c[0] != "smollm2", c)):
+    for vocab, wl in sorted({(r["vocab"], r["workload"]) for r in report["results"]}, key=lambda c: (VOCABS.index(c[0]) if c[0] in VOCABS else len(VOCABS), c)):
         size = next((r.get("vocab_size") for r in report["results"] if r["vocab"] == vocab and r.get("vocab_size")), "?")
         lines += ["", f"**{vocab} ({size} tokens) / {wl}** — µs, lower is better", "",
                   "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]

