@@ -10,6 +10,11 @@ The new file takes the old one's permission bits, and a symlink is written throu
 is replaced, the link kept): a rename alone would make a 0600 file 0644, drop a script's +x, and
 turn a link into a copy.
 
+`mend_last_line` is the other half for append-only JSON-lines files (a trace, the memory store,
+an eval's results): a writer killed mid-line leaves a last line without its newline, and the next
+append would join it, losing both records. Called before appending, it ends the file on a
+newline again.
+
 Users: the agent's tools, skills and memory (`railcall.agent`), the eval's run files and reports
 (`railcall.eval`), the benchmark's reports (`railcall.bench`) and `railcall coverage`.
 """
@@ -17,6 +22,7 @@ Users: the agent's tools, skills and memory (`railcall.agent`), the eval's run f
 from __future__ import annotations
 
 import io
+import json
 import os
 import secrets
 import stat
@@ -71,6 +77,42 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         pass
     finally:
         os.close(dfd)
+
+
+def mend_last_line(path: Path) -> str:
+    """Make a JSON-lines file end on a newline before the next append: a last line that parses
+    only lacks its newline ("newline": it is written), one that does not is a torn record ("cut":
+    it is cut off). "" when the file is missing, empty or already ends on a newline."""
+    try:
+        f = open(path, "r+b")
+    except FileNotFoundError:
+        return ""
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return ""
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return ""
+        start = end  # find the last newline, reading backwards a chunk at a time
+        while start > 0:
+            size = min(CHUNK, start)
+            f.seek(start - size)
+            i = f.read(size).rfind(b"\n")
+            if i >= 0:
+                start = start - size + i + 1
+                break
+            start -= size
+        f.seek(start)
+        tail = f.read(end - start)
+        try:
+            json.loads(tail)
+        except ValueError:
+            f.truncate(start)
+            return "cut"
+        f.seek(end)
+        f.write(b"\n")
+        return "newline"
 
 
 def atomic_savefig(fig, path: Path, dpi: int = 110) -> None:

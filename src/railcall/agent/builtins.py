@@ -4,7 +4,7 @@
     read_file(path)         path enumerated from the files that exist
     write_file(path, text)  mutates; any path, confined to the workspace, written atomically
     calc(expr)              safe arithmetic: parsed with `ast`, never evaluated
-    remember(text)          mutates; appends to the memory store (atomically)
+    remember(text)          mutates; appends a line to the memory store (under a lock)
     run(name)               name enumerated from the stored skills this view could run
     answer(text)            ends the episode with a reply to the user
 
@@ -15,6 +15,7 @@ for a call that never went through the grammar.
 from __future__ import annotations
 
 import ast
+import fcntl
 import json
 import operator as op
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from railcall.agent.files import Workspace, atomic_write
+from railcall.atomic import mend_last_line
 from railcall.agent.skills import SkillStore
 from railcall.agent.table import ToolTable
 
@@ -65,7 +67,12 @@ def calc(expr: str) -> str:
 
 
 class MemoryStore:
-    """Notes the agent keeps across episodes: JSON lines, rewritten whole on each append."""
+    """Notes the agent keeps across episodes: JSON lines, one appended per note.
+
+    An append takes an exclusive `flock` on the file, mends a torn last line (a writer killed
+    mid-line) and writes the whole line with one write(2) on an O_APPEND descriptor: two
+    processes remembering at once both keep their notes (a rewrite of the whole file, read
+    before the other's append and renamed after it, lost one in four of them)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -74,18 +81,25 @@ class MemoryStore:
         if not self.path.exists():
             return []
         out = []
-        for line in self.path.read_text().splitlines():
+        for line in self.path.read_text(errors="replace").splitlines():
             try:
                 out.append(json.loads(line)["text"])
             except (ValueError, KeyError, TypeError):
-                continue
+                continue  # a torn or hand-edited line is not a note
         return out
 
     def append(self, text: str) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        old = self.path.read_bytes() if self.path.exists() else b""
         line = json.dumps({"text": text, "at": time.time()}, ensure_ascii=False).encode() + b"\n"
-        atomic_write(self.path, old + line)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
+            mend_last_line(self.path)
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
         return len(self.items())
 
 

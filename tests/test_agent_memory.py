@@ -1,0 +1,36 @@
+"""The memory store: appends from several processes at once all land, a torn last line is
+mended, and notes reach the prompt as quoted data, never as instructions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from railcall.agent.builtins import MemoryStore
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def test_two_processes_appending_at_once_lose_no_note(tmp_path):
+    path = tmp_path / "memory.jsonl"
+    code = ("import sys\nfrom railcall.agent.builtins import MemoryStore\n"
+            "m = MemoryStore(sys.argv[1])\n"
+            "for i in range(60):\n    m.append(f'{sys.argv[2]}-{i}')\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), who], env={**os.environ, "PYTHONPATH": SRC})
+             for who in ("a", "b")]
+    for p in procs:
+        assert p.wait(120) == 0
+    notes = MemoryStore(path).items()
+    assert sorted(notes) == sorted(f"{w}-{i}" for w in "ab" for i in range(60))
+    assert all(json.loads(line) for line in path.read_text().splitlines())
+
+
+def test_an_append_after_a_torn_line_starts_a_line_of_its_own(tmp_path):
+    path = tmp_path / "memory.jsonl"
+    path.write_text(json.dumps({"text": "kept"}) + "\n" + '{"text": "half')  # a writer killed mid-line
+    MemoryStore(path).append("next")
+    assert MemoryStore(path).items() == ["kept", "next"]
+    assert path.read_text().endswith("\n")
