@@ -117,3 +117,17 @@ def test_a_bad_policies_file_is_an_error_not_a_traceback(ws, policies, says):
         assert r.exit_code == 2, (r.output, r.exception)
         text = " ".join(r.output.split())
         assert text.startswith("error:") and says in text, r.output
+
+
+def test_arguments_are_checked_before_the_model_loads(ws, monkeypatch, tmp_path):
+    root, replies = ws
+    loads = []
+    monkeypatch.setattr(cli, "_agent_model", lambda model: loads.append(model) or scripted_model(replies))
+    bad = tmp_path / "pol.json"
+    bad.write_text(json.dumps({"p": {"deny": ["write_flie"]}}))
+    for args in (["-w", str(root / "missing")], ["-w", str(root), "--policy", "p", "--policies", str(bad)],
+                 ["-w", str(root), "--policy", "nope"]):
+        for command in (["agent", "x"], ["chat"]):
+            r = runner.invoke(cli.app, [*command, *args], input="")
+            assert r.exit_code == 2 and r.output.startswith("error:"), r.output
+    assert loads == []  # every mistake above was reported without loading the model

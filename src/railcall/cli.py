@@ -333,9 +333,10 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
             chosen = chosen.with_(read_only=True, name=chosen.name + "+read-only")
         if approve:
             chosen = chosen.with_(approve=approve, approve_tools={})
-        lm = _agent_model(model)
+        # Everything the user typed is checked before the model loads (half a minute for the
+        # embedded one): a missing workspace or a policy typo is reported at once.
         agent = Agent.for_workspace(
-            workspace, lm, policy=chosen, approver=Approver(ask), max_steps=max_steps,
+            workspace, None, policy=chosen, approver=Approver(ask), max_steps=max_steps,
             params=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed),
             trace=trace or Path(workspace) / ".railcall" / "trace.jsonl", on_step=_show_step)
         _check_policy_tools(chosen, agent.table.names(), source)
@@ -343,6 +344,7 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
             agent.view()  # a narrowing this table cannot apply (an argument a tool lacks) fails here, not mid-task
         except GrammarError as e:
             raise PolicyError(f"{source}: {e}") from None
+        agent.model = _agent_model(model)
     except (RailcallError, ValueError, FileNotFoundError) as e:
         _fail(e)
     return agent
