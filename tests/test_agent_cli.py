@@ -11,6 +11,7 @@ from agentkit import scripted_model
 from typer.testing import CliRunner
 
 import railcall.agent
+import railcall.agent.policy
 import railcall.cli as cli
 
 runner = CliRunner()
@@ -70,12 +71,14 @@ def test_agent_named_policy(ws):
     assert r.exit_code == 2 and "not a folder" in r.output
 
 
-def test_chat_reads_tasks_and_approvals_from_stdin(ws):
+def test_chat_reads_tasks_from_stdin_and_approvals_from_the_terminal(ws, monkeypatch):
     root, replies = ws
     replies += [call("write_file", path="a.txt", text="one"), call("answer", text="saved"),
                 call("write_file", path="b.txt", text="two"), call("answer", text="not saved")]
+    answers = [(True, "approved on the terminal"), (False, "the user said no on the terminal")]
+    monkeypatch.setattr(railcall.agent.policy, "ask_terminal", lambda prompt: answers.pop(0))
     r = runner.invoke(cli.app, ["chat", "-w", str(root)],
-                      input="save one\ny\n/skills\nsave two\nn\n/tools\n/quit\nnever read\n")
+                      input="save one\n/skills\nsave two\n/tools\n/quit\nnever read\n")
     assert r.exit_code == 0, r.output
     assert (root / "a.txt").read_text() == "one" and not (root / "b.txt").exists()
     assert "[approved]" in r.output and "[not approved]" in r.output
@@ -131,3 +134,15 @@ def test_arguments_are_checked_before_the_model_loads(ws, monkeypatch, tmp_path)
             r = runner.invoke(cli.app, [*command, *args], input="")
             assert r.exit_code == 2 and r.output.startswith("error:"), r.output
     assert loads == []  # every mistake above was reported without loading the model
+
+
+def test_tool_output_reaches_the_terminal_escaped(ws):
+    root, replies = ws
+    (root / "evil\u202etxt.md").write_text("\x1b[2J\x1b]0;pwned\x07cleared")
+    replies += [call("read_file", path="evil\u202etxt.md"), call("answer", text="\x1b[31mred\u202e")]
+    r = runner.invoke(cli.app, ["agent", "read it", "-w", str(root)])
+    assert r.exit_code == 0, r.output
+    for raw in ("\x1b", "\x07", "\u202e"):
+        assert raw not in r.output
+    assert "\\x1b[2J\\x1b]0;pwned\\x07cleared" in r.output and "evil\\u202etxt.md" in r.output
+    assert "answer: \\x1b[31mred\\u202e" in r.output

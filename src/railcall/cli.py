@@ -362,23 +362,29 @@ def _check_policy_tools(policy, tools: list[str], source: str) -> None:
 
 
 def _show_step(rec: dict) -> None:
+    # What the model and the tools wrote is shown through `visible`: a file holding ESC [2J or a
+    # name holding U+202E must not clear the screen or reorder what the user reads.
+    from railcall.agent.policy import visible
+
     call = rec.get("call")
     head = f"  step {rec['step']}: "
     if call is None:
-        console.print(head + rec.get("result", ""), markup=False, highlight=False)
+        console.print(head + visible(rec.get("result", "")), markup=False, highlight=False)
         return
     args = json.dumps(call["args"], ensure_ascii=False)
     appr = rec.get("approval", {})
     mark = {"auto": " [auto-approved]", "ask": " [approved]" if appr.get("approved") else " [not approved]",
             "deny": " [denied]"}.get(appr.get("mode"), "")
-    console.print(f"{head}{call['tool']} {args}{mark}", markup=False, highlight=False, style="bold")
-    console.print("    -> " + " ".join(str(rec.get("result", "")).split())[:300], markup=False, highlight=False,
-                  style="dim")
+    console.print(visible(f"{head}{call['tool']} {args}{mark}"), markup=False, highlight=False, style="bold")
+    console.print("    -> " + visible(" ".join(str(rec.get("result", "")).split())[:300]), markup=False,
+                  highlight=False, style="dim")
 
 
 def _show_episode(ep) -> None:
+    from railcall.agent.policy import visible
+
     if ep.success:
-        console.print(f"answer: {ep.answer}", markup=False, highlight=False)
+        console.print(f"answer: {visible(ep.answer, keep=chr(10))}", markup=False, highlight=False)
     else:
         console.print(f"(no answer after {len(ep.steps)} steps)")
     if ep.skill:
@@ -388,7 +394,7 @@ def _show_episode(ep) -> None:
 _AGENT_OPTIONS = dict(
     workspace=typer.Option(..., "--workspace", "-w", help="The sandbox folder the tools may read and write."),
     read_only=typer.Option(False, "--read-only", help="Build the grammar without mutating tools: the model cannot propose one."),
-    approve=typer.Option(None, "--approve", help="Mutating calls: ask (on the terminal), auto or deny (default: the policy's, ask)."),
+    approve=typer.Option(None, "--approve", help="Mutating calls: ask (on the terminal; denied where there is none), auto or deny (default: the policy's, ask)."),
     policy=typer.Option("default", "--policy", help="A named policy from --policies (default: every tool)."),
     policies=typer.Option(None, "--policies", help="JSON file of named policies (default: WORKSPACE/.railcall/policies.json)."),
     max_steps=typer.Option(6, "--max-steps", help="Step limit per task."),
@@ -433,7 +439,7 @@ def chat(
     while True:
         try:
             line = input("task> ").strip()
-        except (EOFError, KeyboardInterrupt):
+        except (EOFError, KeyboardInterrupt, RuntimeError):  # RuntimeError: stdin is closed
             break
         if not line:
             continue

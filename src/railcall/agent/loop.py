@@ -21,6 +21,7 @@ the policy, the stores); an Episode per task.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,11 +32,13 @@ from railcall.agent.files import Workspace, sweep_temp
 from railcall.agent.policy import Approver, Decision, Policy, View, view
 from railcall.agent.skills import RUN, SkillError, SkillStore
 from railcall.agent.table import ToolTable
+from railcall.atomic import mend_last_line
 from railcall.decode import SamplingParams, generate
 from railcall.grammar.tools import Tool
 from railcall.matcher import Matcher, compiled_grammar
 
 OBSERVATION_LIMIT = 1200  # characters of a result shown back to the model
+TRACE_RECORD_LIMIT = 64 << 10  # bytes of one trace line: a 2 MB line cut by a kill took a run's records with it
 CALL_PREFIX = b'{"tool":"'  # where the wire format reaches the tool name
 
 
@@ -125,6 +128,7 @@ class Agent:
         self.workspace: Workspace | None = None  # set by for_workspace
         self._episodes = 0
         self._program: list = []
+        self._trace_mended = False
 
     @classmethod
     def for_workspace(cls, root: str | Path, model: AgentModel | None, **kw) -> "Agent":
@@ -249,11 +253,37 @@ class Agent:
         return skill.name if skill else None
 
     def _write_trace(self, rec: dict) -> None:
+        """Append `rec` as one line. The first append of a session mends a torn last line (a run
+        killed mid-record), so the new record does not join it; a record is at most
+        TRACE_RECORD_LIMIT bytes (`bounded`) and goes out in one write(2)."""
         if self.trace_path is None:
             return
         self.trace_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.trace_path, "a") as f:
-            f.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+        if not self._trace_mended:
+            mend_last_line(self.trace_path)
+            self._trace_mended = True
+        line = bounded(rec).encode() + b"\n"
+        fd = os.open(self.trace_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+
+
+def bounded(rec: dict, limit: int = TRACE_RECORD_LIMIT) -> str:
+    """`rec` as JSON in at most `limit` bytes: while it is longer, its largest field is replaced by
+    {"cut": <bytes it took>} (a 3 MB task keeps the step's call, approval and result readable)."""
+    fields = {k: json.dumps(v, ensure_ascii=False, default=str) for k, v in rec.items()}
+    size = sum(len(k) + len(v.encode()) + 6 for k, v in fields.items())
+    for k in sorted(fields, key=lambda k: len(fields[k].encode()), reverse=True):
+        if size <= limit - 2:
+            break
+        n = len(fields[k].encode())
+        fields[k] = json.dumps({"cut": n})
+        size -= n - len(fields[k])
+    return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {v}" for k, v in fields.items()) + "}"
 
 
 def name_position(compiled, vocab, v: View, table: ToolTable) -> dict:
