@@ -167,5 +167,5 @@ def test_a_symlink_loop_in_the_workspace_does_not_stop_the_agent(tmp_path):
     (tmp_path / "b").symlink_to(tmp_path / "a")
     ep = a.run("read")
     assert ep.success and ep.steps[0]["result"] == "Meeting on Thursday."
-    assert a.workspace.files() == ["docs/plan.md", "notes.txt"]
+    assert a.workspace.files() == ["notes.txt", "trace.jsonl", "docs/plan.md"]
     assert a.table.entry("list_dir").call({"path": "."}) == "a, b, docs/, loop, notes.txt, trace.jsonl"

@@ -21,6 +21,7 @@ Users: the agent's tools, skills and memory (`railcall.agent`), the eval's run f
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -46,16 +47,10 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
         mode = None
-    tmp = path.parent / f"{TMP_PREFIX}{path.name}-{secrets.token_hex(4)}"
+    tmp = path.parent / _tmp_name(path.name)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        if mode is not None:
-            os.fchmod(fd, mode)  # after the open, so the umask does not narrow it
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view[:CHUNK])
-            view = view[n:]
-        os.fsync(fd)
+        _fill(fd, data, mode)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
@@ -71,12 +66,57 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         dfd = os.open(path.parent, os.O_RDONLY)
     except OSError:
         return
+    _fsync_dir(dfd)
+    os.close(dfd)
+
+
+def write_at(dir_fd: int, name: str, data: bytes, *, mode: int | None = None, tmp_dir_fd: int | None = None) -> None:
+    """`atomic_write` relative to an open folder: `name` (one component) in `dir_fd` is replaced
+    whole, and no path is looked up again, so a folder renamed or swapped for a symlink meanwhile
+    cannot redirect the write. `name` itself is replaced, never followed (the caller resolves
+    links). The temporary file is made in `tmp_dir_fd` (default: `dir_fd`) and renamed across;
+    on another file system (EXDEV) it is made beside the target instead. `mode`: the permission
+    bits to give the file (None: 0644 less the umask)."""
+    tmp_dir = dir_fd if tmp_dir_fd is None else tmp_dir_fd
+    tmp = _tmp_name(name)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=tmp_dir)
+    try:
+        _fill(fd, data, mode)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp, dir_fd=tmp_dir)
+        raise
+    os.close(fd)
+    try:
+        os.rename(tmp, name, src_dir_fd=tmp_dir, dst_dir_fd=dir_fd)
+    except BaseException as e:
+        os.unlink(tmp, dir_fd=tmp_dir)
+        if isinstance(e, OSError) and e.errno == errno.EXDEV and tmp_dir != dir_fd:
+            return write_at(dir_fd, name, data, mode=mode)
+        raise
+    _fsync_dir(dir_fd)
+
+
+def _tmp_name(name: str) -> str:
+    # a long name is cut so the temporary one stays within NAME_MAX (255 bytes)
+    return f"{TMP_PREFIX}{name.encode()[:200].decode(errors='ignore')}-{secrets.token_hex(4)}"
+
+
+def _fill(fd: int, data: bytes, mode: int | None) -> None:
+    if mode is not None:
+        os.fchmod(fd, mode)  # after the open, so the umask does not narrow it
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view[:CHUNK])
+        view = view[n:]
+    os.fsync(fd)
+
+
+def _fsync_dir(dfd: int) -> None:
     try:
         os.fsync(dfd)
     except OSError:
         pass
-    finally:
-        os.close(dfd)
 
 
 def mend_last_line(path: Path) -> str:

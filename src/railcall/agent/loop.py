@@ -136,11 +136,11 @@ class Agent:
         `<root>/.railcall/`, out of the tools' reach."""
         ws = Workspace(root)
         ws.state.mkdir(exist_ok=True)
-        sweep_temp(ws.root)  # leftovers of a writer killed mid-write (never the target files)
+        sweep_temp(ws.state)  # a killed writer's leftovers: railcall's own folder only, never a user's file
         skills, memory = SkillStore(ws.state / "skills"), MemoryStore(ws.state / "memory.jsonl")
         table = ToolTable()
         agent = cls(table, model, skills=skills, memory=memory, **kw)
-        workspace_tools(table, ws, skills, memory, agent.run_skill)
+        workspace_tools(table, ws, skills, memory, agent.run_skill, lambda: agent.policy)
         agent.workspace = ws
         return agent
 

@@ -7,7 +7,10 @@ view is built from the table as it is at this moment:
    tool in read-only mode (seed 003: "from inside the decode there is no such thing as a write");
 2. each argument with a live domain provider becomes an enum of the values that exist now;
 3. a policy may narrow any argument further: a list of values (intersected with the live
-   domain), `{"glob": "docs/*"}` (filters it), or bounds (`minimum`, `maximum`, `maxLength`);
+   domain), `{"glob": "docs/*"}` (filters it; `fnmatch`, so `*` matches `/` too: `docs/*`
+   admits `docs/a/b.md`), or bounds (`minimum`, `maximum`, `maxLength`). Where the table gives
+   an argument a canonical form (a path with its links resolved), the rule must admit both the
+   value and that form;
 4. a tool whose required argument is left with no value at all (no files, no skills) is left out:
    a call to it could not be written validly, so its name is unspellable too.
 
@@ -41,7 +44,7 @@ from railcall.grammar.tools import Tool
 APPROVALS = ("ask", "auto", "deny")
 _BOUNDS = ("minimum", "maximum", "minLength", "maxLength", "maxItems", "minItems")
 _COUNTS = ("minLength", "maxLength", "maxItems", "minItems")  # bounds that count, so whole and >= 0
-_KEYS = ("read_only", "allow", "deny", "args", "approve", "approve_tools")
+_KEYS = ("read_only", "allow", "deny", "args", "approve", "approve_tools", "hard_links")
 
 
 @dataclass(frozen=True)
@@ -55,13 +58,15 @@ class Policy:
     args: dict = field(default_factory=dict, hash=False)
     approve: str = "ask"  # for mutating calls: ask | auto | deny
     approve_tools: dict = field(default_factory=dict, hash=False)  # tool -> ask | auto | deny
+    hard_links: bool = False  # read files with more than one name (files.Workspace.read)
 
     def __post_init__(self):
         # Every field is checked here, for a policies file and a library caller alike: Python
         # would read a wrong type silently ("deny": "write_file" as the set of its letters,
         # denying nothing; "read_only": "false" as True).
-        if not isinstance(self.read_only, bool):
-            raise self._error("read_only", self.read_only, "true or false")
+        for key in ("read_only", "hard_links"):
+            if not isinstance(getattr(self, key), bool):
+                raise self._error(key, getattr(self, key), "true or false")
         for key in ("allow", "deny"):
             v = getattr(self, key)
             if v is None and key == "allow":
@@ -267,16 +272,30 @@ def _narrowed(entry, narrowing: dict, ctx: ViewContext) -> tuple[Tool | None, st
         schema = params["properties"][arg]
         values = list(dict.fromkeys(entry.domains[arg](ctx))) if arg in entry.domains else schema.get("enum")
         rule = narrowing.get(arg)
+        # A value passes a rule when what it names passes too: with "docs/*" allowed, the link
+        # docs/readme.md -> ../private/secret.txt is a name inside the rule for a file outside it.
+        canon = entry.canonical.get(arg)
+
+        def admitted(v, ok):
+            if not ok(v):
+                return False
+            if canon is None:
+                return True
+            real = canon(v)
+            return real is not None and ok(real)
+
         if isinstance(rule, list):
-            values = [v for v in rule if values is None or v in values]
+            values = [v for v in rule if (values is None or v in values) and admitted(v, lambda x: x in rule)]
         elif isinstance(rule, dict):
             if "glob" in rule:
                 if values is None:
                     raise GrammarError(f"policy {ctx.policy.name!r}: 'args.{tool.name}.{arg}': {tool.name}.{arg} "
                                        "has no enumerated domain for a glob to filter; narrow it with a list instead")
-                values = [v for v in values if isinstance(v, str) and fnmatch.fnmatchcase(v, rule["glob"])]
+                values = [v for v in values if isinstance(v, str)
+                          and admitted(v, lambda x: fnmatch.fnmatchcase(x, rule["glob"]))]
             if "enum" in rule:
-                values = [v for v in rule["enum"] if values is None or v in values]
+                values = [v for v in rule["enum"] if (values is None or v in values)
+                          and admitted(v, lambda x: x in rule["enum"])]
             for k in _BOUNDS:  # each rule's keys and types were checked when the Policy was made
                 if k in rule:
                     schema[k] = rule[k]
