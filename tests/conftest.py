@@ -7,6 +7,11 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# the agent's workspace keys (skills.key_folder) go to a throwaway folder, not the user's cache
+if "RAILCALL_KEYS" not in os.environ:
+    import tempfile
+
+    os.environ["RAILCALL_KEYS"] = tempfile.mkdtemp(prefix="railcall-test-keys-")
 
 import pytest
 

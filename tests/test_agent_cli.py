@@ -146,3 +146,25 @@ def test_tool_output_reaches_the_terminal_escaped(ws):
         assert raw not in r.output
     assert "\\x1b[2J\\x1b]0;pwned\\x07cleared" in r.output and "evil\\u202etxt.md" in r.output
     assert "answer: \\x1b[31mred\\u202e" in r.output
+
+
+def test_skills_approve_shows_the_steps_and_signs_only_on_a_yes(ws, monkeypatch):
+    from railcall.agent.skills import SkillStore, skill_name
+
+    root, _ = ws
+    steps = [{"tool": "write_file", "args": {"path": "a\u202etxt", "text": "x"}}]
+    name = skill_name(steps)
+    folder = root / ".railcall" / "skills"
+    folder.mkdir(parents=True)
+    (folder / f"{name}.json").write_text(json.dumps({"name": name, "task": "t", "steps": steps}))
+    answers = [(False, "the user said no on the terminal"), (True, "approved on the terminal")]
+    monkeypatch.setattr(railcall.agent.policy, "ask_terminal", lambda prompt: answers.pop(0))
+    r = runner.invoke(cli.app, ["skills", "approve", name, "-w", str(root)])
+    assert r.exit_code == 1 and "not approved" in r.output and "a\\u202etxt" in r.output and "\u202e" not in r.output
+    with pytest.raises(railcall.agent.SkillError, match="not signed"):
+        SkillStore(folder).load(name)
+    r = runner.invoke(cli.app, ["skills", "approve", name, "-w", str(root)])
+    assert r.exit_code == 0 and "approved" in r.output, r.output
+    assert SkillStore(folder).load(name).steps == tuple(steps)
+    r = runner.invoke(cli.app, ["skills", "approve", "learned-000000000000", "-w", str(root)])
+    assert r.exit_code == 2 and "no stored skill" in r.output

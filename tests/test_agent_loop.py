@@ -132,7 +132,7 @@ def test_step_limit_and_memory(tmp_path):
     a = make(tmp_path, [call("remember", text="milk")] * 5, renders, max_steps=3, policy=Policy(approve="auto"))
     ep = a.run("remember milk")
     assert len(ep.steps) == 3 and not ep.success and a.memory.items() == ["milk"] * 3
-    assert "Notes you remembered" not in renders[0][0]["content"] and "- milk" in renders[1][0]["content"]
+    assert "Notes saved with remember" not in renders[0][0]["content"] and '- "milk"' in renders[1][0]["content"]
 
 
 def test_cut_calls_are_finished_by_the_grammar(tmp_path):

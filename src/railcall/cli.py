@@ -457,6 +457,39 @@ def chat(
             continue
         _show_episode(a.run(line))
 
+skills_app = typer.Typer(help="The agent's stored skills: approve one railcall did not learn itself.",
+                         no_args_is_help=True)
+app.add_typer(skills_app, name="skills")
+
+
+@skills_app.command("approve")
+def skills_approve(
+    name: str = typer.Argument(..., help="The skill's name (learned-<hash>)."),
+    workspace: str = _AGENT_OPTIONS["workspace"],
+) -> None:
+    """Show a stored skill's steps and, when you say yes on the terminal, sign it so the agent may run it."""
+    from railcall.agent import SkillError
+    from railcall.agent.files import Workspace
+    from railcall.agent.policy import ask_terminal, visible
+    from railcall.agent.skills import SkillStore
+
+    try:
+        store = SkillStore(Workspace(workspace).state / "skills")
+        skill = store.load(name, signed=False)
+    except (SkillError, FileNotFoundError) as e:
+        _fail(e)
+    console.print(f"skill {name} (task: {visible(skill.task)!s}):", markup=False, highlight=False)
+    for i, step in enumerate(skill.steps):
+        console.print(f"  [{i + 1}] " + visible(json.dumps(step, ensure_ascii=False)), markup=False, highlight=False)
+    ok, reason = ask_terminal(f"let the agent run skill {name}?")
+    if not ok:
+        console.print(f"not approved: {reason}", markup=False, highlight=False)
+        raise typer.Exit(1)
+    store.approve(name)
+    console.print(f"approved: {name} is signed with this workspace's key ({store.key_path})", markup=False,
+                  highlight=False)
+
+
 data_app = typer.Typer(help="Third-party data from pinned packages: BFCL (bfcl-eval) and the JSON-Schema-Test-Suite.",
                        no_args_is_help=True)
 app.add_typer(data_app, name="data")
