@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from railcall.agent.builtins import MemoryStore
@@ -16,15 +17,17 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 def test_two_processes_appending_at_once_lose_no_note(tmp_path):
     path = tmp_path / "memory.jsonl"
-    code = ("import sys\nfrom railcall.agent.builtins import MemoryStore\n"
+    code = ("import sys, time\nfrom railcall.agent.builtins import MemoryStore\n"
             "m = MemoryStore(sys.argv[1])\n"
-            "for i in range(60):\n    m.append(f'{sys.argv[2]}-{i}')\n")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), who], env={**os.environ, "PYTHONPATH": SRC})
-             for who in ("a", "b")]
+            "time.sleep(max(0.0, float(sys.argv[3]) - time.time()))  # both start appending at once\n"
+            "for i in range(150):\n    m.append(f'{sys.argv[2]}-{i}')\n")
+    start = str(time.time() + 2)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), who, start],
+                              env={**os.environ, "PYTHONPATH": SRC}) for who in ("a", "b")]
     for p in procs:
         assert p.wait(120) == 0
     notes = MemoryStore(path).items()
-    assert sorted(notes) == sorted(f"{w}-{i}" for w in "ab" for i in range(60))
+    assert sorted(notes) == sorted(f"{w}-{i}" for w in "ab" for i in range(150))
     assert all(json.loads(line) for line in path.read_text().splitlines())
 
 

@@ -130,3 +130,13 @@ def test_the_start_up_sweep_removes_only_what_railcall_left(tmp_path):
     Agent.for_workspace(root, None)
     assert mine.read_text() == "the user's own file" and (root / "sub" / f"{TMP_PREFIX}notes.txt-1a2b3c4d").exists()
     assert not left.exists()
+
+
+def test_a_state_folder_that_is_a_symlink_is_refused(tmp_path):
+    root, elsewhere = tmp_path / "ws", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (root / ".railcall").symlink_to(elsewhere)
+    with pytest.raises(FileExistsError, match="not a folder"):
+        Agent.for_workspace(root, None)
+    assert list(elsewhere.iterdir()) == []

@@ -10,6 +10,10 @@ The new file takes the old one's permission bits, and a symlink is written throu
 is replaced, the link kept): a rename alone would make a 0600 file 0644, drop a script's +x, and
 turn a link into a copy.
 
+`write_at` is the same write relative to an open folder descriptor, for a caller that has
+resolved the path itself and must not have it looked up again (the agent's workspace, where
+another process may swap a folder for a symlink between a check and a use).
+
 `mend_last_line` is the other half for append-only JSON-lines files (a trace, the memory store,
 an eval's results): a writer killed mid-line leaves a last line without its newline, and the next
 append would join it, losing both records. Called before appending, it ends the file on a

@@ -345,7 +345,7 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
         except GrammarError as e:
             raise PolicyError(f"{source}: {e}") from None
         agent.model = _agent_model(model)
-    except (RailcallError, ValueError, FileNotFoundError) as e:
+    except (RailcallError, ValueError, FileNotFoundError, FileExistsError) as e:
         _fail(e)
     return agent
 

@@ -139,6 +139,10 @@ class Agent:
         """An agent over a sandbox folder with the built-in tools; skills and memory live in
         `<root>/.railcall/`, out of the tools' reach."""
         ws = Workspace(root)
+        if ws.state.is_symlink() or (ws.state.exists() and not ws.state.is_dir()):
+            # skills, memory, the trace and temporary files would go wherever it points
+            raise FileExistsError(f"{ws.state} is not a folder (a symlink or a file); railcall keeps its state in "
+                                  "a real folder there: remove it, or use another --workspace")
         ws.state.mkdir(exist_ok=True)
         sweep_temp(ws.state)  # a killed writer's leftovers: railcall's own folder only, never a user's file
         skills, memory = SkillStore(ws.state / "skills"), MemoryStore(ws.state / "memory.jsonl")
