@@ -140,7 +140,7 @@ def read_results(path: Path, *, repair: bool = False, warn: Callable[[str], None
     if not path.is_file():
         return []
     data = path.read_bytes()
-    records, start = [], 0
+    records = []
     lines = data.split(b"\n")
     for k, line in enumerate(lines):
         torn = k == len(lines) - 1 and line != b""  # what follows the final newline, if anything
@@ -165,7 +165,6 @@ def read_results(path: Path, *, repair: bool = False, warn: Callable[[str], None
                     warn(f"{where}: not a results record ({problem}); skipped")
                 else:
                     records.append(r)
-        start += len(line) + 1
     return records
 
 
