@@ -126,9 +126,12 @@ def test_the_start_up_sweep_removes_only_what_railcall_left(tmp_path):
     (root / "sub" / f"{TMP_PREFIX}notes.txt-1a2b3c4d").write_text("also the user's")
     left = root / ".railcall" / "tmp" / f"{TMP_PREFIX}x.txt-00ff00ff"
     left.write_text("half a write")
+    os.utime(left, (time.time() - 120, time.time() - 120))  # left two minutes ago by a killed writer
+    busy = root / ".railcall" / "tmp" / f"{TMP_PREFIX}y.txt-11ee11ee"
+    busy.write_text("another agent's write in progress")
     Agent.for_workspace(root, None)
     assert mine.read_text() == "the user's own file" and (root / "sub" / f"{TMP_PREFIX}notes.txt-1a2b3c4d").exists()
-    assert not left.exists()
+    assert not left.exists() and busy.exists()
 
 
 def test_a_state_folder_that_is_a_symlink_is_refused(tmp_path):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from pathlib import Path, PurePosixPath
 
 from railcall.atomic import TMP_PREFIX, atomic_write, write_at  # noqa: F401 (atomic_write: the agent's writer)
@@ -51,13 +52,19 @@ class PathRefused(ValueError):
     """A path argument that would leave the workspace (or touch railcall's state folder)."""
 
 
-def sweep_temp(folder: Path) -> int:
-    """Remove temporary files a killed writer left under `folder`; returns how many. The agent
-    sweeps its state folder only (`Agent.for_workspace`): a user's file in the workspace that
-    happens to start with `.railcall-tmp-` is theirs."""
-    n = 0
+def sweep_temp(folder: Path, older_than: float = 0.0) -> int:
+    """Remove temporary files a killed writer left under `folder`, last modified more than
+    `older_than` seconds ago; returns how many. The agent sweeps its state folder only
+    (`Agent.for_workspace`), a minute's worth of files spared: a user's file in the workspace that
+    happens to start with `.railcall-tmp-` is theirs, and a fresh one in `.railcall/tmp/` may be
+    another agent's write in progress on the same workspace."""
+    n, now = 0, time.time()
     for p in Path(folder).rglob(TMP_PREFIX + "*"):
-        if p.is_file() and not p.is_symlink():
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode) and now - st.st_mtime >= older_than:
             p.unlink(missing_ok=True)
             n += 1
     return n

@@ -144,7 +144,7 @@ class Agent:
             raise FileExistsError(f"{ws.state} is not a folder (a symlink or a file); railcall keeps its state in "
                                   "a real folder there: remove it, or use another --workspace")
         ws.state.mkdir(exist_ok=True)
-        sweep_temp(ws.state)  # a killed writer's leftovers: railcall's own folder only, never a user's file
+        sweep_temp(ws.state, older_than=60)  # a killed writer's leftovers: railcall's own folder only
         skills, memory = SkillStore(ws.state / "skills"), MemoryStore(ws.state / "memory.jsonl")
         table = ToolTable()
         agent = cls(table, model, skills=skills, memory=memory, **kw)
