@@ -52,6 +52,15 @@ def tiny_bpe_tokenizer():
     return tok
 
 
+@pytest.fixture(autouse=True)
+def no_terminal_to_ask(monkeypatch, tmp_path_factory):
+    """The approval gate asks on /dev/tty; a test run from a terminal must not wait for a person
+    there. A test that wants a terminal points `policy.TTY` at a pseudo-terminal of its own."""
+    from railcall.agent import policy
+
+    monkeypatch.setattr(policy, "TTY", str(tmp_path_factory.getbasetemp() / "no-terminal"))
+
+
 @pytest.fixture()
 def disk_full(monkeypatch):
     """A function that fills the disk: every os.write after it writes half its bytes, then fails
