@@ -7,6 +7,11 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# the agent's workspace keys (skills.key_folder) go to a throwaway folder, not the user's cache
+if "RAILCALL_KEYS" not in os.environ:
+    import tempfile
+
+    os.environ["RAILCALL_KEYS"] = tempfile.mkdtemp(prefix="railcall-test-keys-")
 
 import pytest
 
@@ -45,6 +50,15 @@ def tiny_bpe_tokenizer():
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus, trainer)
     return tok
+
+
+@pytest.fixture(autouse=True)
+def no_terminal_to_ask(monkeypatch, tmp_path_factory):
+    """The approval gate asks on /dev/tty; a test run from a terminal must not wait for a person
+    there. A test that wants a terminal points `policy.TTY` at a pseudo-terminal of its own."""
+    from railcall.agent import policy
+
+    monkeypatch.setattr(policy, "TTY", str(tmp_path_factory.getbasetemp() / "no-terminal"))
 
 
 @pytest.fixture()

@@ -11,6 +11,7 @@ from agentkit import scripted_model
 from typer.testing import CliRunner
 
 import railcall.agent
+import railcall.agent.policy
 import railcall.cli as cli
 
 runner = CliRunner()
@@ -70,12 +71,14 @@ def test_agent_named_policy(ws):
     assert r.exit_code == 2 and "not a folder" in r.output
 
 
-def test_chat_reads_tasks_and_approvals_from_stdin(ws):
+def test_chat_reads_tasks_from_stdin_and_approvals_from_the_terminal(ws, monkeypatch):
     root, replies = ws
     replies += [call("write_file", path="a.txt", text="one"), call("answer", text="saved"),
                 call("write_file", path="b.txt", text="two"), call("answer", text="not saved")]
+    answers = [(True, "approved on the terminal"), (False, "the user said no on the terminal")]
+    monkeypatch.setattr(railcall.agent.policy, "ask_terminal", lambda prompt: answers.pop(0))
     r = runner.invoke(cli.app, ["chat", "-w", str(root)],
-                      input="save one\ny\n/skills\nsave two\nn\n/tools\n/quit\nnever read\n")
+                      input="save one\n/skills\nsave two\n/tools\n/quit\nnever read\n")
     assert r.exit_code == 0, r.output
     assert (root / "a.txt").read_text() == "one" and not (root / "b.txt").exists()
     assert "[approved]" in r.output and "[not approved]" in r.output
@@ -117,3 +120,51 @@ def test_a_bad_policies_file_is_an_error_not_a_traceback(ws, policies, says):
         assert r.exit_code == 2, (r.output, r.exception)
         text = " ".join(r.output.split())
         assert text.startswith("error:") and says in text, r.output
+
+
+def test_arguments_are_checked_before_the_model_loads(ws, monkeypatch, tmp_path):
+    root, replies = ws
+    loads = []
+    monkeypatch.setattr(cli, "_agent_model", lambda model: loads.append(model) or scripted_model(replies))
+    bad = tmp_path / "pol.json"
+    bad.write_text(json.dumps({"p": {"deny": ["write_flie"]}}))
+    for args in (["-w", str(root / "missing")], ["-w", str(root), "--policy", "p", "--policies", str(bad)],
+                 ["-w", str(root), "--policy", "nope"]):
+        for command in (["agent", "x"], ["chat"]):
+            r = runner.invoke(cli.app, [*command, *args], input="")
+            assert r.exit_code == 2 and r.output.startswith("error:"), r.output
+    assert loads == []  # every mistake above was reported without loading the model
+
+
+def test_tool_output_reaches_the_terminal_escaped(ws):
+    root, replies = ws
+    (root / "evil\u202etxt.md").write_text("\x1b[2J\x1b]0;pwned\x07cleared")
+    replies += [call("read_file", path="evil\u202etxt.md"), call("answer", text="\x1b[31mred\u202e")]
+    r = runner.invoke(cli.app, ["agent", "read it", "-w", str(root)])
+    assert r.exit_code == 0, r.output
+    for raw in ("\x1b", "\x07", "\u202e"):
+        assert raw not in r.output
+    assert "\\x1b[2J\\x1b]0;pwned\\x07cleared" in r.output and "evil\\u202etxt.md" in r.output
+    assert "answer: \\x1b[31mred\\u202e" in r.output
+
+
+def test_skills_approve_shows_the_steps_and_signs_only_on_a_yes(ws, monkeypatch):
+    from railcall.agent.skills import SkillStore, skill_name
+
+    root, _ = ws
+    steps = [{"tool": "write_file", "args": {"path": "a\u202etxt", "text": "x"}}]
+    name = skill_name(steps)
+    folder = root / ".railcall" / "skills"
+    folder.mkdir(parents=True)
+    (folder / f"{name}.json").write_text(json.dumps({"name": name, "task": "t", "steps": steps}))
+    answers = [(False, "the user said no on the terminal"), (True, "approved on the terminal")]
+    monkeypatch.setattr(railcall.agent.policy, "ask_terminal", lambda prompt: answers.pop(0))
+    r = runner.invoke(cli.app, ["skills", "approve", name, "-w", str(root)])
+    assert r.exit_code == 1 and "not approved" in r.output and "a\\u202etxt" in r.output and "\u202e" not in r.output
+    with pytest.raises(railcall.agent.SkillError, match="not signed"):
+        SkillStore(folder).load(name)
+    r = runner.invoke(cli.app, ["skills", "approve", name, "-w", str(root)])
+    assert r.exit_code == 0 and "approved" in r.output, r.output
+    assert SkillStore(folder).load(name).steps == tuple(steps)
+    r = runner.invoke(cli.app, ["skills", "approve", "learned-000000000000", "-w", str(root)])
+    assert r.exit_code == 2 and "no stored skill" in r.output

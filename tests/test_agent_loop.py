@@ -132,7 +132,7 @@ def test_step_limit_and_memory(tmp_path):
     a = make(tmp_path, [call("remember", text="milk")] * 5, renders, max_steps=3, policy=Policy(approve="auto"))
     ep = a.run("remember milk")
     assert len(ep.steps) == 3 and not ep.success and a.memory.items() == ["milk"] * 3
-    assert "Notes you remembered" not in renders[0][0]["content"] and "- milk" in renders[1][0]["content"]
+    assert "Notes saved with remember" not in renders[0][0]["content"] and '- "milk"' in renders[1][0]["content"]
 
 
 def test_cut_calls_are_finished_by_the_grammar(tmp_path):
@@ -145,3 +145,27 @@ def test_calc_is_safe():
     assert calc("17*23") == "391" and calc("17 x 23") == "391" and calc("7/2") == "3.5" and calc("2**10") == "1024"
     for bad in ["__import__('os')", "9**9**9", "((9**100)**100)**100", "1/0", "a+1", "1e308*10", "x" * 300]:
         assert calc(bad).startswith("error:")
+
+
+def test_a_torn_trace_line_is_mended_and_a_huge_record_is_bounded(tmp_path):
+    from railcall.agent.loop import TRACE_RECORD_LIMIT
+
+    (tmp_path / "trace.jsonl").write_text(json.dumps({"step": 1}) + "\n" + '{"step": 2, "text": "' + "x" * (2 << 20))
+    a = make(tmp_path, [call("answer", text="ok")])
+    a.run("t" * (3 << 20))  # a 3 MB task: its record would be 3 MB
+    lines = (tmp_path / "trace.jsonl").read_bytes().split(b"\n")
+    assert lines[-1] == b"" and len(lines) == 3  # the torn record was cut off, the new one is whole
+    rec = json.loads(lines[1])
+    assert rec["call"]["tool"] == "answer" and len(lines[1]) <= TRACE_RECORD_LIMIT
+    assert rec["task"]["cut"] > 3_000_000  # says what was left out, and how much
+
+
+def test_a_symlink_loop_in_the_workspace_does_not_stop_the_agent(tmp_path):
+    a = make(tmp_path, [call("read_file", path="notes.txt"), call("answer", text="ok")])
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    ep = a.run("read")
+    assert ep.success and ep.steps[0]["result"] == "Meeting on Thursday."
+    assert a.workspace.files() == ["notes.txt", "trace.jsonl", "docs/plan.md"]
+    assert a.table.entry("list_dir").call({"path": "."}) == "a, b, docs/, loop, notes.txt, trace.jsonl"

@@ -153,6 +153,7 @@ def test_approval_gate_modes():
     ({"deny": None}, "'deny'", "null; expected a list of tool names"),
     ({"read_only": "false"}, "'read_only'", 'the string "false"; expected true or false'),
     ({"read_only": 1}, "'read_only'", "the number 1; expected true or false"),
+    ({"hard_links": "yes"}, "'hard_links'", 'the string "yes"; expected true or false'),
     ({"approve": ["auto"]}, "'approve'", 'the list ["auto"]; expected one of ask, auto, deny'),
     ({"approve_tools": ["write_file"]}, "'approve_tools'", "the list"),
     ({"approve_tools": {"write_file": "yes"}}, "'approve_tools.write_file'", 'the string "yes"'),

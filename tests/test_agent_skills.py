@@ -104,3 +104,44 @@ def test_each_step_of_a_skill_passes_the_approval_gate(agent, tmp_path):
     agent.policy = Policy(approve="auto")
     decision, result, ok, program = agent.dispatch({"tool": "run", "args": {"name": s.name}})
     assert ok and (tmp_path / "out.txt").read_text() == "hi" and program == [READ, WRITE]
+
+
+def test_a_hand_made_skill_with_a_right_hash_is_refused(agent, tmp_path):
+    """Only a skill this runtime learned here (signed with the workspace's key, kept outside the
+    workspace) or one the user approved runs: a correct content hash proves nothing."""
+    steps = [{"tool": "write_file", "args": {"path": "planted.txt", "text": "pwned"}}]
+    name = skill_name(steps)
+    agent.skills.folder.mkdir(parents=True, exist_ok=True)
+    (agent.skills.folder / f"{name}.json").write_text(json.dumps({"name": name, "task": "t", "steps": steps}))
+    with pytest.raises(SkillError, match="not signed"):
+        agent.skills.load(name)
+    assert "run" not in agent.view().names  # never offered
+    decision, result, ok, _ = agent.dispatch({"tool": "run", "args": {"name": name}}, _full_view(agent))
+    assert not ok and not (tmp_path / "planted.txt").exists()
+    # a signature copied from another skill does not fit this one
+    other = agent.skills.save("t", [CALC])
+    doc = json.loads((agent.skills.folder / f"{other.name}.json").read_text())
+    (agent.skills.folder / f"{name}.json").write_text(json.dumps({**doc, "name": name, "steps": steps}))
+    with pytest.raises(SkillError, match="not signed"):
+        agent.skills.load(name)
+    # the user approves it once (after seeing its steps): from then on it is a skill like any other
+    agent.skills.approve(name)
+    assert agent.skills.load(name).steps == tuple(steps)
+    assert json.loads((agent.skills.folder / f"{name}.json").read_text())["origin"]["kind"] == "approved"
+    assert agent.dispatch({"tool": "run", "args": {"name": name}})[2] and (tmp_path / "planted.txt").exists()
+
+
+def test_the_signing_key_lives_outside_the_workspace(agent, tmp_path):
+    s = agent.skills.save("t", [CALC])
+    doc = json.loads((agent.skills.folder / f"{s.name}.json").read_text())
+    assert doc["origin"]["kind"] == "episode" and len(doc["signature"]) == 64
+    key = agent.skills.key_path
+    assert key.is_file() and tmp_path not in key.parents and (key.stat().st_mode & 0o077) == 0
+    # another workspace has another key: a signed skill copied there is refused
+    other = tmp_path.parent / (tmp_path.name + "-other")
+    other.mkdir()
+    b = Agent.for_workspace(other, None)
+    b.skills.folder.mkdir(parents=True)
+    (b.skills.folder / f"{s.name}.json").write_text(json.dumps(doc))
+    with pytest.raises(SkillError, match="not signed"):
+        b.skills.load(s.name)

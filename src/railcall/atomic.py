@@ -10,13 +10,24 @@ The new file takes the old one's permission bits, and a symlink is written throu
 is replaced, the link kept): a rename alone would make a 0600 file 0644, drop a script's +x, and
 turn a link into a copy.
 
+`write_at` is the same write relative to an open folder descriptor, for a caller that has
+resolved the path itself and must not have it looked up again (the agent's workspace, where
+another process may swap a folder for a symlink between a check and a use).
+
+`mend_last_line` is the other half for append-only JSON-lines files (a trace, the memory store,
+an eval's results): a writer killed mid-line leaves a last line without its newline, and the next
+append would join it, losing both records. Called before appending, it ends the file on a
+newline again.
+
 Users: the agent's tools, skills and memory (`railcall.agent`), the eval's run files and reports
 (`railcall.eval`), the benchmark's reports (`railcall.bench`) and `railcall coverage`.
 """
 
 from __future__ import annotations
 
+import errno
 import io
+import json
 import os
 import secrets
 import stat
@@ -40,16 +51,10 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
         mode = None
-    tmp = path.parent / f"{TMP_PREFIX}{path.name}-{secrets.token_hex(4)}"
+    tmp = path.parent / _tmp_name(path.name)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        if mode is not None:
-            os.fchmod(fd, mode)  # after the open, so the umask does not narrow it
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view[:CHUNK])
-            view = view[n:]
-        os.fsync(fd)
+        _fill(fd, data, mode)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
@@ -65,12 +70,93 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         dfd = os.open(path.parent, os.O_RDONLY)
     except OSError:
         return
+    _fsync_dir(dfd)
+    os.close(dfd)
+
+
+def write_at(dir_fd: int, name: str, data: bytes, *, mode: int | None = None, tmp_dir_fd: int | None = None) -> None:
+    """`atomic_write` relative to an open folder: `name` (one component) in `dir_fd` is replaced
+    whole, and no path is looked up again, so a folder renamed or swapped for a symlink meanwhile
+    cannot redirect the write. `name` itself is replaced, never followed (the caller resolves
+    links). The temporary file is made in `tmp_dir_fd` (default: `dir_fd`) and renamed across;
+    on another file system (EXDEV) it is made beside the target instead. `mode`: the permission
+    bits to give the file (None: 0644 less the umask)."""
+    tmp_dir = dir_fd if tmp_dir_fd is None else tmp_dir_fd
+    tmp = _tmp_name(name)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=tmp_dir)
+    try:
+        _fill(fd, data, mode)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp, dir_fd=tmp_dir)
+        raise
+    os.close(fd)
+    try:
+        os.rename(tmp, name, src_dir_fd=tmp_dir, dst_dir_fd=dir_fd)
+    except BaseException as e:
+        os.unlink(tmp, dir_fd=tmp_dir)
+        if isinstance(e, OSError) and e.errno == errno.EXDEV and tmp_dir != dir_fd:
+            return write_at(dir_fd, name, data, mode=mode)
+        raise
+    _fsync_dir(dir_fd)
+
+
+def _tmp_name(name: str) -> str:
+    # a long name is cut so the temporary one stays within NAME_MAX (255 bytes)
+    return f"{TMP_PREFIX}{name.encode()[:200].decode(errors='ignore')}-{secrets.token_hex(4)}"
+
+
+def _fill(fd: int, data: bytes, mode: int | None) -> None:
+    if mode is not None:
+        os.fchmod(fd, mode)  # after the open, so the umask does not narrow it
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view[:CHUNK])
+        view = view[n:]
+    os.fsync(fd)
+
+
+def _fsync_dir(dfd: int) -> None:
     try:
         os.fsync(dfd)
     except OSError:
         pass
-    finally:
-        os.close(dfd)
+
+
+def mend_last_line(path: Path) -> str:
+    """Make a JSON-lines file end on a newline before the next append: a last line that parses
+    only lacks its newline ("newline": it is written), one that does not is a torn record ("cut":
+    it is cut off). "" when the file is missing, empty or already ends on a newline."""
+    try:
+        f = open(path, "r+b")
+    except FileNotFoundError:
+        return ""
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return ""
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return ""
+        start = end  # find the last newline, reading backwards a chunk at a time
+        while start > 0:
+            size = min(CHUNK, start)
+            f.seek(start - size)
+            i = f.read(size).rfind(b"\n")
+            if i >= 0:
+                start = start - size + i + 1
+                break
+            start -= size
+        f.seek(start)
+        tail = f.read(end - start)
+        try:
+            json.loads(tail)
+        except ValueError:
+            f.truncate(start)
+            return "cut"
+        f.seek(end)
+        f.write(b"\n")
+        return "newline"
 
 
 def atomic_savefig(fig, path: Path, dpi: int = 110) -> None:

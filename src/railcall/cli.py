@@ -333,9 +333,10 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
             chosen = chosen.with_(read_only=True, name=chosen.name + "+read-only")
         if approve:
             chosen = chosen.with_(approve=approve, approve_tools={})
-        lm = _agent_model(model)
+        # Everything the user typed is checked before the model loads (half a minute for the
+        # embedded one): a missing workspace or a policy typo is reported at once.
         agent = Agent.for_workspace(
-            workspace, lm, policy=chosen, approver=Approver(ask), max_steps=max_steps,
+            workspace, None, policy=chosen, approver=Approver(ask), max_steps=max_steps,
             params=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed),
             trace=trace or Path(workspace) / ".railcall" / "trace.jsonl", on_step=_show_step)
         _check_policy_tools(chosen, agent.table.names(), source)
@@ -343,7 +344,8 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
             agent.view()  # a narrowing this table cannot apply (an argument a tool lacks) fails here, not mid-task
         except GrammarError as e:
             raise PolicyError(f"{source}: {e}") from None
-    except (RailcallError, ValueError, FileNotFoundError) as e:
+        agent.model = _agent_model(model)
+    except (RailcallError, ValueError, FileNotFoundError, FileExistsError) as e:
         _fail(e)
     return agent
 
@@ -360,23 +362,29 @@ def _check_policy_tools(policy, tools: list[str], source: str) -> None:
 
 
 def _show_step(rec: dict) -> None:
+    # What the model and the tools wrote is shown through `visible`: a file holding ESC [2J or a
+    # name holding U+202E must not clear the screen or reorder what the user reads.
+    from railcall.agent.policy import visible
+
     call = rec.get("call")
     head = f"  step {rec['step']}: "
     if call is None:
-        console.print(head + rec.get("result", ""), markup=False, highlight=False)
+        console.print(head + visible(rec.get("result", "")), markup=False, highlight=False)
         return
     args = json.dumps(call["args"], ensure_ascii=False)
     appr = rec.get("approval", {})
     mark = {"auto": " [auto-approved]", "ask": " [approved]" if appr.get("approved") else " [not approved]",
             "deny": " [denied]"}.get(appr.get("mode"), "")
-    console.print(f"{head}{call['tool']} {args}{mark}", markup=False, highlight=False, style="bold")
-    console.print("    -> " + " ".join(str(rec.get("result", "")).split())[:300], markup=False, highlight=False,
-                  style="dim")
+    console.print(visible(f"{head}{call['tool']} {args}{mark}"), markup=False, highlight=False, style="bold")
+    console.print("    -> " + visible(" ".join(str(rec.get("result", "")).split())[:300]), markup=False,
+                  highlight=False, style="dim")
 
 
 def _show_episode(ep) -> None:
+    from railcall.agent.policy import visible
+
     if ep.success:
-        console.print(f"answer: {ep.answer}", markup=False, highlight=False)
+        console.print(f"answer: {visible(ep.answer, keep=chr(10))}", markup=False, highlight=False)
     else:
         console.print(f"(no answer after {len(ep.steps)} steps)")
     if ep.skill:
@@ -386,7 +394,7 @@ def _show_episode(ep) -> None:
 _AGENT_OPTIONS = dict(
     workspace=typer.Option(..., "--workspace", "-w", help="The sandbox folder the tools may read and write."),
     read_only=typer.Option(False, "--read-only", help="Build the grammar without mutating tools: the model cannot propose one."),
-    approve=typer.Option(None, "--approve", help="Mutating calls: ask (on the terminal), auto or deny (default: the policy's, ask)."),
+    approve=typer.Option(None, "--approve", help="Mutating calls: ask (on the terminal; denied where there is none), auto or deny (default: the policy's, ask)."),
     policy=typer.Option("default", "--policy", help="A named policy from --policies (default: every tool)."),
     policies=typer.Option(None, "--policies", help="JSON file of named policies (default: WORKSPACE/.railcall/policies.json)."),
     max_steps=typer.Option(6, "--max-steps", help="Step limit per task."),
@@ -431,7 +439,7 @@ def chat(
     while True:
         try:
             line = input("task> ").strip()
-        except (EOFError, KeyboardInterrupt):
+        except (EOFError, KeyboardInterrupt, RuntimeError):  # RuntimeError: stdin is closed
             break
         if not line:
             continue
@@ -448,6 +456,39 @@ def chat(
             console.print(", ".join(names) if names else "(no skills yet)", markup=False, highlight=False)
             continue
         _show_episode(a.run(line))
+
+skills_app = typer.Typer(help="The agent's stored skills: approve one railcall did not learn itself.",
+                         no_args_is_help=True)
+app.add_typer(skills_app, name="skills")
+
+
+@skills_app.command("approve")
+def skills_approve(
+    name: str = typer.Argument(..., help="The skill's name (learned-<hash>)."),
+    workspace: str = _AGENT_OPTIONS["workspace"],
+) -> None:
+    """Show a stored skill's steps and, when you say yes on the terminal, sign it so the agent may run it."""
+    from railcall.agent import SkillError
+    from railcall.agent.files import Workspace
+    from railcall.agent.policy import ask_terminal, visible
+    from railcall.agent.skills import SkillStore
+
+    try:
+        store = SkillStore(Workspace(workspace).state / "skills")
+        skill = store.load(name, signed=False)
+    except (SkillError, FileNotFoundError) as e:
+        _fail(e)
+    console.print(f"skill {name} (task: {visible(skill.task)!s}):", markup=False, highlight=False)
+    for i, step in enumerate(skill.steps):
+        console.print(f"  [{i + 1}] " + visible(json.dumps(step, ensure_ascii=False)), markup=False, highlight=False)
+    ok, reason = ask_terminal(f"let the agent run skill {name}?")
+    if not ok:
+        console.print(f"not approved: {reason}", markup=False, highlight=False)
+        raise typer.Exit(1)
+    store.approve(name)
+    console.print(f"approved: {name} is signed with this workspace's key ({store.key_path})", markup=False,
+                  highlight=False)
+
 
 data_app = typer.Typer(help="Third-party data from pinned packages: BFCL (bfcl-eval) and the JSON-Schema-Test-Suite.",
                        no_args_is_help=True)

@@ -4,17 +4,19 @@
     read_file(path)         path enumerated from the files that exist
     write_file(path, text)  mutates; any path, confined to the workspace, written atomically
     calc(expr)              safe arithmetic: parsed with `ast`, never evaluated
-    remember(text)          mutates; appends to the memory store (atomically)
+    remember(text)          mutates; appends a line to the memory store (under a lock)
     run(name)               name enumerated from the stored skills this view could run
     answer(text)            ends the episode with a reply to the user
 
-Every path is confined by `Workspace.resolve` inside the tool itself, so the checks hold even
-for a call that never went through the grammar.
+Every path is confined by the `Workspace` inside the tool itself (resolved and opened in one
+walk from the root's descriptor), so the checks hold even for a call that never went through
+the grammar.
 """
 
 from __future__ import annotations
 
 import ast
+import fcntl
 import json
 import operator as op
 import os
@@ -22,7 +24,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from railcall.agent.files import Workspace, atomic_write
+from railcall.agent.files import Workspace
+from railcall.agent.policy import Policy
+from railcall.atomic import mend_last_line
 from railcall.agent.skills import SkillStore
 from railcall.agent.table import ToolTable
 
@@ -65,7 +69,12 @@ def calc(expr: str) -> str:
 
 
 class MemoryStore:
-    """Notes the agent keeps across episodes: JSON lines, rewritten whole on each append."""
+    """Notes the agent keeps across episodes: JSON lines, one appended per note.
+
+    An append takes an exclusive `flock` on the file, mends a torn last line (a writer killed
+    mid-line) and writes the whole line with one write(2) on an O_APPEND descriptor: two
+    processes remembering at once both keep their notes (a rewrite of the whole file, read
+    before the other's append and renamed after it, lost one in four of them)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -74,25 +83,33 @@ class MemoryStore:
         if not self.path.exists():
             return []
         out = []
-        for line in self.path.read_text().splitlines():
+        for line in self.path.read_text(errors="replace").splitlines():
             try:
                 out.append(json.loads(line)["text"])
             except (ValueError, KeyError, TypeError):
-                continue
+                continue  # a torn or hand-edited line is not a note
         return out
 
     def append(self, text: str) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        old = self.path.read_bytes() if self.path.exists() else b""
         line = json.dumps({"text": text, "at": time.time()}, ensure_ascii=False).encode() + b"\n"
-        atomic_write(self.path, old + line)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
+            mend_last_line(self.path)
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
         return len(self.items())
 
 
 def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory: MemoryStore,
-                    run_skill: Callable[[str], str]) -> ToolTable:
+                    run_skill: Callable[[str], str], policy: Callable[[], Policy] = Policy) -> ToolTable:
     """Register the built-ins on `table` (run_skill: the runtime's way to replay a skill, so each
-    of its steps passes the same policy view and approval gate as a call the model writes)."""
+    of its steps passes the same policy view and approval gate as a call the model writes;
+    policy: the policy now, for what the tools themselves enforce, such as hard links)."""
 
     def list_dir(path: str) -> str:
         """List the files and folders in a folder of the workspace.
@@ -100,10 +117,10 @@ def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory:
         Args:
             path: the folder, relative to the workspace ("." for the top).
         """
-        target = ws.resolve(path)
-        if not target.is_dir():
+        try:
+            entries = ws.list(path)
+        except (FileNotFoundError, NotADirectoryError):
             return f"error: no folder {path!r}"
-        entries = sorted(p.name + ("/" if p.is_dir() else "") for p in target.iterdir() if not p.name.startswith("."))
         return ", ".join(entries) or "(empty)"
 
     def read_file(path: str) -> str:
@@ -112,10 +129,7 @@ def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory:
         Args:
             path: the file, relative to the workspace.
         """
-        target = ws.resolve(path)
-        fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # the final component is real
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(READ_LIMIT * 4 + 4)
+        data = ws.read(path, READ_LIMIT * 4 + 4, hard_links=policy().hard_links)
         text = data.decode("utf-8", errors="replace")
         return text[:READ_LIMIT] + ("\n[...]" if len(text) > READ_LIMIT else "")
 
@@ -126,11 +140,10 @@ def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory:
             path: the file, relative to the workspace.
             text: the new content.
         """
-        target = ws.resolve(path)
-        if target.is_dir():
+        try:
+            ws.write(path, text.encode())
+        except IsADirectoryError:
             return f"error: {path!r} is a folder"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(target, text)
         return f"wrote {len(text.encode())} bytes to {path}"
 
     def remember(text: str) -> str:
@@ -158,9 +171,11 @@ def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory:
         """
         return text
 
-    table.register(list_dir, domains={"path": lambda ctx: ws.dirs()})
-    table.register(read_file, domains={"path": lambda ctx: ws.files()})
-    table.register(write_file, mutates=True)
+    # canonical: a policy's glob or list must hold for the file a path reaches, not only its name
+    table.register(list_dir, domains={"path": lambda ctx: ws.dirs()}, canonical={"path": ws.real})
+    table.register(read_file, domains={"path": lambda ctx: ws.files(hard_links=ctx.policy.hard_links)},
+                   canonical={"path": ws.real})
+    table.register(write_file, mutates=True, canonical={"path": ws.real})
     table.register(calc)
     table.register(remember, mutates=True)
     table.register(run, domains={"name": skills.runnable})

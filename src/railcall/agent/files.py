@@ -3,38 +3,83 @@
 The grammar keeps the model to paths that exist, but the tools do not rely on it: a caller that
 bypasses the grammar (a skill file edited by hand, a library user, a bug) meets the same checks
 here. A path is refused when it is absolute, has a `..` component, names railcall's own state
-folder (`.railcall`, where skills and memory live), contains a NUL, or resolves -- after every
-symlink is followed -- to somewhere outside the workspace.
+folder (`.railcall`, where skills and memory live), contains a NUL, or leads -- through any
+symlink -- to somewhere outside the workspace or into `.railcall`.
 
-Every write goes through `railcall.atomic.atomic_write` (the old file or the new one, never
-half of one). Its temporary names start with `.railcall-tmp-`, so the file listing never offers
-them and a leftover from a killed writer can be swept (`sweep_temp`).
+Checking a path and then opening it by name are two lookups, and a folder swapped for a symlink
+to outside between them redirects the second (a race another process in the workspace can win:
+reads returned outside content and writes landed outside). So the check *is* the lookup: every
+operation walks the path from an open descriptor of the root, one component at a time, with
+`O_NOFOLLOW | O_DIRECTORY` relative to the folder before it (`_walk`). The kernel never follows
+a link; a link met on the way is read (`readlink`) and its target walked the same way, from the
+root when absolute, so it can lead anywhere inside and nowhere outside. A component swapped for
+a link after it was read fails its `O_NOFOLLOW` open instead of being followed. The file is then
+opened, or written and renamed (`atomic.write_at`), relative to the folder's descriptor.
+
+A regular file with more than one name (`st_nlink > 1`) is refused for reading unless the
+policy says `"hard_links": true`: a hard link to an outside file (or to `.railcall/memory.jsonl`)
+looks like an ordinary file inside, and no path check can tell. Writing replaces the name with a
+new file, so a write never reaches a hard link's other names.
+
+Writes are whole-or-nothing: the temporary file is made in railcall's own folder
+`.railcall/tmp/` and renamed into place (beside the target if that folder is on another file
+system). `sweep_temp` of the state folder removes a killed writer's leftovers and never touches
+a user's file, whatever its name.
+
+Known limit: a folder moved out of the workspace (by a process that can write outside it) while
+a walk holds its descriptor is still walked; the result stays under that folder.
 
 Lifecycle: a Workspace is made once per agent session; it holds nothing but its root.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
+import time
 from pathlib import Path, PurePosixPath
 
-from railcall.atomic import TMP_PREFIX, atomic_write  # noqa: F401 (atomic_write: the agent's writer)
+from railcall.atomic import TMP_PREFIX, atomic_write, write_at  # noqa: F401 (atomic_write: the agent's writer)
 
 STATE_DIR = ".railcall"
+TMP_DIR = "tmp"  # under STATE_DIR: where workspace writes make their temporary files
+MAX_LINKS = 40  # symlinks followed in one path, as the kernel's own limit: more is a loop (ELOOP)
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class PathRefused(ValueError):
     """A path argument that would leave the workspace (or touch railcall's state folder)."""
 
 
-def sweep_temp(folder: Path) -> int:
-    """Remove temporary files a killed writer left under `folder`; returns how many."""
-    n = 0
+def sweep_temp(folder: Path, older_than: float = 0.0) -> int:
+    """Remove temporary files a killed writer left under `folder`, last modified more than
+    `older_than` seconds ago; returns how many. The agent sweeps its state folder only
+    (`Agent.for_workspace`), a minute's worth of files spared: a user's file in the workspace that
+    happens to start with `.railcall-tmp-` is theirs, and a fresh one in `.railcall/tmp/` may be
+    another agent's write in progress on the same workspace."""
+    n, now = 0, time.time()
     for p in Path(folder).rglob(TMP_PREFIX + "*"):
-        if p.is_file() and not p.is_symlink():
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode) and now - st.st_mtime >= older_than:
             p.unlink(missing_ok=True)
             n += 1
     return n
+
+
+def _readlink(name: str, dir_fd: int) -> str | None:
+    """The target of `name` in `dir_fd` when it is a symlink; None when it is not one or is absent."""
+    try:
+        return os.readlink(name, dir_fd=dir_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        if e.errno == errno.EINVAL:  # not a link
+            return None
+        raise
 
 
 class Workspace:
@@ -46,8 +91,10 @@ class Workspace:
             raise FileNotFoundError(f"workspace {self.root} is not a folder; create it or pass another --workspace")
         self.state = self.root / STATE_DIR
 
-    def resolve(self, rel: str) -> Path:
-        """The real path of `rel` inside the workspace, or PathRefused saying why not."""
+    # -- resolving -------------------------------------------------------------------------------
+
+    def _parts(self, rel: str) -> list[str]:
+        """The components of `rel`, or PathRefused when it is not a workspace path at all."""
         if not isinstance(rel, str) or not rel.strip():
             raise PathRefused("an empty path; give a path relative to the workspace")
         if "\x00" in rel:
@@ -59,34 +106,220 @@ class Workspace:
             raise PathRefused(f"{rel!r} climbs out with '..'; paths stay inside the workspace")
         if posix.parts and posix.parts[0] == STATE_DIR:
             raise PathRefused(f"{rel!r} is railcall's state folder; skills and memory have their own tools")
-        real = (self.root / posix).resolve()  # follows every symlink, existing or not
-        if real != self.root and self.root not in real.parents:
-            raise PathRefused(f"{rel!r} leads outside the workspace (through a symlink)")
-        if real != self.root and real.relative_to(self.root).parts[0] == STATE_DIR:
-            raise PathRefused(f"{rel!r} leads into railcall's state folder")
-        return real
+        return list(posix.parts)
 
-    def files(self) -> list[str]:
+    def _walk(self, rel: str, *, last: str, make_dirs: bool = False) -> tuple[int, str, tuple[str, ...]]:
+        """Resolve `rel` beneath the root without the kernel following any link (module docstring).
+
+        last="entry": returns (a descriptor of the folder holding the final entry, the entry's
+        name, the real path's components); links in the final component are followed too, so
+        the name is never a link when this returns (a new name is absent). last="dir": every
+        component is a folder; returns (a descriptor of it, "", components). The caller closes
+        the descriptor. make_dirs: create missing folders on the way."""
+        todo = self._parts(rel)
+        fds = [os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+        names: list[str] = []
+        links = 0
+        try:
+            while todo:
+                part = todo.pop(0)
+                if part in ("", "."):
+                    continue
+                if part == "..":  # only from a link's target: the path itself was checked
+                    if not names:
+                        raise PathRefused(f"{rel!r} leads outside the workspace (through a symlink)")
+                    os.close(fds.pop())
+                    names.pop()
+                    continue
+                if not names and part == STATE_DIR:
+                    raise PathRefused(f"{rel!r} leads into railcall's state folder")
+                if last == "entry" and not todo:
+                    target = _readlink(part, fds[-1])
+                    if target is None:
+                        return os.dup(fds[-1]), part, (*names, part)
+                else:
+                    try:
+                        fd = os.open(part, _DIR, dir_fd=fds[-1])
+                    except FileNotFoundError:
+                        if not make_dirs:
+                            raise FileNotFoundError(errno.ENOENT, "no such folder in the workspace",
+                                                    "/".join((*names, part))) from None
+                        try:
+                            os.mkdir(part, dir_fd=fds[-1])
+                        except FileExistsError:
+                            pass
+                        todo.insert(0, part)  # and open it on the next turn, the same careful way
+                        continue
+                    except OSError as e:
+                        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                            raise
+                        target = _readlink(part, fds[-1])
+                        if target is None:
+                            raise NotADirectoryError(errno.ENOTDIR, "a file where a folder was expected",
+                                                     "/".join((*names, part))) from None
+                    else:
+                        fds.append(fd)
+                        names.append(part)
+                        continue
+                links += 1
+                if links > MAX_LINKS:
+                    raise PathRefused(f"{rel!r} goes through more than {MAX_LINKS} symlinks (a loop); "
+                                      "remove the loop or use another path")
+                target_path = PurePosixPath(target)
+                if target_path.is_absolute():
+                    try:
+                        inside = target_path.relative_to(self.root)
+                    except ValueError:
+                        raise PathRefused(f"{rel!r} leads outside the workspace (through a symlink)") from None
+                    for fd in fds[1:]:
+                        os.close(fd)
+                    del fds[1:]
+                    names.clear()
+                    todo = list(inside.parts) + todo
+                else:
+                    todo = list(target_path.parts) + todo
+            return os.dup(fds[-1]), ("." if last == "entry" else ""), tuple(names)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def resolve(self, rel: str) -> Path:
+        """The real path of `rel` inside the workspace, or PathRefused saying why not. (For
+        showing and matching only: the tools never open a path by name, see `_walk`.)"""
+        fd, _, parts = self._walk(rel, last="entry")
+        os.close(fd)
+        return self.root.joinpath(*parts)
+
+    def real(self, rel: str) -> str | None:
+        """`rel` with every link resolved, relative to the root ("." for the root itself); None
+        when it is refused. What a policy's glob or list is matched against, besides `rel`."""
+        try:
+            fd, _, parts = self._walk(rel, last="entry")
+        except (PathRefused, OSError):
+            return None
+        os.close(fd)
+        return "/".join(parts) or "."
+
+    def kind(self, rel: str, *, hard_links: bool = False) -> str | None:
+        """"file" (a regular file a tool may read), "dir", or None (refused, missing, other)."""
+        try:
+            fd, name, _ = self._walk(rel, last="entry")
+        except (PathRefused, OSError):
+            return None
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            return "dir"
+        if stat.S_ISREG(st.st_mode) and (st.st_nlink == 1 or hard_links):
+            return "file"
+        return None
+
+    # -- the operations the tools use --------------------------------------------------------------
+
+    def read(self, rel: str, limit: int, *, hard_links: bool = False) -> bytes:
+        """Up to `limit` bytes of the regular file `rel`."""
+        for _ in range(3):
+            fd, name, _ = self._walk(rel, last="entry")
+            try:
+                ffd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    continue  # made a link since the walk looked: walk again
+                raise
+            finally:
+                os.close(fd)
+            with os.fdopen(ffd, "rb") as f:
+                st = os.fstat(ffd)
+                if stat.S_ISDIR(st.st_mode):
+                    raise IsADirectoryError(f"{rel!r} is a folder; list it with list_dir")
+                if not stat.S_ISREG(st.st_mode):
+                    raise PathRefused(f"{rel!r} is not a regular file")
+                if st.st_nlink > 1 and not hard_links:
+                    raise PathRefused(f"{rel!r} is a hard link (one of {st.st_nlink} names of one file, others "
+                                      "may be outside the workspace); a policy with \"hard_links\": true allows it")
+                return f.read(limit)
+        raise PathRefused(f"{rel!r} kept turning into a symlink while it was opened; try again")
+
+    def write(self, rel: str, data: bytes) -> None:
+        """Replace `rel` whole with `data`, creating folders on the way; a link is written
+        through to its target inside the workspace."""
+        fd, name, _ = self._walk(rel, last="entry", make_dirs=True)
+        try:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if name == "." or (st is not None and stat.S_ISDIR(st.st_mode)):
+                raise IsADirectoryError(f"{rel!r} is a folder; give a file's path")
+            mode = stat.S_IMODE(st.st_mode) if st is not None and stat.S_ISREG(st.st_mode) else None
+            tmp = self._tmp_dir()
+            try:
+                write_at(fd, name, data, mode=mode, tmp_dir_fd=tmp)
+            finally:
+                if tmp is not None:
+                    os.close(tmp)
+        finally:
+            os.close(fd)
+
+    def list(self, rel: str) -> list[str]:
+        """The visible entries of the folder `rel`, a folder's name ending in "/"."""
+        fd, _, parts = self._walk(rel, last="dir")
+        try:
+            with os.scandir(fd) as it:
+                entries = [(e.name, e.is_symlink(), e.is_dir(follow_symlinks=False)) for e in it]
+        finally:
+            os.close(fd)
+        out = []
+        for name, is_link, is_dir in sorted(entries):
+            if name.startswith("."):
+                continue
+            if is_link:  # a link is a folder when it leads to one inside the workspace
+                is_dir = self.kind("/".join((*parts, name))) == "dir"
+            out.append(name + ("/" if is_dir else ""))
+        return out
+
+    def _tmp_dir(self) -> int | None:
+        """A descriptor of `.railcall/tmp/` (made if missing, walked without following links);
+        None when it cannot be had, and the temporary file goes beside the target."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in (STATE_DIR, TMP_DIR):
+                try:
+                    os.mkdir(part, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                nxt = os.open(part, _DIR, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            return fd
+        except OSError:
+            os.close(fd)
+            return None
+
+    # -- the live domains ---------------------------------------------------------------------------
+
+    def files(self, *, hard_links: bool = False) -> list[str]:
         """Every regular file a tool may read, relative and sorted (the live domain of
-        read_file's path). Hidden entries and links that leave the workspace are left out."""
-        return self._walk(want_dirs=False)
+        read_file's path). Hidden entries, links that leave the workspace or loop, and hard
+        links (unless `hard_links`) are left out."""
+        return self._scan(want="file", hard_links=hard_links)
 
     def dirs(self) -> list[str]:
         """"." and every folder under the workspace (the live domain of list_dir's path)."""
-        return ["."] + self._walk(want_dirs=True)
+        return ["."] + self._scan(want="dir")
 
-    def _walk(self, want_dirs: bool, limit: int = 2000) -> list[str]:
+    def _scan(self, want: str, hard_links: bool = False, limit: int = 2000) -> list[str]:
         out: list[str] = []
-        for top, dirnames, filenames in os.walk(self.root):
+        for top, dirnames, filenames in os.walk(self.root):  # never descends through a link
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            names = dirnames if want_dirs else sorted(f for f in filenames if not f.startswith("."))
+            names = dirnames if want == "dir" else sorted(f for f in filenames if not f.startswith("."))
             for name in names:
                 rel = Path(top, name).relative_to(self.root).as_posix()
-                try:
-                    real = self.resolve(rel)
-                except PathRefused:
-                    continue
-                if (real.is_dir() if want_dirs else real.is_file()):
+                if self.kind(rel, hard_links=hard_links) == want:
                     out.append(rel)
                 if len(out) >= limit:  # a domain of thousands still compiles; this bounds a runaway tree
                     return out

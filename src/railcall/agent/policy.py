@@ -7,15 +7,19 @@ view is built from the table as it is at this moment:
    tool in read-only mode (seed 003: "from inside the decode there is no such thing as a write");
 2. each argument with a live domain provider becomes an enum of the values that exist now;
 3. a policy may narrow any argument further: a list of values (intersected with the live
-   domain), `{"glob": "docs/*"}` (filters it), or bounds (`minimum`, `maximum`, `maxLength`);
+   domain), `{"glob": "docs/*"}` (filters it; `fnmatch`, so `*` matches `/` too: `docs/*`
+   admits `docs/a/b.md`), or bounds (`minimum`, `maximum`, `maxLength`). Where the table gives
+   an argument a canonical form (a path with its links resolved), the rule must admit both the
+   value and that form;
 4. a tool whose required argument is left with no value at all (no files, no skills) is left out:
    a call to it could not be written validly, so its name is unspellable too.
 
 The view's tools are ordinary `Tool`s, so `tool_grammar(view.tools)` compiles them; the
 per-tool IR cache keys on each schema, so a new file recompiles `read_file` alone.
 
-Approval is the second gate, for mutating calls the view allows: `ask` (on the terminal),
-`auto` or `deny`, per policy and optionally per tool. A denial is an observation; nothing runs.
+Approval is the second gate, for mutating calls the view allows: `ask` (on the terminal,
+`/dev/tty`, never stdin; no terminal is a denial), `auto` or `deny`, per policy and optionally
+per tool. A denial is an observation with its reason; nothing runs.
 
 Lifecycle: a Policy is plain data, made once (or loaded from a JSON file of named policies); a
 View is made per decoding step.
@@ -26,6 +30,9 @@ from __future__ import annotations
 import copy
 import fnmatch
 import json
+import os
+import termios
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -37,7 +44,7 @@ from railcall.grammar.tools import Tool
 APPROVALS = ("ask", "auto", "deny")
 _BOUNDS = ("minimum", "maximum", "minLength", "maxLength", "maxItems", "minItems")
 _COUNTS = ("minLength", "maxLength", "maxItems", "minItems")  # bounds that count, so whole and >= 0
-_KEYS = ("read_only", "allow", "deny", "args", "approve", "approve_tools")
+_KEYS = ("read_only", "allow", "deny", "args", "approve", "approve_tools", "hard_links")
 
 
 @dataclass(frozen=True)
@@ -51,13 +58,15 @@ class Policy:
     args: dict = field(default_factory=dict, hash=False)
     approve: str = "ask"  # for mutating calls: ask | auto | deny
     approve_tools: dict = field(default_factory=dict, hash=False)  # tool -> ask | auto | deny
+    hard_links: bool = False  # read files with more than one name (files.Workspace.read)
 
     def __post_init__(self):
         # Every field is checked here, for a policies file and a library caller alike: Python
         # would read a wrong type silently ("deny": "write_file" as the set of its letters,
         # denying nothing; "read_only": "false" as True).
-        if not isinstance(self.read_only, bool):
-            raise self._error("read_only", self.read_only, "true or false")
+        for key in ("read_only", "hard_links"):
+            if not isinstance(getattr(self, key), bool):
+                raise self._error(key, getattr(self, key), "true or false")
         for key in ("allow", "deny"):
             v = getattr(self, key)
             if v is None and key == "allow":
@@ -263,16 +272,30 @@ def _narrowed(entry, narrowing: dict, ctx: ViewContext) -> tuple[Tool | None, st
         schema = params["properties"][arg]
         values = list(dict.fromkeys(entry.domains[arg](ctx))) if arg in entry.domains else schema.get("enum")
         rule = narrowing.get(arg)
+        # A value passes a rule when what it names passes too: with "docs/*" allowed, the link
+        # docs/readme.md -> ../private/secret.txt is a name inside the rule for a file outside it.
+        canon = entry.canonical.get(arg)
+
+        def admitted(v, ok):
+            if not ok(v):
+                return False
+            if canon is None:
+                return True
+            real = canon(v)
+            return real is not None and ok(real)
+
         if isinstance(rule, list):
-            values = [v for v in rule if values is None or v in values]
+            values = [v for v in rule if (values is None or v in values) and admitted(v, lambda x: x in rule)]
         elif isinstance(rule, dict):
             if "glob" in rule:
                 if values is None:
                     raise GrammarError(f"policy {ctx.policy.name!r}: 'args.{tool.name}.{arg}': {tool.name}.{arg} "
                                        "has no enumerated domain for a glob to filter; narrow it with a list instead")
-                values = [v for v in values if isinstance(v, str) and fnmatch.fnmatchcase(v, rule["glob"])]
+                values = [v for v in values if isinstance(v, str)
+                          and admitted(v, lambda x: fnmatch.fnmatchcase(x, rule["glob"]))]
             if "enum" in rule:
-                values = [v for v in rule["enum"] if values is None or v in values]
+                values = [v for v in rule["enum"] if (values is None or v in values)
+                          and admitted(v, lambda x: x in rule["enum"])]
             for k in _BOUNDS:  # each rule's keys and types were checked when the Policy was made
                 if k in rule:
                     schema[k] = rule[k]
@@ -297,10 +320,10 @@ class Decision:
 
 class Approver:
     """The gate for mutating calls. `ask` is a function (prompt -> bool) used in `ask` mode; the
-    default reads a y/N answer on the terminal."""
+    default asks on the terminal (`ask_terminal`) and denies wherever there is none."""
 
     def __init__(self, ask: Callable[[str], bool] | None = None):
-        self.ask = ask or _terminal_ask
+        self.ask = ask
 
     def decide(self, policy: Policy, tool: Tool, args: dict) -> Decision:
         if not tool.mutates:
@@ -310,13 +333,59 @@ class Approver:
             return Decision(True, "auto", "auto-approved by the policy")
         if mode == "deny":
             return Decision(False, "deny", f"the policy denies mutating calls ({tool.name})")
-        call = json.dumps({"tool": tool.name, "args": args}, ensure_ascii=False)
+        call = visible(json.dumps({"tool": tool.name, "args": args}, ensure_ascii=False))
+        if self.ask is None:
+            ok, reason = ask_terminal(f"allow {call}?")
+            return Decision(ok, "ask", reason)
         try:
             ok = bool(self.ask(f"allow {call}?"))
         except (EOFError, KeyboardInterrupt):
             ok = False
-        return Decision(ok, "ask", "approved on the terminal" if ok else "the user said no")
+        return Decision(ok, "ask", "approved by the ask function" if ok else "the ask function said no")
 
 
-def _terminal_ask(prompt: str) -> bool:
-    return input(f"{prompt} [y/N] ").strip().lower() in ("y", "yes")
+TTY = "/dev/tty"  # the controlling terminal, whatever stdin is
+
+
+def ask_terminal(prompt: str) -> tuple[bool, str]:
+    """Ask on the controlling terminal; (approved, reason). Only a person at a terminal approves:
+    stdin is never read (a file or pipe holding "y", or `railcall chat`'s next task line, would
+    approve a call nobody saw), input typed before the question is discarded, and no terminal,
+    end of input or Ctrl-C is a denial."""
+    hint = "; run on a terminal to be asked, or choose --approve auto or --approve deny"
+    try:
+        fd = os.open(TTY, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        return False, f"no terminal to ask on ({TTY}: {e.strerror}){hint}"
+    try:
+        if not os.isatty(fd):
+            return False, f"no terminal to ask on ({TTY} is not a terminal){hint}"
+        termios.tcflush(fd, termios.TCIFLUSH)  # a "y" typed ahead answers no question
+        os.write(fd, f"{prompt} [y/N] ".encode())
+        answer = b""
+        while not answer.endswith(b"\n") and len(answer) < 64:
+            chunk = os.read(fd, 64)
+            if not chunk:
+                break
+            answer += chunk
+    except KeyboardInterrupt:
+        return False, "interrupted at the question on the terminal"
+    except OSError as e:
+        return False, f"the terminal could not be read ({e.strerror}){hint}"
+    finally:
+        os.close(fd)
+    if answer.strip().lower() in (b"y", b"yes"):
+        return True, "approved on the terminal"
+    return False, "the user said no on the terminal" if answer.endswith(b"\n") else "end of input on the terminal"
+
+
+def visible(text: str, keep: str = "") -> str:
+    """`text` with every control and format character written as its escape (ESC as `\\x1b`,
+    U+202E as `\\u202e`), except those in `keep`: a file name or a tool's output shown on a
+    terminal can then neither drive it (clear the screen, set the title) nor reorder what is
+    shown (a right-to-left override makes `evil\u202etxt.sh` read as `evilhs.txt`)."""
+    return "".join(c if c in keep or unicodedata.category(c) not in _HIDDEN else c.encode("unicode_escape").decode()
+                   for c in text)
+
+
+_HIDDEN = ("Cc", "Cf", "Zl", "Zp", "Cs")  # controls, formats (bidi, zero-width), line/para separators

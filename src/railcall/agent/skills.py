@@ -16,13 +16,27 @@ than `run`), and every step's arguments are spellable by the grammar of the view
 under -- so a skill that reads a file that has since been deleted, or writes under a read-only
 policy, is not offered at all.
 
+A correct hash proves only that a file is intact, not who wrote it: anyone who can write to the
+workspace could plant `learned-<hash>.json` with a write in it. So every skill carries where it
+came from (`origin`: `episode`, an episode this runtime completed, or `approved`, a skill the
+user approved once with `railcall skills approve`) and an HMAC-SHA256 `signature` over its name,
+steps and origin, made with a key of this workspace's own. The key is 32 random bytes in
+`$RAILCALL_KEYS` (default `$RAILCALL_HOME/keys/`, outside every workspace), one file per
+workspace folder, readable by its owner only. A skill without a valid signature -- made by hand,
+copied from another workspace, its origin edited -- is refused at load, so never offered and
+never run. Losing the key (a wiped cache) makes the stored skills unsigned: they are refused
+until approved again, or re-learned.
+
 Files are written atomically (`files.atomic_write`). Lifecycle: one store per state folder.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import os
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,11 +63,49 @@ class SkillError(ValueError):
     """A stored skill that is not a full, runnable program (says which and why)."""
 
 
+def key_folder() -> Path:
+    """Where workspace keys live: `$RAILCALL_KEYS`, else `$RAILCALL_HOME/keys`."""
+    env = os.environ.get("RAILCALL_KEYS")
+    if env:
+        return Path(env).expanduser()
+    from railcall.models.store import railcall_home
+
+    return railcall_home() / "keys"
+
+
 class SkillStore:
-    """Skills as JSON files in one folder."""
+    """Skills as JSON files in one folder, signed with the key of the folder's workspace."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
+        where = str(self.folder.expanduser().resolve())
+        self.key_path = key_folder() / (hashlib.sha256(where.encode()).hexdigest()[:32] + ".key")
+        self._key: bytes | None = None
+
+    def _signing_key(self) -> bytes:
+        """This workspace's key, made (0600, in a 0700 folder) on first use."""
+        if self._key is None:
+            self.key_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                fd = os.open(self.key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_hex(32) + "\n")
+            self._key = bytes.fromhex(self.key_path.read_text().strip())
+        return self._key
+
+    def _signature(self, name: str, steps, origin) -> str:
+        canon = json.dumps({"name": name, "steps": list(steps), "origin": origin}, sort_keys=True,
+                           separators=(",", ":"), ensure_ascii=False)
+        return hmac.new(self._signing_key(), canon.encode(), hashlib.sha256).hexdigest()
+
+    def _write(self, skill: "Skill", origin: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        doc = {"name": skill.name, "task": skill.task, "steps": list(skill.steps), "created": time.time(),
+               "origin": origin, "signature": self._signature(skill.name, skill.steps, origin)}
+        atomic_write(self.folder / f"{skill.name}.json", json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
 
     def save(self, task: str, calls) -> Skill | None:
         """Store `calls` as a skill; None when there is nothing to store."""
@@ -63,11 +115,17 @@ class SkillStore:
         if any(s["tool"] == RUN for s in steps):
             raise SkillError("a skill cannot run a skill: expand the run into its steps first")
         skill = Skill(skill_name(steps), task, steps)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"{skill.name}.json"
-        if not path.exists():
-            doc = {"name": skill.name, "task": task, "steps": list(steps), "created": time.time()}
-            atomic_write(path, json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+        try:
+            self.load(skill.name)  # stored and signed already: the same program is kept once
+        except SkillError:
+            self._write(skill, {"kind": "episode", "task": task})
+        return skill
+
+    def approve(self, name: str) -> Skill:
+        """Sign a stored skill the user has read and approved (`railcall skills approve`): from
+        then on it loads like a learned one. Its shape and hash are still checked."""
+        skill = self.load(name, signed=False)
+        self._write(skill, {"kind": "approved", "at": time.time()})
         return skill
 
     def names(self) -> list[str]:
@@ -79,8 +137,9 @@ class SkillStore:
     def remove(self, name: str) -> None:
         (self.folder / f"{name}.json").unlink()
 
-    def load(self, name: str) -> Skill:
-        """Read one skill and check its shape and content address (not yet its tools)."""
+    def load(self, name: str, *, signed: bool = True) -> Skill:
+        """Read one skill and check its shape, content address and (`signed`) its signature --
+        not yet its tools."""
         if not name.startswith(PREFIX) or "/" in name or "\\" in name:
             raise SkillError(f"{name!r} is not a skill name (learned-<hash>)")
         path = self.folder / f"{name}.json"
@@ -99,6 +158,14 @@ class SkillStore:
                 raise SkillError(f"skill {name!r}, step {i + 1}: expected {{\"tool\": NAME, \"args\": {{...}}}}")
         if skill_name(steps) != name:
             raise SkillError(f"skill {name!r}: its steps do not hash to its name (edited or damaged)")
+        if signed:
+            origin, sig = doc.get("origin"), doc.get("signature")
+            if not (isinstance(origin, dict) and isinstance(sig, str)
+                    and hmac.compare_digest(sig, self._signature(name, steps, origin))):
+                raise SkillError(f"skill {name!r} is not signed by this workspace's key (made by hand, copied "
+                                 f"from elsewhere, or the key in {self.key_path.parent} was lost); read its steps "
+                                 f"in {self.folder / (name + '.json')} and run `railcall skills approve {name} "
+                                 "-w WORKSPACE` to allow it, or delete the file")
         return Skill(name, str(doc.get("task", "")), tuple(steps))
 
     def check(self, skill: Skill, view) -> str:

@@ -49,6 +49,9 @@ class Entry:
     handler: Callable[..., Any]
     domains: dict[str, Provider] = field(default_factory=dict)
     hints: dict[str, Any] = field(default_factory=dict)  # argument -> annotation, for to_python
+    # argument -> value -> what it really names (a path with its links resolved; None: nothing);
+    # a policy's narrowing must admit both the value and this (policy._narrowed)
+    canonical: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
 
     def call(self, args: dict) -> Any:
         return self.handler(**{k: to_python(self.hints[k], v) if k in self.hints else v for k, v in args.items()})
@@ -65,12 +68,12 @@ class ToolTable:
 
     def register(self, fn: Callable, *, name: str | None = None, mutates: bool = False,
                  description: str | None = None, domains: dict[str, Provider] | None = None,
-                 replace: bool = False) -> Tool:
+                 canonical: dict[str, Callable[[Any], Any]] | None = None, replace: bool = False) -> Tool:
         """Add a Python function; its schema comes from its type hints and docstring."""
         summary, params = function_schema(fn)
         tool = Tool(name or fn.__name__, description if description is not None else summary, params, mutates=mutates)
         hints = {k: v for k, v in typing.get_type_hints(fn, include_extras=True).items() if k != "return"}
-        return self._add(Entry(tool, fn, dict(domains or {}), hints), replace)
+        return self._add(Entry(tool, fn, dict(domains or {}), hints, dict(canonical or {})), replace)
 
     def tool(self, **kw) -> Callable[[Callable], Callable]:
         """Decorator form of `register`: `@table.tool(mutates=True)`."""

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from railcall.atomic import atomic_write
+from railcall.atomic import atomic_write, mend_last_line
 from railcall.eval import bfcl, checker
 
 CONDITIONS = ("with_grammar", "without_grammar")
@@ -140,7 +140,7 @@ def read_results(path: Path, *, repair: bool = False, warn: Callable[[str], None
     if not path.is_file():
         return []
     data = path.read_bytes()
-    records, start = [], 0
+    records = []
     lines = data.split(b"\n")
     for k, line in enumerate(lines):
         torn = k == len(lines) - 1 and line != b""  # what follows the final newline, if anything
@@ -152,22 +152,19 @@ def read_results(path: Path, *, repair: bool = False, warn: Callable[[str], None
                 warn(f"{where}: an interrupted write (no newline, does not parse); "
                      + ("cut off, its task is decoded again" if repair else "left out"))
                 if repair:
-                    with open(path, "r+b") as f:
-                        f.truncate(start)
+                    mend_last_line(path)
                 break
             warn(f"{where}: does not parse ({e}); skipped")
             r = None
         else:
             if torn and repair:
-                with open(path, "ab") as f:  # the record is whole; only its newline was lost
-                    f.write(b"\n")
+                mend_last_line(path)  # the record is whole; only its newline was lost
             if r is not None:
                 problem = check(r)
                 if problem:
                     warn(f"{where}: not a results record ({problem}); skipped")
                 else:
                     records.append(r)
-        start += len(line) + 1
     return records
 
 
