@@ -2,6 +2,7 @@
 
 import importlib.metadata
 
+import pytest
 from typer.testing import CliRunner
 
 from railcall import __version__
@@ -55,3 +56,14 @@ def test_coverage_report_is_replaced_whole(tmp_path, disk_full):
     assert isinstance(r.exception, OSError)
     assert out.read_bytes() == before + b"<!-- the previous run -->\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".railcall-tmp-")] == []
+
+
+def test_an_error_message_keeps_its_brackets(capsys):
+    """An error is printed as text: an install hint such as railcall[serve] is not read as markup."""
+    import typer
+
+    from railcall import cli
+
+    with pytest.raises(typer.Exit):
+        cli._fail(RuntimeError("the server needs its extra: pip install 'railcall[serve]'"))
+    assert "pip install 'railcall[serve]'" in capsys.readouterr().out

@@ -41,7 +41,10 @@ def main(
 
 
 def _fail(e: Exception) -> None:
-    console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+    from rich.markup import escape
+
+    # the message is text, not markup: "pip install 'railcall[serve]'" keeps its brackets
+    console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
     raise typer.Exit(2)
 
 
