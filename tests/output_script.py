@@ -67,3 +67,24 @@ def multi_token_vocab() -> Vocabulary:
     """Every byte a token, a few pieces, and no delimiter tokens: every delimiter is spelled."""
     pieces = [bytes([b]) for b in range(256)] + [b"</", b"think", b"tool", b"_call", b'{"', b'":"', b"ab"]
     return Vocabulary.from_pieces(pieces, specials=["<|end|>"], stop=["<|end|>"], name="multi")
+
+
+class ScriptedIds:
+    """A backend test double that follows a script of token ids: each row of logits (`_row`, by
+    the subclass) prefers the script's next id. `start` begins the script, `feed` steps through it."""
+
+    script: list[int]
+    pos: int = 0
+
+    def start(self, prompt):
+        self.pos = 0
+        return self._row()
+
+    def feed(self, tokens):
+        import torch
+
+        rows = []
+        for _ in tokens:
+            self.pos += 1
+            rows.append(self._row())
+        return torch.stack(rows)

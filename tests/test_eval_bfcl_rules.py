@@ -31,7 +31,6 @@ def oracle():
         underscore_to_dot = False
 
     stub = types.ModuleType("bfcl_eval.constants.model_config")
-    stub.MODEL_CONFIG_MAPPING = {}
     stub.MODEL_CONFIG_MAPPING = type("Always", (dict,), {"__missing__": lambda self, k: _NoDots()})()
     saved = {k: sys.modules.get(k) for k in ("bfcl_eval.constants.model_config", "bfcl_eval.eval_checker.ast_eval.ast_checker")}
     sys.modules["bfcl_eval.constants.model_config"] = stub

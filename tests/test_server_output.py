@@ -14,8 +14,10 @@ from railcall.matcher import Matcher, compiled_grammar
 from railcall.output import Delimiters
 from railcall.server.output import Assembler
 
+from output_script import ScriptedIds
 
-class Scripted:
+
+class Scripted(ScriptedIds):
     """A backend whose logits put the next scripted token first (then the stop token)."""
 
     def __init__(self, vocab, script: list[int]):
@@ -27,17 +29,6 @@ class Scripted:
         nxt = self.script[self.pos] if self.pos < len(self.script) else self.vocab.stop_ids[0]
         row[nxt] = 5.0
         return row
-
-    def start(self, prompt):
-        self.pos = 0
-        return self._row()
-
-    def feed(self, tokens):
-        rows = []
-        for _ in tokens:
-            self.pos += 1
-            rows.append(self._row())
-        return torch.stack(rows)
 
 
 def ids_of(vocab, text: str) -> list[int]:

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from output_script import ScriptedIds
 from server_harness import TOOLS
 
 pytestmark = pytest.mark.qwen2
@@ -30,7 +31,7 @@ TOOLS_TEMPLATE = ("{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% e
                   "{% for m in messages %}<｜{{ m['role'] }}｜>{{ m['content'] }}{% endfor %}<｜Assistant｜>")
 
 
-class ScriptedBackend:
+class ScriptedBackend(ScriptedIds):
     """Emits the next scripted turn: each row of logits prefers the script's next token."""
 
     def __init__(self, width: int):
@@ -44,15 +45,8 @@ class ScriptedBackend:
 
     def start(self, prompt):
         self.prompts.append(list(prompt))
-        self.script, self.pos = self.turns.pop(0), 0
-        return self._row()
-
-    def feed(self, tokens):
-        rows = []
-        for _ in tokens:
-            self.pos += 1
-            rows.append(self._row())
-        return torch.stack(rows)
+        self.script = self.turns.pop(0)
+        return super().start(prompt)
 
 
 @pytest.fixture(scope="module", params=["own template", "tools template"])

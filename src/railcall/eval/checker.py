@@ -32,6 +32,7 @@ Three questions, each a superset of the next:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -115,9 +116,11 @@ _PYTHON_TYPES = {"string": str, "integer": int, "float": float, "boolean": bool,
 _LISTS = ("array", "tuple", "Array", "ArrayList")
 
 
+@functools.lru_cache(maxsize=None)
 def _language_types(language: str):
     """(declared type -> Python type, converter from a string in the language's syntax) for Java
-    and JavaScript, from the installed bfcl-eval package (BFCL's own conversion rules)."""
+    and JavaScript, from the installed bfcl-eval package (BFCL's own conversion rules). Looked up
+    once per language, not per value."""
     from railcall.data import bfcl_data
 
     bfcl_data()  # a DataError saying how to install the package, if it is not
