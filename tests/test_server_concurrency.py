@@ -24,7 +24,9 @@ def one(srv, i: int):
     object); every third streams."""
     client = srv.client()
     stream = i % 3 == 0
-    kw = dict(model="any", max_tokens=3, temperature=0.7, seed=i,
+    # on_length "close": a call or answer the budget would cut is closed within it, so every
+    # reply parses however the sampled values run
+    kw = dict(model="any", max_tokens=16, temperature=0.7, seed=i, extra_body={"on_length": "close"},
               messages=[{"role": "user", "content": f"Request {i}: weather in city number {i}?"}])
     if i % 2 == 0:
         kw.update(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})

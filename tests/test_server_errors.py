@@ -86,8 +86,13 @@ def test_malformed_messages(srv, messages, param):
 @pytest.mark.parametrize("body, param", [
     ({"messages": ASK, "max_tokens": 0}, "max_tokens"),
     ({"messages": ASK, "temperature": 3}, "temperature"),
-    ({"messages": ASK, "top_logprobs": 5}, None),
-    ({"messages": ASK, "n": 2}, "n"),
+    ({"messages": ASK, "n": 17}, "n"),
+    ({"messages": ASK, "user": 5}, "user"),
+    ({"messages": ASK, "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": ASK, "best_of": 2}, "best_of"),
+    ({"messages": ASK, "logit_bias": {"99999999": 1}}, "logit_bias"),
+    ({"messages": ASK, "guided_regex": "a+"}, "guided_regex"),
+    ({"messages": ASK, "guided_json": {"type": "object"}, "response_format": {"type": "json_object"}}, "guided_json"),
     ({"messages": ASK, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"messages": ASK, "response_format": {"type": "json_schema"}}, "response_format"),
     ({"messages": ASK, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
@@ -130,6 +135,7 @@ def test_full_queue_is_429_and_stopped_engine_is_503(srv, client):
         with pytest.raises(openai.RateLimitError) as e:
             client.chat.completions.create(model="any", messages=ASK, max_tokens=4)
         assert e.value.status_code == 429 and e.value.body["type"] == "rate_limit_error"
+        assert int(e.value.response.headers["retry-after"]) >= 1  # when to come back
     finally:
         engine.max_pending = saved
     engine.stop()

@@ -67,7 +67,10 @@ FIELDS = {
     "seed": json_values, "stop": st.one_of(json_values, st.lists(st.text(max_size=3), max_size=5)),
     "logprobs": json_values, "top_logprobs": json_values, "n": json_values, "max_tokens": json_values,
     "max_completion_tokens": json_values, "return_token_ids": json_values, "stream_options": json_values,
-    "logit_bias": json_values, "frequency_penalty": json_values,
+    "logit_bias": json_values, "frequency_penalty": json_values, "presence_penalty": json_values,
+    "repetition_penalty": json_values, "min_tokens": json_values, "on_length": st.one_of(json_values, st.sampled_from(["cut", "close"])),
+    "guided_json": st.one_of(schemas, json_values), "guided_choice": st.one_of(json_values, st.lists(st.text(max_size=4), max_size=3)),
+    "structured_outputs": json_values,
 }
 
 
@@ -119,7 +122,7 @@ def check(response):
         assert response.json()["choices"][0]["message"]["role"] == "assistant"
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(body=bodies())
 def test_fuzzed_bodies_never_500(http, closed_queue, body):
     check(http.post("/chat/completions", json=body))

@@ -66,7 +66,7 @@ def server(request, qwen2_tokenizer):
     lm = SimpleNamespace(tokenizer=tok, name="deepseek-r1-distill-qwen",
                          model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=131072, vocab_size=152064)))
     served = ServedModel(lm, vocab)
-    served.backend = lambda: backend
+    served.serve_one_at_a_time(backend)
     run = start_in_thread(served=served, api_key="k")
     import openai
 
@@ -108,14 +108,17 @@ def test_reasoning_and_a_tool_call(server, stream):
         got = [(c.function.name, json.loads(c.function.arguments)) for c in calls]
     else:
         reasoning = content = ""
-        got = []
+        parts: dict[int, list[str]] = {}  # the call arrives in pieces: the name, then argument text
         for chunk in server.client.chat.completions.create(stream=True, **kw):
             if not chunk.choices:
                 continue
             d = chunk.choices[0].delta
             reasoning += getattr(d, "reasoning_content", None) or ""
             content += d.content or ""
-            got += [(c.function.name, json.loads(c.function.arguments)) for c in d.tool_calls or []]
+            for c in d.tool_calls or []:
+                name, args = parts.setdefault(c.index, ["", ""])
+                parts[c.index] = [name + (c.function.name or ""), args + (c.function.arguments or "")]
+        got = [(name, json.loads(args)) for name, args in (parts[k] for k in sorted(parts))]
     assert reasoning == "Paris: use the tool. A </think> here is text."
     assert content.strip() == "Checking."
     assert got == [("get_weather", {"city": "Paris"})]

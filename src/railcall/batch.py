@@ -1,51 +1,52 @@
-"""Batched decoding: several sequences through the model per forward pass, each with its own matcher.
+"""Batched decoding: many rows through the model per forward pass, each its own `decode.Row`.
 
-`decode.generate` serves one sequence; on a CPU that is memory-bound (SmolLM2-135M in fp32 reads
-its ~540 MB of weights for every pass), so one pass over 16 rows costs about twice one pass over
-a single row. Measured on 2 cores with ~180-token prompts: 68 ms per token for one row,
-8.7 ms per row-token for 16 rows, 5.7 ms for 32. An evaluation decodes hundreds of independent
-requests; this module decodes them together.
+On a memory-bound CPU (SmolLM2-135M in fp32 reads its ~540 MB of weights on every pass) one pass
+over 16 rows costs about twice one pass over a single row. Measured on 2 cores with ~180-token
+prompts: 68 ms per token for one row, 8.7 ms per row-token for 16 rows, 5.7 ms for 32.
 
-The loop is `decode.generate`'s, row by row: each row in each step either fast-forwards the
-tokens its grammar dictates (`Matcher.forced_tokens`) or masks (`fill_bitmask`), samples and
-consumes one token; a stop token, a done matcher or the token ceiling (with `Matcher.finish()`)
-ends the row, which then leaves the batch. Rows feed different numbers of tokens per pass (a
-forced run against one sampled token), so the new tokens are right-padded within the pass and
-the pads masked out of attention for good; prompts are left-padded. Every row carries its own
-position ids, so padding never shifts a position. At temperature 0 the outputs equal
-`generate`'s (a test checks it); padded matrix products can differ from unpadded ones in the
-last bits, so a near-tie between two tokens could in principle break differently.
+    BatchLoop.add(prompt, row)  -> waiting
+    BatchLoop.step():  admit waiting rows (prefill; a cached prefix is not run again), then
+                       row.advance(logits) for every live row (mask, sample, or forced tokens),
+                       rows that ended leave, one forward pass feeds the rest
+    decode_stream / generate_batch: a BatchLoop over an iterable of requests (railcall eval)
+    server.engine.Engine: a BatchLoop on its worker thread, fed by the request queue
 
-Rows that share a prompt (the same request with and without a grammar) share one prefill: the
-prompt's cache is computed once and copied into each row. `decode_stream` keeps the batch full:
-when half its rows have ended, the next requests are prefilled and join (their caches padded on
-the left to the batch's length), so a few long replies do not leave the machine decoding a
-batch of one. Under load the thread count matters more than the batch: on 2 cores shared with
-other processes (load ~7), a step of 8 rows took 1.8 s with torch's 2 threads and 0.33 s with 1.
+Continuous batching: rows join and leave at every step. Rows feed different numbers of tokens per
+pass (a forced run against one sampled token), so the new tokens are right-padded within the
+pass and the pads masked out of attention for good; prompts are left-padded, and a row that joins
+a longer batch is padded on the left. Every row carries its own position ids, so padding never
+shifts a position. At temperature 0 the outputs equal `generate`'s (a test checks it); padded
+matrix products can differ from unpadded ones in the last bits, so a near-tie between two tokens
+could in principle break differently.
 
-Lifecycles: `TransformersBatch` lives as long as one `decode_stream` (it holds the KV cache of
-the rows in flight); matchers are per row, as in `generate`.
-Not recorded (unlike `generate`): per-token log-probabilities (`Step.logprob` is None).
+Prefix cache (`PrefixCache`, per model, LRU, bounded in bytes): when a row ends, the KV of its
+prompt and the tokens it fed is kept; a later prompt that starts with a kept sequence prefills
+only the rest. The KV of the first m tokens does not depend on what follows them (attention is
+causal and positions count from 0 in every row), so any prefix of a kept sequence is reusable.
+
+Lifecycles: `TransformersBatch` holds the KV of the rows in flight, as long as its loop runs;
+`PrefixCache` lives as long as the model; rows (and their matchers) are per request.
 """
 
 from __future__ import annotations
 
-import time
+import collections
 from typing import Callable, Iterable, Iterator, Sequence
 
-from railcall.bitmask import allocate_bitmask, apply_bitmask
-from railcall.decode import Generation, SamplingParams, Step, sample_token
+from railcall.decode import Generation, Row, SamplingParams
 
 
 class TransformersBatch:
     """A transformers causal LM run over several rows at once with one KV cache (per batch).
 
-    `start(prompts)` prefills the prompts (left-padded), one row each; `keep(rows)` selects and
-    copies rows (so requests sharing a prompt share its prefill); `join(other)` appends another
-    started batch's rows; `feed(tokens)` appends a list of tokens per live row (of different
-    lengths; right-padded and masked) and returns each row's logits after its last token.
-    Row numbers are positions in the current batch. Relies on transformers' DynamicCache
-    (`reorder_cache`, per-layer `keys`/`values`), as pinned in pyproject.
+    `start(prompts)` prefills the prompts (left-padded), one row each; `start_cached(prompt, m,
+    kv)` prefills one row whose first m tokens' KV is given; `keep(rows)` selects and copies rows
+    (so requests sharing a prompt share its prefill); `join(other)` appends another started
+    batch's rows; `feed(tokens)` appends a list of tokens per live row (of different lengths;
+    right-padded and masked) and returns each row's logits after its last token; `row_kv(b)` is
+    row b's KV without its pads (for the prefix cache). Row numbers are positions in the current
+    batch. Relies on transformers' DynamicCache (`reorder_cache`, per-layer `keys`/`values`), as
+    pinned in pyproject.
     """
 
     def __init__(self, model, pad_id: int = 0):
@@ -57,9 +58,12 @@ class TransformersBatch:
         self._mask = None  # (rows, cache length) long: 1 for a real token, 0 for a pad
         self._pos = None  # (rows,) long: the position of each row's next token
 
+    @property
+    def columns(self) -> int:
+        return 0 if self._mask is None else int(self._mask.shape[-1])
+
     def start(self, prompts: Sequence[Sequence[int]]):
-        """Prefill the prompts (one row each, left-padded); return (rows, width) logits. Rows
-        that share a prompt are made with `keep` (an index may repeat)."""
+        """Prefill the prompts (one row each, left-padded); return (rows, width) logits."""
         import torch
         from transformers import DynamicCache
 
@@ -77,6 +81,24 @@ class TransformersBatch:
         logits = self._run(ids, mask, pos, keep=1)[:, -1]
         self._mask = mask
         self._pos = mask.sum(-1)
+        return logits
+
+    def start_cached(self, prompt: Sequence[int], m: int, kv: Sequence[tuple]):
+        """Prefill one row whose first `m` tokens are already computed: `kv` holds, per layer,
+        (keys, values) of shape (1, heads, >= m, head_dim); only prompt[m:] runs. Returns (1, width)."""
+        import torch
+        from transformers import DynamicCache
+
+        self._cache = DynamicCache()
+        for i, (k, v) in enumerate(kv):
+            self._cache.update(k[:, :, :m].clone(), v[:, :, :m].clone(), i)
+        n = len(prompt)
+        ids = torch.tensor([list(prompt[m:])], dtype=torch.long)
+        mask = torch.ones((1, n), dtype=torch.long)
+        pos = torch.arange(m, n, dtype=torch.long).unsqueeze(0)
+        logits = self._run(ids, mask, pos, keep=1)[:, -1]
+        self._mask = mask
+        self._pos = torch.tensor([n], dtype=torch.long)
         return logits
 
     def feed(self, tokens: Sequence[Sequence[int]]):
@@ -101,13 +123,21 @@ class TransformersBatch:
 
     def keep(self, rows: Sequence[int]) -> None:
         """Make the batch rows `rows` of the current one, in this order: rows not named leave,
-        a row named twice is copied (an index_select of the cache per layer: ~2 ms per MB)."""
+        a row named twice is copied (an index_select of the cache per layer: ~2 ms per MB).
+        Columns no remaining row uses (the left pads of rows that left) are dropped."""
         import torch
 
         index = torch.tensor(list(rows), dtype=torch.long)
         self._cache.reorder_cache(index)
         self._mask = self._mask[index]
         self._pos = self._pos[index]
+        used = self._mask.any(0)
+        first = int(torch.argmax(used.to(torch.int8))) if bool(used.any()) else 0
+        if first > 0:
+            for layer in self._cache.layers:
+                layer.keys = layer.keys[:, :, first:].contiguous()
+                layer.values = layer.values[:, :, first:].contiguous()
+            self._mask = self._mask[:, first:]
 
     def join(self, other: "TransformersBatch") -> None:
         """Append `other`'s rows after this batch's (both started). The shorter cache is padded
@@ -116,6 +146,7 @@ class TransformersBatch:
 
         if self._cache is None:
             self._cache, self._mask, self._pos = other._cache, other._mask, other._pos
+            self.forward_passes += other.forward_passes
             return
         a, b = self._mask.shape[-1], other._mask.shape[-1]
         length = max(a, b)
@@ -134,6 +165,12 @@ class TransformersBatch:
         self._pos = torch.cat([self._pos, other._pos])
         self.forward_passes += other.forward_passes
 
+    def row_kv(self, b: int) -> list[tuple]:
+        """Row b's KV without pads: per layer (keys, values), each (1, heads, tokens, head_dim),
+        new tensors (the batch may change after)."""
+        real = self._mask[b].bool()
+        return [(layer.keys[b:b + 1][:, :, real], layer.values[b:b + 1][:, :, real]) for layer in self._cache.layers]
+
     def _run(self, ids, mask, pos, keep: int = 0):
         import torch
 
@@ -145,20 +182,248 @@ class TransformersBatch:
         return out.logits.float()
 
 
-class _Row:
-    __slots__ = ("matcher", "out", "steps", "reason", "cut", "passes", "saved", "seconds", "gen", "done")
+class OneRowBatch:
+    """A single-sequence backend (`start`/`feed`: a test double, a runtime that cannot batch) seen
+    as a batch of at most one row, so that it runs in the same loop (`BatchLoop(max_rows=1)`,
+    no prefix cache)."""
 
-    def __init__(self, matcher, gen):
-        self.matcher = matcher
-        self.out: list[int] = []
-        self.steps: list[Step] = []
-        self.reason = "length"
-        self.cut = False
-        self.passes = 1  # the prefill
-        self.saved = 0
-        self.seconds = 0.0
-        self.gen = gen
-        self.done = False
+    def __init__(self, backend):
+        self.backend = backend
+        self.rows = 0
+
+    def start(self, prompts):
+        if len(prompts) != 1:
+            raise ValueError(f"a single-sequence backend runs one row at a time, not {len(prompts)}")
+        self.rows = 1
+        return self.backend.start(prompts[0]).unsqueeze(0)
+
+    def feed(self, tokens):
+        (toks,) = tokens
+        return self.backend.feed(toks)[-1].unsqueeze(0)
+
+    def keep(self, rows):
+        if list(rows) != [0] * len(rows) or len(rows) > 1:
+            raise ValueError("a single-sequence backend cannot copy or reorder rows")
+        self.rows = len(rows)
+
+    def join(self, other) -> None:
+        if self.rows:
+            raise ValueError("a single-sequence backend holds one row")
+        self.backend, self.rows = other.backend, other.rows
+
+
+class PrefixCache:
+    """KV of token sequences a model has run, to skip prefilling a prompt's known start. Built once
+    per model (the KV is that model's); used from one thread (the loop's).
+
+    LRU over entries, bounded in bytes (SmolLM2-135M: 46 KB per token, so the default 256 MB holds
+    about 5,800 tokens). An entry is a whole sequence (a prompt and what was fed after it); a
+    lookup takes the longest common prefix with any entry, at least `min_tokens` long and leaving
+    one prompt token to run (its logits are the next step's). Storing a sequence drops the entries
+    it extends: an agent's episode keeps one entry that grows step by step.
+    """
+
+    def __init__(self, max_bytes: int = 256 << 20, min_tokens: int = 16):
+        import numpy as np
+
+        self._np = np
+        self.max_bytes = max_bytes
+        self.min_tokens = min_tokens
+        self._entries: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()  # key -> (ids array, kv, bytes)
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.tokens_saved = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, prompt: Sequence[int]) -> tuple[int, list | None]:
+        """(m, kv): the first m tokens of `prompt` have their KV in `kv` (per layer, (keys,
+        values)); (0, None) when no entry shares at least min_tokens with it."""
+        np = self._np
+        a = np.asarray(prompt, dtype=np.int64)
+        best, hit = 0, None
+        for key, (ids, kv, _) in self._entries.items():
+            n = min(len(ids), len(a))
+            if n <= best:
+                continue
+            eq = ids[:n] == a[:n]
+            m = n if bool(eq.all()) else int(np.argmin(eq))
+            if m > best:
+                best, hit = m, key
+        best = min(best, len(prompt) - 1)
+        if hit is None or best < self.min_tokens:
+            self.misses += 1
+            return 0, None
+        self._entries.move_to_end(hit)
+        self.hits += 1
+        self.tokens_saved += best
+        return best, self._entries[hit][1]
+
+    def store(self, tokens: Sequence[int], kv: list[tuple]) -> None:
+        if len(tokens) < self.min_tokens:
+            return
+        key = tuple(tokens)
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        if size > self.max_bytes:
+            return
+        for old in [k for k in self._entries if len(k) <= len(key) and key[: len(k)] == k]:
+            self.bytes -= self._entries.pop(old)[2]
+        self._entries[key] = (self._np.asarray(key, dtype=self._np.int64), kv, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            self.bytes -= self._entries.popitem(last=False)[1][2]
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
+
+class BatchLoop:
+    """Continuous batching: rows join and leave at every step, one forward pass per step for all.
+
+    Built per serving loop (one per model in the server, one per `decode_stream`); used from one
+    thread. `add(prompt, row)` queues a row; `step()` admits queued rows (up to `max_rows` live,
+    at most `prefill_tokens` prompt tokens run per step beyond the first row, so a long prompt
+    delays the rows in flight by one prefill and not by many), advances every live row, feeds
+    the ones still going in one pass, and returns the rows that ended. A row whose `advance`
+    raises ends with finish_reason "error" and the exception in `row.error`.
+    """
+
+    def __init__(self, model, vocab, *, max_rows: int = 16, prefix_cache: PrefixCache | None = None,
+                 prefill_tokens: int = 2048, new_batch: Callable[[], object] | None = None):
+        self.model = model
+        # what runs the rows: a TransformersBatch over `model` by default, or any object with its
+        # verbs (start, start_cached, feed, keep, join, row_kv; OneRowBatch for a single sequence)
+        self.new_batch = new_batch or (lambda: TransformersBatch(model, pad_id=self.pad_id))
+        self.vocab = vocab
+        self.max_rows = max_rows
+        self.cache = prefix_cache
+        self.prefill_tokens = prefill_tokens
+        self.pad_id = vocab.eos_id if vocab.eos_id is not None else 0
+        self.waiting: collections.deque[tuple[list[int], Row]] = collections.deque()
+        self.live: list[Row] = []  # in batch order
+        self._tokens: list[list[int]] = []  # per live row: the tokens its KV holds (prompt + fed)
+        self._lm: TransformersBatch | None = None
+        self._logits = None  # (live rows, width): each row's logits for its next advance
+        self.forward_passes = 0
+        self.steps = 0
+        self.prefilled_tokens = 0  # prompt tokens run (a cached prefix is not)
+
+    def add(self, prompt: Sequence[int], row: Row) -> None:
+        self.waiting.append((list(prompt), row))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.live)
+
+    def step(self) -> list[Row]:
+        ended = self._admit()
+        if not self.live:
+            return ended
+        feeds = []
+        for b, row in enumerate(self.live):
+            try:
+                feed = row.advance(self._logits[b])
+            except Exception as e:  # a fault in one row (its matcher, a callback) ends that row only
+                row.error = e
+                row.end("error")
+                feed = []
+            feeds.append(feed)
+        keep = [b for b, f in enumerate(feeds) if f]
+        for b, f in enumerate(feeds):
+            if not f:
+                ended.append(self.live[b])
+                if self.cache is not None and len(self._tokens[b]) >= self.cache.min_tokens:
+                    self.cache.store(self._tokens[b], self._lm.row_kv(b))
+        if not keep:
+            self.live, self._tokens, self._lm, self._logits = [], [], None, None
+            return ended
+        if len(keep) != len(self.live):
+            self._lm.keep(keep)
+        self.live = [self.live[b] for b in keep]
+        self._tokens = [self._tokens[b] for b in keep]
+        fed = [feeds[b] for b in keep]
+        for toks, f in zip(self._tokens, fed):
+            toks.extend(f)
+        self._logits = self._lm.feed(fed)
+        self.forward_passes += 1
+        self.steps += 1
+        for row in self.live:
+            row.passes += 1
+        return ended
+
+    def _admit(self) -> list[Row]:
+        """Prefill queued rows into the batch; returns rows that ended while queued (cancelled)."""
+        import torch
+
+        ended: list[Row] = []
+        take: list[tuple[list[int], Row, int, list | None]] = []
+        budget = self.prefill_tokens
+        while self.waiting and len(self.live) + len(take) < self.max_rows:
+            prompt, row = self.waiting[0]
+            if row.cancelled is not None and row.cancelled():
+                self.waiting.popleft()
+                row.end("cancelled")
+                ended.append(row)
+                continue
+            m, kv = self.cache.lookup(prompt) if self.cache is not None else (0, None)
+            cost = len(prompt) - m
+            if take and cost > budget:
+                break
+            self.waiting.popleft()
+            budget -= cost
+            take.append((prompt, row, m, kv))
+        if not take:
+            return ended
+        parts: list[tuple[TransformersBatch, object]] = []
+        plain = [(p, r) for p, r, m, _ in take if not m]
+        order: list[tuple[list[int], Row]] = []
+        if plain:
+            firsts: dict[tuple, int] = {}
+            uniq, slots = [], []
+            for p, r in plain:  # rows with equal prompts share one prefill
+                key = tuple(p)
+                if key not in firsts:
+                    firsts[key] = len(uniq)
+                    uniq.append(p)
+                slots.append(firsts[key])
+            lm = self.new_batch()
+            logits = lm.start(uniq)
+            if slots != list(range(len(uniq))):
+                lm.keep(slots)
+                logits = logits[torch.tensor(slots)]
+            parts.append((lm, logits))
+            order += plain
+            self.prefilled_tokens += sum(len(p) for p in uniq)
+        for p, r, m, kv in take:
+            if m:
+                lm = self.new_batch()
+                parts.append((lm, lm.start_cached(p, m, kv)))
+                r.prompt_cached = m
+                order.append((p, r))
+                self.prefilled_tokens += len(p) - m
+        for lm, logits in parts:
+            self.forward_passes += 1
+            if self._lm is None:
+                self._lm, self._logits = lm, logits
+            else:
+                self._lm.join(lm)
+                self._logits = torch.cat([self._logits, logits])
+        for p, r in order:
+            self.live.append(r)
+            self._tokens.append(list(p))
+        return ended
+
+    def cancel_all(self, reason: str = "cancelled") -> list[Row]:
+        """End every row, live or queued (the loop is stopping); returns them."""
+        rows = [r for _, r in self.waiting] + self.live
+        for r in rows:
+            r.end(reason)
+        self.waiting.clear()
+        self.live, self._tokens, self._lm, self._logits = [], [], None, None
+        return rows
 
 
 def generate_batch(model, vocab, prompts: Sequence[Sequence[int]], matchers: Sequence | None = None,
@@ -183,131 +448,31 @@ def decode_stream(model, vocab, requests: Iterable[tuple], params: SamplingParam
     admitted) with at most `max_rows` rows live; yield (request index, Generation) as each row
     ends, in the order rows end.
 
-    Rows join in order: whenever the live rows fall to half of `max_rows`, the next requests
-    are prefilled together (equal prompts once: a request with and without a grammar shares
-    its prefill) and join the batch, so a few long replies do not hold the machine to a batch
-    of one. `decided(i, tokens)`, if given, is asked after each token a free row samples; True
-    ends that row early with finish_reason "decided" (the caller already knows its verdict: an
-    evaluation stops a reply that can no longer be a call). `Generation.seconds` is the row's
-    latency from its prefill to its last token, `forward_passes` the passes it took part in
-    (its prefill included).
+    Rows are admitted in order, in groups: whenever the live rows fall to half of `max_rows`, the
+    next requests are prefilled together (equal prompts once: a request with and without a
+    grammar shares its prefill) and join, so a few long replies do not hold the machine to a
+    batch of one, and joins (each copies the batch's KV) stay few. `decided(i, tokens)`, if
+    given, is asked after each token a free row samples; True ends that row early with
+    finish_reason "decided" (an evaluation stops a reply that can no longer be a call).
+    `Generation.seconds` is the row's latency from its admission to its last token,
+    `forward_passes` the passes it took part in (its prefill included).
     """
-    import torch
-
     params = params or SamplingParams()
-    stops = set(vocab.stop_ids)
-    pad_id = vocab.eos_id if vocab.eos_id is not None else 0
-    lm: TransformersBatch | None = None
-    rows: dict[int, _Row] = {}
-    live: list[int] = []  # request ids, in batch order
-    slot: list[int] = []  # the batch row each live request reads its logits from
-    logits = None
-    bm = allocate_bitmask(getattr(vocab, "logits_width", None) or int(model.config.vocab_size))
+    loop = BatchLoop(model, vocab, max_rows=max_rows, prefill_tokens=1 << 30)
     source = enumerate(requests)
-    queue = [next(source, None)]  # one request of lookahead; None: no more
-
-    def admit():
-        nonlocal lm, logits
-        take = []
-        while queue[0] is not None and len(live) + len(take) < max_rows:
-            take.append(queue[0])
-            queue[0] = next(source, None)
-        keys: dict[tuple, int] = {}
-        uniq = []
-        first_slot = []
-        for i, (prompt, m) in take:
-            key = tuple(prompt)
-            if key not in keys:
-                keys[key] = len(uniq)
-                uniq.append(prompt)
-            first_slot.append(keys[key])
-            gen = torch.Generator().manual_seed(params.seed + i) if params.seed is not None else None
-            rows[i] = _Row(m, gen)
-            rows[i].seconds = time.perf_counter()  # start time until the row ends
-        fresh = TransformersBatch(model, pad_id=pad_id)
-        new_logits = fresh.start(uniq)
-        base = 0 if lm is None else len(logits)
-        if lm is None:
-            lm, logits = fresh, new_logits
-        else:
-            lm.join(fresh)
-            logits = torch.cat([logits, new_logits])
-        live.extend(i for i, _ in take)
-        slot.extend(base + k for k in first_slot)
-
-    def record(r, tok, legal, forced):
-        r.steps.append(Step(len(r.steps), tok, vocab.token_text(tok) if tok < vocab.size else "", legal, forced, None))
-
-    def end(i, reason):
-        r = rows[i]
-        r.reason, r.done, r.seconds = reason, True, time.perf_counter() - r.seconds
-        del rows[i]  # a finished row is the caller's now
-        m = r.matcher
-        if m is not None and reason == "length" and not m.is_accepting() and not m.is_error():
-            tail = m.finish()
-            for t in tail:
-                r.out.append(t)
-                record(r, t, 1, True)
-            r.cut = bool(tail)
-        return i, Generation(
-            tokens=r.out, text=vocab.decode(r.out).decode("utf-8", errors="replace"), steps=r.steps,
-            finish_reason=reason, cut=r.cut, forward_passes=r.passes, passes_saved=r.saved, seconds=r.seconds,
-            grammar_error=m.error_message if m is not None else "")
-
-    while queue[0] is not None or live:
-        if queue[0] is not None and len(live) <= max_rows // 2:
-            admit()
-        feeds: list[list[int]] = []
-        ended = []
-        for b, i in enumerate(live):
-            r = rows[i]
-            m = r.matcher
-            feed: list[int] = []
-            if len(r.out) >= params.max_tokens:
-                ended.append(end(i, "length"))
-            elif m is not None and m.is_done():
-                ended.append(end(i, "stop"))
-            elif m is not None and fast_forward and (forced := m.forced_tokens()[: params.max_tokens - len(r.out)]):
-                for t in forced:
-                    m.consume_token(t)
-                    r.out.append(t)
-                    record(r, t, 1, True)
-                r.saved += len(forced) - 1
-                feed = forced
-            else:
-                row_logits = logits[slot[b]]
-                legal = None
-                if m is not None:
-                    legal = m.fill_bitmask(bm)
-                    row_logits = row_logits.clone()
-                    apply_bitmask(row_logits, bm)
-                tok, _ = sample_token(row_logits, params, r.gen)
-                if m is not None:
-                    m.consume_token(tok)
-                if tok in stops:
-                    ended.append(end(i, "stop"))
-                else:
-                    r.out.append(tok)
-                    record(r, tok, legal, False)
-                    if len(r.out) >= params.max_tokens:
-                        ended.append(end(i, "length"))
-                    elif m is None and decided is not None and decided(i, r.out):
-                        ended.append(end(i, "decided"))
-                    else:
-                        feed = [tok]
-            feeds.append(feed)
-        yield from ended
-        keep = [b for b, f in enumerate(feeds) if f]
-        if not keep:
-            live, slot, lm, logits = [], [], None, None
-            continue
-        # One cache selection per change: ended rows leave, and rows that share a prompt get
-        # their own copies of its prefill before their first feed.
-        index = [slot[b] for b in keep]
-        if index != list(range(len(logits))):
-            lm.keep(index)
-        live = [live[b] for b in keep]
-        logits = lm.feed([feeds[b] for b in keep])
-        slot = list(range(len(live)))
-        for i in live:
-            rows[i].passes += 1
+    pending = next(source, None)
+    index: dict[int, int] = {}
+    while pending is not None or loop.busy:
+        if pending is not None and len(loop.live) + len(loop.waiting) <= max_rows // 2:
+            while pending is not None and len(loop.live) + len(loop.waiting) < max_rows:
+                i, (prompt, m) = pending
+                row = Row(vocab, m, params, fast_forward=fast_forward,
+                          decided=(lambda toks, i=i: decided(i, toks)) if decided is not None else None,
+                          seed=params.seed + i if params.seed is not None else None)
+                index[id(row)] = i
+                loop.add(prompt, row)
+                pending = next(source, None)
+        for row in loop.step():
+            if getattr(row, "error", None) is not None:
+                raise row.error
+            yield index.pop(id(row)), row.generation()

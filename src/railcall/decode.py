@@ -1,23 +1,35 @@
 """The decode loop: logits -> matcher mask -> sampling -> consume, with fast-forward and a trace.
 
-Per request: a Backend (shared per model), a Matcher (per request, or None for unconstrained
-decoding) and SamplingParams. Masking removes tokens from the model's distribution and never
-changes the logits of the legal ones, so sampling (greedy, temperature, top-k, top-p) sees the
-model's own judgement restricted to what the grammar allows.
+Per request: a Matcher (per request, or None for unconstrained decoding) and SamplingParams,
+held by a `Row`; per model: a backend that runs the forward passes. Masking removes tokens from
+the model's distribution and never changes the logits of the legal ones, so sampling (greedy,
+temperature, top-k, top-p) sees the model's own judgement restricted to what the grammar allows.
+
+One loop body for every caller. `Row.advance(logits)` is one step of one sequence: it is given
+the logits after the sequence's last token and returns the tokens to feed next ([] once the row
+has ended). `generate` drives one Row over a single-sequence backend; `railcall.batch.BatchLoop`
+drives many over one batched forward pass (the server, `railcall eval`). Whatever a row does --
+fast-forward, stop strings, penalties, the token ceiling -- it does the same in both.
 
 - Fast-forward: where the grammar dictates the next tokens (`Matcher.forced_tokens`), they are
-  fed in one forward pass instead of one pass per token; the passes saved are counted. With
-  `batch_forced=False` the same tokens are fed one pass at a time (the reference path).
-- Token ceiling: when `max_tokens` is reached mid-call, `Matcher.finish()` completes the call
-  with its shortest valid completion and the result says it was cut (seed 000's forced finish).
+  fed in one forward pass instead of one pass per token; the passes saved are counted. A forced
+  token's logprob is 0.0: under the masked distribution it was the only legal token.
+- Token ceiling (`SamplingParams.cut`): what happens to a call or answer that `max_tokens` would
+  cut. "complete" (the library's default, seed 000's forced finish): as the budget runs out the
+  row writes the grammar's shortest close (`Matcher.finish`) while it still fits, so the output
+  stays inside `max_tokens`; where even that is too long it is completed past the ceiling. A
+  completion may fill a required value with "?", and `Generation.cut` says it happened: such an
+  output must never be executed as the model's call. "close": the same steering, never past
+  `max_tokens` (a close that does not fit leaves the output cut). "leave": no steering, no
+  completion; the output ends where the ceiling cut it (OpenAI's behaviour, the server's default).
 - Trace: one record per generated token -- the legal-token count (the syntax/semantics boundary
   moving, seed 000), whether the grammar forced it, the token, its text and its logprob under the
   masked distribution. `Generation.save_trace` writes JSON lines.
-- Serving hooks (all optional, defaults keep the loop as above): `on_step(step)` is called once per
-  generated token as soon as it is known (streaming); `cancelled()` is polled before every forward
-  pass and ends the loop with finish_reason "cancelled" (a client that went away);
-  `SamplingParams.top_logprobs` records the N most likely tokens of each step's distribution;
-  `SamplingParams.stop` ends generation at the first stop string, which is cut from `text`.
+- Serving hooks (all optional): `on_step(step)` is called once per generated token as soon as it
+  is known (streaming); `cancelled()` is polled before every step and ends the row with
+  finish_reason "cancelled"; `SamplingParams.top_logprobs` records the N most likely tokens of each
+  step's distribution; `SamplingParams.stop` ends generation at the first stop string, which is cut
+  from `text`; penalties, `logit_bias` and `min_tokens` adjust the logits before the mask.
 """
 
 from __future__ import annotations
@@ -30,6 +42,12 @@ from typing import Callable, Sequence
 
 from railcall.bitmask import allocate_bitmask, apply_bitmask
 
+CUT_MODES = ("complete", "close", "leave")
+# How close to the ceiling a row starts measuring its shortest close (a copy of the matcher runs
+# `finish` once per step inside this window): a close longer than this is rare for tool calls,
+# and the measuring costs a completion search per step only near the end.
+CLOSE_WINDOW = 24
+
 
 @dataclass
 class SamplingParams:
@@ -40,6 +58,21 @@ class SamplingParams:
     seed: int | None = None
     top_logprobs: int = 0  # record this many alternatives per step (Step.top)
     stop: tuple[str, ...] = ()  # stop strings: generation ends at the first, which is cut from text
+    cut: str = "complete"  # at the token ceiling: "complete" | "close" | "leave" (module docstring)
+    min_tokens: int = 0  # stop tokens are masked until this many tokens were generated
+    repetition_penalty: float = 1.0  # >1: a generated token's logit is divided (positive) or multiplied
+    presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (before the mask)
+
+    def __post_init__(self):
+        if self.cut not in CUT_MODES:
+            raise ValueError(f"SamplingParams.cut must be one of {', '.join(CUT_MODES)}, not {self.cut!r}")
+
+    @property
+    def adjusts(self) -> bool:
+        return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty
+                    or self.logit_bias)
 
 
 @dataclass
@@ -48,7 +81,7 @@ class Step:
     token: int
     text: str
     legal: int | None  # legal tokens at this step (None: unconstrained)
-    forced: bool  # written by the grammar (fast-forward or finish), not sampled
+    forced: bool  # written by the grammar (fast-forward or a forced close), not sampled
     logprob: float | None
     top: list[tuple[int, float]] | None = None  # (token, logprob) best first, when top_logprobs > 0
 
@@ -58,13 +91,14 @@ class Generation:
     tokens: list[int]
     text: str
     steps: list[Step] = field(default_factory=list)
-    finish_reason: str = "stop"  # stop | length | cancelled
-    cut: bool = False  # the call was completed by finish() at the token ceiling
+    finish_reason: str = "stop"  # stop | length | cancelled | decided
+    cut: bool = False  # the grammar closed the output at the token ceiling (values may be filled in)
     forward_passes: int = 0
     passes_saved: int = 0  # forced tokens that did not need a pass of their own
     seconds: float = 0.0
     grammar_error: str = ""
     stop_string: str | None = None  # the stop string that ended generation (cut from text)
+    prompt_cached: int = 0  # prompt tokens whose KV came from the prefix cache
 
     @property
     def tokens_per_s(self) -> float:
@@ -114,117 +148,223 @@ def _sample_dist(logits, params: SamplingParams, gen):
     return int(torch.multinomial(probs, 1, generator=gen)), logp
 
 
+class Row:
+    """One sequence being decoded: its matcher, sampling settings, output and trace. Built per
+    request (or per choice of a request with n > 1); driven by whichever loop owns the model.
+
+    Each step the loop passes the (width,) logits after the row's last fed token to `advance`,
+    which decides this step's tokens (forced, or masked and sampled), records them, and returns
+    what to feed next; [] means the row has ended and `generation()` is its result.
+    """
+
+    def __init__(self, vocab, matcher=None, params: SamplingParams | None = None, *, fast_forward: bool = True,
+                 on_step: Callable[[Step], None] | None = None, cancelled: Callable[[], bool] | None = None,
+                 decided: Callable[[list[int]], bool] | None = None, seed: int | None = None):
+        import torch
+
+        self.vocab = vocab
+        self.matcher = matcher
+        self.params = p = params or SamplingParams()
+        self.fast_forward = fast_forward
+        self.on_step, self.cancelled, self.decided = on_step, cancelled, decided
+        seed = p.seed if seed is None else seed
+        self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.stops = set(vocab.stop_ids)
+        self.out: list[int] = []
+        self.steps: list[Step] = []
+        self.finish_reason = "length"
+        self.ended = False
+        self.cut = False
+        self.passes = 1  # the prefill
+        self.saved = 0
+        self.prompt_cached = 0
+        self.error: Exception | None = None  # what ended the row, if a fault did (finish_reason "error")
+        self.t0 = time.perf_counter()
+        self.seconds = 0.0
+        self._bm = None
+        self._counts: dict[int, int] = {}  # token -> occurrences in the output (penalties)
+        self._stops_b = [(s.encode("utf-8"), s) for s in p.stop if s]  # (bytes, the string)
+        self._longest_stop = max((len(b) for b, _ in self._stops_b), default=0)
+        self._text_b = bytearray()  # the output's bytes so far, only kept when there are stop strings
+        self._stop_at: list = []  # [byte offset, stop string] once a stop string appeared
+        # Under a matcher with free-text phases (a call or an answer inside prose), stop strings
+        # apply to the free text only: one would cut a call's JSON in two.
+        self._in_free = getattr(matcher, "in_free_text", None)
+        self._free_from = 0
+
+    # -- one step ----------------------------------------------------------------------------
+    def advance(self, logits) -> list[int]:
+        """This step's tokens, given the (width,) logits after the last fed token; returns the
+        tokens to feed (forced ones together), or [] when the row has ended."""
+        if self.ended:
+            return []
+        p, m = self.params, self.matcher
+        if self._stop_at:
+            return self._end("stop")
+        if len(self.out) >= p.max_tokens:
+            return self._end("length")
+        if self.cancelled is not None and self.cancelled():
+            return self._end("cancelled")
+        if m is not None and m.is_done():
+            return self._end("stop")
+        if m is not None and self.fast_forward:
+            forced = m.forced_tokens()[: p.max_tokens - len(self.out)]
+            if forced:
+                for t in forced:
+                    m.consume_token(t)
+                    self._record(t, 1, True, 0.0)
+                self.saved += len(forced) - 1
+                if self._stop_at:
+                    return self._end("stop")
+                if len(self.out) >= p.max_tokens:
+                    return self._end("length")
+                return forced
+        if m is not None and p.cut != "leave" and p.max_tokens - len(self.out) <= CLOSE_WINDOW:
+            close = self._close()
+            if close:
+                for t in close:
+                    m.consume_token(t)
+                    self._record(t, 1, True, 0.0)
+                self.cut = True
+                return self._end("length")
+        legal = None
+        if p.adjusts or p.min_tokens:
+            logits = self._adjust(logits)
+        if m is not None:
+            if self._bm is None:
+                self._bm = allocate_bitmask(logits.shape[-1])
+            legal = m.fill_bitmask(self._bm)
+            if not (p.adjusts or p.min_tokens):
+                logits = logits.clone()
+            apply_bitmask(logits, self._bm)
+        if p.min_tokens and len(self.out) < p.min_tokens:
+            logits = self._hold_stops(logits)
+        tok, logp = _sample_dist(logits, p, self.gen)
+        if m is not None:
+            m.consume_token(tok)
+        if tok in self.stops:
+            return self._end("stop")
+        self._record(tok, legal, False, float(logp[tok]), logp)
+        if len(self.out) >= p.max_tokens:
+            return self._end("length")
+        if self._stop_at:
+            return self._end("stop")
+        if m is None and self.decided is not None and self.decided(self.out):
+            return self._end("decided")
+        return [tok]
+
+    def _close(self) -> list[int]:
+        """The grammar's shortest close if it is time to write it: it takes exactly the budget
+        that is left (one more sampled token and it might no longer fit). [] otherwise: the
+        model writes on, so a value is cut as late as possible."""
+        m, left = self.matcher, self.params.max_tokens - len(self.out)
+        if m.is_accepting() or m.is_error() or (self._in_free is not None and self._in_free()):
+            return []
+        close = m.copy().finish()
+        if not close:
+            return []
+        return close if len(close) == left else []
+
+    def _adjust(self, logits):
+        """Penalties and bias (vLLM's and OpenAI's definitions), on a copy of the logits."""
+        import torch
+
+        p = self.params
+        logits = logits.clone()
+        if self._counts and (p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty):
+            ids = torch.tensor(list(self._counts), dtype=torch.long)
+            counts = torch.tensor(list(self._counts.values()), dtype=logits.dtype)
+            x = logits[ids]
+            if p.repetition_penalty != 1.0:
+                x = torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
+            x = x - p.presence_penalty - p.frequency_penalty * counts
+            logits[ids] = x
+        for t, b in (p.logit_bias or {}).items():
+            if 0 <= t < logits.shape[-1]:
+                logits[t] += b
+        return logits
+
+    def _hold_stops(self, logits):
+        """Stop tokens masked while fewer than min_tokens were generated -- unless nothing else is
+        legal (a grammar that is done), which min_tokens cannot override."""
+        held = logits.clone()
+        for t in self.stops:
+            if 0 <= t < held.shape[-1]:
+                held[t] = float("-inf")
+        import torch
+
+        return held if bool(torch.isfinite(held).any()) else logits
+
+    def _record(self, tok: int, legal, forced: bool, logprob, logp=None) -> None:
+        p = self.params
+        self.out.append(tok)
+        self._counts[tok] = self._counts.get(tok, 0) + 1
+        if p.top_logprobs > 0:
+            top = _top(logp, p.top_logprobs) if logp is not None else [(tok, 0.0)]
+        else:
+            top = None
+        step = Step(len(self.steps), tok, self.vocab.token_text(tok) if tok < self.vocab.size else "", legal, forced,
+                    logprob, top)
+        self.steps.append(step)
+        if self.on_step is not None:
+            self.on_step(step)
+        if self._stops_b and not self._stop_at and 0 <= tok < self.vocab.size:
+            start = max(self._free_from, len(self._text_b) - self._longest_stop + 1)
+            self._text_b.extend(self.vocab.token_bytes[tok])
+            if self._in_free is not None and not self._in_free():  # part of a call or an answer
+                self._free_from = len(self._text_b)
+                return
+            hits = [(self._text_b.find(sb, start), s) for sb, s in self._stops_b]
+            hits = [h for h in hits if h[0] >= 0]
+            if hits:
+                self._stop_at.extend(min(hits))
+
+    def _end(self, reason: str) -> list[int]:
+        self.finish_reason, self.ended = reason, True
+        m = self.matcher
+        if (reason == "length" and not self.cut and m is not None and self.params.cut == "complete"
+                and not m.is_accepting() and not m.is_error()):
+            tail = m.finish()  # the close did not fit in the budget: seed 000's finish, past it
+            for t in tail:
+                self._record(t, 1, True, 0.0)
+            self.cut = bool(tail)
+        self.seconds = time.perf_counter() - self.t0
+        return []
+
+    def end(self, reason: str) -> None:
+        """End the row from outside (the loop is shutting down, or the row failed)."""
+        if not self.ended:
+            self._end(reason)
+
+    def generation(self) -> Generation:
+        data = self.vocab.decode(self.out)
+        if self._stop_at:
+            data = data[: self._stop_at[0]]
+        m = self.matcher
+        return Generation(
+            tokens=self.out, text=data.decode("utf-8", errors="replace"), steps=self.steps,
+            finish_reason=self.finish_reason, cut=self.cut, forward_passes=self.passes, passes_saved=self.saved,
+            seconds=self.seconds, grammar_error=m.error_message if m is not None else "",
+            stop_string=self._stop_at[1] if self._stop_at else None, prompt_cached=self.prompt_cached)
+
+
 def generate(backend, vocab, prompt: Sequence[int], matcher=None, params: SamplingParams | None = None, *,
              fast_forward: bool = True, batch_forced: bool = True,
              on_step: Callable[[Step], None] | None = None,
              cancelled: Callable[[], bool] | None = None) -> Generation:
-    """Generate from `prompt`; constrained by `matcher` if given (see the module docstring)."""
-    import torch
-
-    params = params or SamplingParams()
-    gen = None
-    if params.seed is not None:
-        gen = torch.Generator().manual_seed(params.seed)
-    stops = set(vocab.stop_ids)
-    t0 = time.perf_counter()
+    """Generate from `prompt` on a single-sequence backend (`start`/`feed`); constrained by
+    `matcher` if given (see the module docstring). With `batch_forced=False` forced tokens are
+    fed one pass at a time (the reference path for fast-forward)."""
+    row = Row(vocab, matcher, params, fast_forward=fast_forward, on_step=on_step, cancelled=cancelled)
     logits = backend.start(prompt)
-    passes, saved = 1, 0
-    out: list[int] = []
-    steps: list[Step] = []
-    bm = allocate_bitmask(logits.shape[-1]) if matcher is not None else None
-    finish_reason = "length"
-    stops_b = [(s.encode("utf-8"), s) for s in params.stop if s]  # (bytes, the string)
-    longest_stop = max((len(b) for b, _ in stops_b), default=0)
-    text_b = bytearray()  # the output's bytes so far, only kept when there are stop strings
-    stop_at: list = []  # [byte offset, stop string] once a stop string appeared
-    # Under a matcher with free-text phases (a call or an answer inside prose), stop strings apply
-    # to the free text only: one would cut a call's JSON in two. Matches start at `free_from`.
-    in_free = getattr(matcher, "in_free_text", None)
-    free_from = 0
-
-    def record(tok, legal, forced, logprob, logp=None):
-        nonlocal free_from
-        top = _top(logp, params.top_logprobs) if params.top_logprobs > 0 and logp is not None else None
-        step = Step(len(steps), tok, vocab.token_text(tok) if tok < vocab.size else "", legal, forced, logprob, top)
-        steps.append(step)
-        if on_step is not None:
-            on_step(step)
-        if stops_b and not stop_at and 0 <= tok < vocab.size:
-            start = max(free_from, len(text_b) - longest_stop + 1)
-            text_b.extend(vocab.token_bytes[tok])
-            if in_free is not None and not in_free():  # this token is part of a call or an answer
-                free_from = len(text_b)
-                return
-            hits = [(text_b.find(sb, start), s) for sb, s in stops_b]
-            hits = [h for h in hits if h[0] >= 0]
-            if hits:
-                stop_at.extend(min(hits))
-
-    while len(out) < params.max_tokens:
-        if stop_at:
-            finish_reason = "stop"
-            break
-        if cancelled is not None and cancelled():
-            finish_reason = "cancelled"
-            break
-        if matcher is not None and matcher.is_done():
-            finish_reason = "stop"
-            break
-        if matcher is not None and fast_forward:
-            forced = matcher.forced_tokens()[: params.max_tokens - len(out)]
-            if forced:
-                lp = torch.log_softmax(logits, dim=-1)
-                dists = [lp]
-                logprobs = [float(lp[forced[0]])]
-                if batch_forced:
-                    rows = backend.feed(forced)
-                    passes += 1
-                    saved += len(forced) - 1
-                else:
-                    rows = torch.stack([backend.feed([t])[-1] for t in forced])
-                    passes += len(forced)
-                for i, t in enumerate(forced):
-                    if i:
-                        dists.append(torch.log_softmax(rows[i - 1], dim=-1))
-                        logprobs.append(float(dists[i][t]))
-                    matcher.consume_token(t)
-                    out.append(t)
-                    record(t, 1, True, logprobs[i], dists[i])
-                logits = rows[-1]
-                continue
-        legal = None
-        if matcher is not None:
-            legal = matcher.fill_bitmask(bm)
-            logits = logits.clone()
-            apply_bitmask(logits, bm)
-        tok, logp = _sample_dist(logits, params, gen)
-        if matcher is not None:
-            matcher.consume_token(tok)
-        if tok in stops:
-            finish_reason = "stop"
-            break
-        out.append(tok)
-        record(tok, legal, False, float(logp[tok]), logp)
-        if len(out) >= params.max_tokens or stop_at:
-            finish_reason = "stop" if stop_at else finish_reason
-            break
-        logits = backend.feed([tok])[-1]
-        passes += 1
-    cut = False
-    if stop_at:
-        finish_reason = "stop"
-    if matcher is not None and finish_reason == "length" and not matcher.is_accepting() and not matcher.is_error():
-        tail = matcher.finish()
-        for t in tail:
-            out.append(t)
-            record(t, 1, True, None)
-        cut = bool(tail)
-    data = vocab.decode(out)
-    if stop_at:
-        data = data[: stop_at[0]]
-    return Generation(
-        tokens=out, text=data.decode("utf-8", errors="replace"), steps=steps, finish_reason=finish_reason,
-        cut=cut, forward_passes=passes, passes_saved=saved, seconds=time.perf_counter() - t0,
-        grammar_error=matcher.error_message if matcher is not None else "",
-        stop_string=stop_at[1] if stop_at else None,
-    )
+    row.prompt_cached = int(getattr(backend, "last_cached", 0) or 0)
+    while feed := row.advance(logits):
+        if batch_forced or len(feed) == 1:
+            logits = backend.feed(feed)[-1]
+            row.passes += 1
+        else:
+            for t in feed:
+                logits = backend.feed([t])[-1]
+            row.passes += len(feed)
+            row.saved -= len(feed) - 1
+    return row.generation()

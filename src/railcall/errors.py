@@ -109,12 +109,14 @@ class RequestError(RailcallError):
 
     `status` is the HTTP status, `type` OpenAI's error type (``invalid_request_error``, ...),
     `param` the request field at fault in OpenAI's dotted form (``messages[2].tool_call_id``) and
-    `code` a short machine-readable reason where there is one.
+    `code` a short machine-readable reason where there is one; `headers` extra response headers
+    (Retry-After on a 429).
     """
 
     def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.type = type
         self.param = param

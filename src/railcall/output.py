@@ -119,21 +119,130 @@ class Delimiters:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One parsed call: the tool's name and its arguments as a compact JSON string."""
+    """One parsed call: the tool's name and its arguments as JSON text -- the text the model
+    wrote, whitespace outside strings removed (numbers and escapes as written). `complete` is
+    False for a call the output ended inside (cut by max_tokens): its arguments stop where the
+    output stopped and are not valid JSON, so no client can mistake them for a call to run."""
 
     name: str
     arguments: str
+    complete: bool = True
 
 
 @dataclass(frozen=True)
 class Delta:
-    """A piece of output. `kind` is "reasoning" or "content" (with `text`), or "tool_call" (with
-    `call` and its `index` in the turn; a call is delivered whole, once its end is seen)."""
+    """A piece of output. `kind` is "reasoning" or "content" (with `text`); "tool_call" (with
+    `call` and its `index` in the turn) once a call's end is seen; and, with `stream_calls`,
+    "call_name" (`text` the name, as soon as it is complete) and "call_args" (`text` the next
+    piece of the arguments) before it. The pieces of a call's arguments add up to its
+    `ToolCall.arguments`."""
 
-    kind: Literal["reasoning", "content", "tool_call"]
+    kind: Literal["reasoning", "content", "tool_call", "call_name", "call_args"]
     text: str = ""
     call: ToolCall | None = None
     index: int = 0
+
+
+class _CallScanner:
+    """Reads a call body (JSON text) as it arrives and says what a streaming client may see: the
+    name once its string is complete, then the arguments piece by piece. The body is one call
+    object, or an array of them (the JSON format's parallel calls). Per call being read.
+
+    A scanner does not validate: it runs where the grammar already holds the body to a call
+    (`OutputParser(stream_calls=True)`), and the parser validates the whole at the call's end.
+    """
+
+    def __init__(self, keys: tuple[str, str], first: int):
+        self.name_key, self.args_key = keys
+        self.first = first  # the turn's index of the body's first call
+        self.calls: list[list] = []  # [name or None, args text, args complete]
+        self.depth = 0
+        self.in_str = self.esc = False
+        self.base: int | None = None  # depth of a call object's members: 1 (an object), 2 (an array)
+        self.key: str | None = None  # the member being read at the call's top level
+        self.expect_key = False
+        self.text = ""  # the current string's raw text (a key or the name)
+        self.args_from: int | None = None  # depth the arguments value opened at
+        self.args_string = False  # arguments written as a JSON string: not streamed in pieces
+        self.out: list[Delta] = []
+        self.held: dict[int, str] = {}  # arguments read before the name (sent once it is known)
+
+    def feed(self, c: str) -> None:
+        top = self.base is not None and self.depth == self.base
+        if self.in_str:
+            self._arg(c)
+            if self.esc:
+                self.esc = False
+                self.text += c
+            elif c == "\\":
+                self.esc = True
+                self.text += c
+            elif c == '"':
+                self.in_str = False
+                if top and self.expect_key:
+                    self.key, self.expect_key = _str(self.text), False
+                elif top and self.key == self.name_key and self.calls and self.calls[-1][0] is None:
+                    name = _str(self.text)
+                    self.calls[-1][0] = name
+                    k = len(self.calls) - 1
+                    self.out.append(Delta("call_name", name, index=self.first + k))
+                    if self.held.get(k):
+                        self.out.append(Delta("call_args", self.held.pop(k), index=self.first + k))
+            else:
+                self.text += c
+            return
+        if c in " \t\r\n":
+            return
+        if self.base is None:
+            self.base = 1 if c == "{" else 2
+        if c == '"':
+            self.in_str, self.text = True, ""
+            if top and self.key == self.args_key and self.args_from is None and not self.expect_key:
+                self.args_string = True
+            self._arg(c)
+        elif c in "{[":
+            if top and self.key == self.args_key and self.args_from is None:
+                self.args_from = self.depth
+            self._arg(c)
+            self.depth += 1
+            if c == "{" and self.depth == self.base:  # a call object opens
+                self.calls.append([None, "", False])
+                self.key, self.expect_key, self.args_from, self.args_string = None, True, None, False
+        elif c in "}]":
+            self._arg(c)
+            self.depth -= 1
+            if self.args_from is not None and self.depth == self.args_from:
+                self.calls[-1][2] = True
+                self.args_from = None
+        elif c == "," and top:
+            self.key, self.expect_key = None, True
+        else:
+            self._arg(c)
+
+    def _arg(self, c: str) -> None:
+        """Append c to the call's arguments if it is part of them (inside the arguments object)."""
+        if self.args_from is None or not self.calls or self.calls[-1][2]:
+            return
+        call = self.calls[-1]
+        call[1] += c
+        k = len(self.calls) - 1
+        if call[0] is None:
+            self.held[k] = self.held.get(k, "") + c
+        elif self.out and self.out[-1].kind == "call_args" and self.out[-1].index == self.first + k:
+            self.out[-1] = Delta("call_args", self.out[-1].text + c, index=self.first + k)
+        else:
+            self.out.append(Delta("call_args", c, index=self.first + k))
+
+    def take(self) -> list[Delta]:
+        out, self.out = self.out, []
+        return out
+
+
+def _str(raw: str) -> str:
+    try:
+        return json.loads('"' + raw + '"')
+    except ValueError:
+        return raw
 
 
 @dataclass
@@ -163,6 +272,11 @@ class OutputParser:
       reasoning_opened the prompt already opened reasoning (some templates end the prompt with
                        `<think>`), so the output starts inside it.
       stop_ids         end-of-turn tokens; their text is never output.
+      stream_calls     also hand out a call in pieces as it is written ("call_name", then
+                       "call_args" deltas), before its "tool_call" delta; for output a grammar
+                       holds to the call format (the pieces are not validated until the end).
+                       A call the output ends inside is then a `ToolCall(complete=False)` with
+                       its arguments as far as they were written, not content.
 
     Reasoning happens at most once, at the start: an open delimiter opens it only before any
     content, and once it is closed, reasoning delimiters are ordinary text (a structured answer
@@ -172,7 +286,8 @@ class OutputParser:
     """
 
     def __init__(self, delimiters: Delimiters, *, call_format: str | None = "hermes",
-                 tool_choice: str = "auto", reasoning_opened: bool = False, stop_ids: Iterable[int] = ()):
+                 tool_choice: str = "auto", reasoning_opened: bool = False, stop_ids: Iterable[int] = (),
+                 stream_calls: bool = False):
         if call_format not in ("hermes", "json", None):
             raise RailcallError(f"unknown call format {call_format!r}; use 'hermes', 'json' or None")
         if tool_choice not in ("auto", "required", "none"):
@@ -201,6 +316,8 @@ class OutputParser:
         self._in_str = False
         self._esc = False
         self._out: list[Delta] = []
+        self.stream_calls = stream_calls
+        self._scanner: _CallScanner | None = None
         self._closed = False
         self._result = ParsedOutput()
 
@@ -226,9 +343,16 @@ class OutputParser:
         self._check_open("finish")
         self._process(final=True)
         if self._mode in ("hermes", "json"):
-            text, self._body = self._opener + self._body, ""
-            self._mode = "content"
-            self._emit("content", text)
+            sc = self._scanner
+            named = [c for c in (sc.calls if sc is not None and self.stream_calls else []) if c[0] is not None]
+            if named:  # cut inside a call: it stays a call, its arguments as far as written
+                self._mode, self._body = "content", ""
+                for name, args, done in named:
+                    self._add_call(ToolCall(name, args, complete=done and args != ""))
+            else:
+                text, self._body = self._opener + self._body, ""
+                self._mode = "content"
+                self._emit("content", text)
         self._closed = True
         r = self._result
         if not r.content.strip():
@@ -392,6 +516,7 @@ class OutputParser:
             self._emit("reasoning", text)
         elif mode == "hermes":
             self._body += text
+            self._scan(text)
         elif mode == "json":
             return self._scan_json(text)
         elif self.format == "json" and self.required and self._at_start and text.lstrip()[:1] in ("{", "["):
@@ -448,12 +573,24 @@ class OutputParser:
         self._mode, self._opener, self._body = mode, opener, ""
         self._depth, self._in_str, self._esc = 0, False, False
         self._at_start = False
+        keys = ("name", "arguments") if mode == "hermes" else ("tool", "args")
+        self._scanner = _CallScanner(keys, len(self._result.tool_calls))
+
+    def _scan(self, text: str) -> None:
+        sc = self._scanner
+        for c in text:
+            sc.feed(c)
+        if self.stream_calls:
+            self._out += sc.take()
+        else:
+            sc.out.clear()
 
     def _scan_json(self, text: str) -> int:
         """Feed text to the JSON call being read; returns the characters taken (up to the end of
         the value, where the call ends)."""
         for i, c in enumerate(text):
             self._body += c
+            self._scan(c)
             if self._in_str:
                 if self._esc:
                     self._esc = False
@@ -479,9 +616,16 @@ class OutputParser:
         if calls is None:
             self._emit("content", raw)  # not a call of this format: the text stays content
             return
-        for call in calls:
-            self._out.append(Delta("tool_call", call=call, index=len(self._result.tool_calls)))
-            self._result.tool_calls.append(call)
+        read = self._scanner.calls if self._scanner is not None else []
+        for k, call in enumerate(calls):
+            # the arguments as written (what a stream sent), where the scanner read an object
+            if k < len(read) and read[k][2] and read[k][0] == call.name:
+                call = ToolCall(call.name, read[k][1])
+            self._add_call(call)
+
+    def _add_call(self, call: ToolCall) -> None:
+        self._out.append(Delta("tool_call", call=call, index=len(self._result.tool_calls)))
+        self._result.tool_calls.append(call)
 
 
 class _Number(str):

@@ -25,27 +25,54 @@ class Backend(Protocol):
 
 class TransformersBackend:
     """A transformers causal LM on the CPU with a KV cache. Built once per model; one sequence
-    at a time (`start` resets it)."""
+    at a time (`start` begins a new one).
 
-    def __init__(self, model, tokenizer=None):
+    With `reuse_prefix=True` the KV of the previous sequence is kept: a prompt that starts with
+    what was run before (an agent's next step: the same system prompt, tools and history, plus
+    the last step's call and observation) runs only the rest. `last_cached` is how many prompt
+    tokens the last `start` reused. Off by default, so a benchmark's repeated prompt costs a
+    full prefill each time."""
+
+    # the shortest common prefix worth reusing: cropping the cache costs a copy per layer
+    MIN_REUSE = 16
+
+    def __init__(self, model, tokenizer=None, *, reuse_prefix: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.width = int(model.config.vocab_size)
+        self.reuse_prefix = reuse_prefix
         self._cache = None
+        self._tokens: list[int] = []  # what the cache holds
         self.forward_passes = 0
+        self.last_cached = 0
 
     def start(self, prompt):
         import torch
         from transformers import DynamicCache
 
-        self._cache = DynamicCache()
+        prompt = list(prompt)
         self.forward_passes = 0
-        return self._run(torch.tensor([list(prompt)], dtype=torch.long))[-1]
+        m = 0
+        if self.reuse_prefix and self._cache is not None:
+            n = min(len(self._tokens), len(prompt) - 1)
+            while m < n and self._tokens[m] == prompt[m]:
+                m += 1
+        if m >= self.MIN_REUSE:
+            if m < len(self._tokens):
+                self._cache.crop(m - len(self._tokens))  # a negative count: drop that many from the end
+        else:
+            m = 0
+            self._cache = DynamicCache()
+        self.last_cached = m
+        self._tokens = prompt[:m]
+        return self.feed(prompt[m:])[-1]
 
     def feed(self, tokens):
         import torch
 
-        return self._run(torch.tensor([list(tokens)], dtype=torch.long))
+        out = self._run(torch.tensor([list(tokens)], dtype=torch.long))
+        self._tokens.extend(tokens)
+        return out
 
     def _run(self, ids):
         import torch

@@ -1,6 +1,7 @@
 """The FastAPI application: OpenAI's chat completions API over one served model.
 
     GET  /health                 liveness and queue depth (no key needed)
+    GET  /metrics                Prometheus text: requests, queue, tokens, batch size, TTFT (no key)
     GET  /v1/models              the one model this process serves
     POST /v1/chat/completions    tools, tool_choice, response_format, streaming, logprobs, ...
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import secrets
 import threading
 import time
@@ -37,6 +39,8 @@ from railcall.server.engine import Engine, ServedModel
 from railcall.server.output import Assembler
 from railcall.server.plan import Plan, build_plan
 from railcall.server.schemas import ChatCompletionRequest, error_body
+
+log = logging.getLogger("railcall.server")
 
 DEFAULT_MAX_BODY = 4 << 20  # 4 MiB: a long conversation with a large tool table fits many times over
 PING_SECONDS = 1.0  # a streamed request waiting in the queue sends a comment this often
@@ -69,7 +73,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
     # -- errors -----------------------------------------------------------------------------
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, e: RequestError):
-        return JSONResponse(error_body(str(e), e.type, e.param, e.code), status_code=e.status)
+        return JSONResponse(error_body(str(e), e.type, e.param, e.code), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
@@ -77,7 +81,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
         message = str(e.detail)
         if e.status_code in (404, 405):
             message = (f"{message}: {request.method} {request.url.path}; this server answers POST "
-                       "/v1/chat/completions, GET /v1/models, GET /v1/models/{model} and GET /health")
+                       "/v1/chat/completions, GET /v1/models, GET /v1/models/{model}, GET /health and GET /metrics")
         return JSONResponse(error_body(message, kind), status_code=e.status_code, headers=getattr(e, "headers", None))
 
     @app.exception_handler(RequestValidationError)
@@ -127,13 +131,21 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
 
         plan = await run_in_threadpool(plan_it)
         job = engine.submit(plan, asyncio.get_running_loop())
-        asm = Assembler(served, plan)
+        asms = [Assembler(served, plan) for _ in range(plan.n)]
         cid = "chatcmpl-" + secrets.token_hex(12)
+        job.rid = cid
         created = int(time.time())
         if plan.stream:
-            return StreamingResponse(_stream(job, asm, plan, cid, created, served.name), media_type="text/event-stream",
+            return StreamingResponse(_stream(job, asms, plan, cid, created, served.name), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(await _complete(request, job, asm, plan, cid, created, served.name))
+        return JSONResponse(await _complete(request, job, asms, plan, cid, created, served.name))
+
+    @app.get("/metrics")
+    async def metrics():
+        """Prometheus text format: requests, queue depth, tokens, batch size, time to first token."""
+        from fastapi.responses import PlainTextResponse
+
+        return PlainTextResponse(_prometheus(engine), media_type="text/plain; version=0.0.4")
 
     app.openapi = lambda: _openapi(app)
     return app
@@ -151,11 +163,17 @@ async def _read_body(request: Request, limit: int) -> bytes:
                 raise too_big
         except ValueError:
             raise RequestError("the Content-Length header is not a number") from None
+    from starlette.requests import ClientDisconnect
+
     data = bytearray()
-    async for piece in request.stream():
-        data.extend(piece)
-        if len(data) > limit:
-            raise too_big
+    try:
+        async for piece in request.stream():
+            data.extend(piece)
+            if len(data) > limit:
+                raise too_big
+    except ClientDisconnect:  # nobody is left to answer: one log line, no traceback
+        log.info("a client went away while sending its request (%d bytes read)", len(data))
+        raise RequestError("the client disconnected before its request body was complete", code="client_disconnected") from None
     return bytes(data)
 
 
@@ -217,20 +235,29 @@ def _param(loc) -> str | None:
     """pydantic's error location as OpenAI's dotted field path (messages[0].content); the tags
     pydantic adds for union branches (`str`, `list[TextPart]`, `user`) are left out."""
     out = ""
+    prev = None
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
         elif isinstance(part, str) and part.isidentifier() and part not in ("str", "int", "float", "bool", "dict", "list"):
-            if part in ("system", "developer", "user", "assistant", "tool") or part[:1].isupper():
-                continue
-            out += ("." if out else "") + part
+            # a message's role is the union's tag right after its index (messages[0].user.content)
+            tag = isinstance(prev, int) and part in ("system", "developer", "user", "assistant", "tool")
+            if not (tag or part[:1].isupper()):
+                out += ("." if out else "") + part
+        prev = part
     return out or None
 
 
 def _validation_error_of(errors: list) -> RequestError:
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    # A union's branches each report an error; one of railcall's own messages (a value_error: an
+    # image part, top_logprobs without logprobs) says more than "Input should be a valid string".
+    first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else
+                 {"loc": (), "msg": "invalid request"})
     param = _param(first.get("loc", ()))
-    msg = str(first.get("msg", "invalid value"))
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if first.get("type") == "extra_forbidden":
+        return RequestError(f"{param}: this server does not support the field {param!r}; remove it (the fields it "
+                            "honours are listed in docs/server.md)", param=param, code="unsupported_field")
     if param == "tool_choice" or (param or "").startswith("tool_choice."):
         # a union: pydantic's first error is the string branch's, which says nothing of the object form
         param = "tool_choice"
@@ -252,9 +279,10 @@ def _finish_reason(gen, asm: Assembler) -> str:
     return "tool_calls" if asm.has_calls() else "stop"
 
 
-def _usage(plan: Plan, gen) -> dict:
-    return {"prompt_tokens": len(plan.prompt), "completion_tokens": len(gen.tokens),
-            "total_tokens": len(plan.prompt) + len(gen.tokens)}
+def _usage(plan: Plan, gens) -> dict:
+    done = sum(len(g.tokens) for g in gens)
+    return {"prompt_tokens": len(plan.prompt), "completion_tokens": done, "total_tokens": len(plan.prompt) + done,
+            "prompt_tokens_details": {"cached_tokens": max((g.prompt_cached for g in gens), default=0)}}
 
 
 async def _watch_disconnect(request: Request, job) -> None:
@@ -265,34 +293,39 @@ async def _watch_disconnect(request: Request, job) -> None:
             return
 
 
-async def _complete(request: Request, job, asm: Assembler, plan: Plan, cid: str, created: int, model: str) -> dict:
+async def _complete(request: Request, job, asms: list[Assembler], plan: Plan, cid: str, created: int, model: str) -> dict:
     watcher = asyncio.create_task(_watch_disconnect(request, job))
-    steps = []
+    steps: list[list] = [[] for _ in asms]
+    gens: list = [None] * len(asms)
     try:
-        while True:
+        while any(g is None for g in gens):
             kind, value = await job.events.get()
             if kind == "step":
-                steps.append(value)
-                asm.feed(value)
+                k, step = value
+                steps[k].append(step)
+                asms[k].feed(step)
             elif kind == "error":
                 raise _generation_failed(value)
             else:
-                gen = value
-                break
+                k, gen = value
+                gens[k] = gen
     finally:
         watcher.cancel()
         job.cancel()
-    failed = _grammar_failure(gen)
-    if failed is not None:
-        raise failed
-    asm.finish(gen)
-    message = asm.message()
-    choice = {"index": 0, "message": message, "finish_reason": _finish_reason(gen, asm),
-              "logprobs": {"content": [asm.logprob_entry(s) for s in steps]} if plan.logprobs else None}
-    out = {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
-           "usage": _usage(plan, gen)}
+    choices = []
+    for k, (asm, gen) in enumerate(zip(asms, gens)):
+        failed = _grammar_failure(gen)
+        if failed is not None:
+            raise failed
+        asm.finish(gen)
+        choice = {"index": k, "message": asm.message(), "finish_reason": _finish_reason(gen, asm),
+                  "logprobs": {"content": [asm.logprob_entry(s) for s in steps[k]]} if plan.logprobs else None}
+        if plan.return_token_ids:
+            choice["token_ids"] = list(gen.tokens)
+        choices.append(choice)
+    out = {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
+           "usage": _usage(plan, gens)}
     if plan.return_token_ids:
-        choice["token_ids"] = list(gen.tokens)
         out["prompt_token_ids"] = list(plan.prompt)
     return out
 
@@ -315,55 +348,91 @@ def _generation_failed(value) -> RequestError:
     return RequestError(f"generation failed: {type(value).__name__}: {value}", status=500, type="server_error")
 
 
-async def _stream(job, asm: Assembler, plan: Plan, cid: str, created: int, model: str):
-    ids: list[int] = []  # token ids and logprobs not yet attached to a chunk
-    lps: list[dict] = []
+async def _stream(job, asms: list[Assembler], plan: Plan, cid: str, created: int, model: str):
+    n = len(asms)
+    ids: list[list[int]] = [[] for _ in asms]  # per choice: token ids and logprobs not yet sent
+    lps: list[list[dict]] = [[] for _ in asms]
+    gens: list = [None] * n
 
-    def make(delta, finish=None):
-        c = sse.chunk(cid, created, model, delta, finish_reason=finish, logprobs=list(lps) if plan.logprobs else None,
-                      token_ids=list(ids) if plan.return_token_ids else None)
-        ids.clear()
-        lps.clear()
+    def make(k, delta, finish=None):
+        c = sse.chunk(cid, created, model, delta, finish_reason=finish, index=k,
+                      logprobs=list(lps[k]) if plan.logprobs else None,
+                      token_ids=list(ids[k]) if plan.return_token_ids else None)
+        ids[k].clear()
+        lps[k].clear()
         return sse.event(c)
 
+    def fail(e: RequestError):
+        for a in asms:
+            a.cancel()
+        return sse.event(error_body(str(e), e.type, e.param, e.code)) + sse.DONE
+
     try:
-        yield make({"role": "assistant", "content": ""})
-        while True:
+        for k in range(n):
+            yield make(k, {"role": "assistant", "content": ""})
+        while any(g is None for g in gens):
             try:
                 kind, value = await asyncio.wait_for(job.events.get(), PING_SECONDS)
             except asyncio.TimeoutError:
                 yield sse.PING
                 continue
             if kind == "step":
-                ids.append(value.token)
+                k, step = value
+                ids[k].append(step.token)
                 if plan.logprobs:
-                    lps.append(asm.logprob_entry(value))
-                for delta in asm.feed(value):
-                    yield make(delta)
+                    lps[k].append(asms[k].logprob_entry(step))
+                for delta in asms[k].feed(step):
+                    yield make(k, delta)
             elif kind == "error":
-                asm.cancel()
-                e = _generation_failed(value)
-                yield sse.event(error_body(str(e), e.type, e.param, e.code))
-                yield sse.DONE
+                yield fail(_generation_failed(value))
                 return
             else:
-                gen = value
+                k, gen = value
+                gens[k] = gen
                 failed = _grammar_failure(gen)
                 if failed is not None:
-                    asm.cancel()
-                    yield sse.event(error_body(str(failed), failed.type, failed.param, failed.code))
-                    yield sse.DONE
+                    yield fail(failed)
                     return
-                for delta in asm.finish(gen):
-                    yield make(delta)
-                yield make({}, _finish_reason(gen, asm))
-                if plan.include_usage:
-                    yield sse.event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                                     "choices": [], "usage": _usage(plan, gen)})
-                yield sse.DONE
-                return
+                for delta in asms[k].finish(gen):
+                    yield make(k, delta)
+                yield make(k, {}, _finish_reason(gen, asms[k]))
+        if plan.include_usage:
+            yield sse.event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                             "choices": [], "usage": _usage(plan, gens)})
+        yield sse.DONE
     finally:
         job.cancel()  # a client that went away stops its generation at the next token
+
+
+def _prometheus(engine) -> str:
+    m = engine.metrics()
+    lines = []
+
+    def metric(name: str, kind: str, help_: str, value, labels: str = "") -> None:
+        lines.extend([f"# HELP railcall_{name} {help_}", f"# TYPE railcall_{name} {kind}",
+                      f"railcall_{name}{labels} {value}"])
+
+    lines.extend(["# HELP railcall_requests_total Requests by outcome.", "# TYPE railcall_requests_total counter"])
+    for outcome in ("completed", "cancelled", "failed", "rejected"):
+        lines.append(f'railcall_requests_total{{outcome="{outcome}"}} {m[outcome]}')
+    metric("queue_depth", "gauge", "Requests waiting for a row.", m["queued"])
+    metric("running_rows", "gauge", "Rows in the decode loop.", m["running"])
+    metric("batch_rows", "gauge", "Rows in the last forward pass.", m["batch_rows"])
+    metric("generated_tokens_total", "counter", "Tokens generated.", m["generated_tokens"])
+    metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.", m["prompt_tokens"])
+    metric("cached_prompt_tokens_total", "counter", "Prompt tokens whose KV came from the prefix cache.",
+           m["cached_prompt_tokens"])
+    metric("decode_steps_total", "counter", "Forward passes of the decode loop.", m["steps"])
+    metric("prefix_cache_bytes", "gauge", "Bytes of KV held by the prefix cache.", m["prefix_cache_bytes"])
+    ttft = sorted(engine.ttft)
+    lines.extend(["# HELP railcall_time_to_first_token_seconds Time from arrival to the first token, recent requests.",
+                  "# TYPE railcall_time_to_first_token_seconds summary"])
+    for q in (0.5, 0.95):
+        v = ttft[min(len(ttft) - 1, int(q * len(ttft)))] if ttft else 0.0
+        lines.append(f'railcall_time_to_first_token_seconds{{quantile="{q}"}} {v:.4f}')
+    lines.append(f"railcall_time_to_first_token_seconds_count {len(ttft)}")
+    lines.append(f"railcall_time_to_first_token_seconds_sum {sum(ttft):.4f}")
+    return "\n".join(lines) + "\n"
 
 
 def _openapi(app: FastAPI) -> dict:

@@ -9,8 +9,12 @@ logprobs entries, and stop strings.
   one. While streaming, the last `len(longest stop) - 1` characters of content are held back,
   so a stop string's first characters are never sent before it is known whether it completes,
   and content ends where the first stop string starts.
-- A tool call is delivered in one delta once its end is seen (the parser hands calls over
-  whole), as OpenAI's `tool_calls` delta with index, id, type, name and the full arguments.
+- Tool calls are streamed as OpenAI streams them: once the name is complete, a `tool_calls`
+  delta with index, id, type, the name and empty arguments; then the arguments in pieces as the
+  model writes them (`function.arguments` fragments under the same index). The pieces add up to
+  the non-streamed `arguments` exactly. Where no grammar holds the output (tool_choice "none"),
+  nothing is a call. A call cut by max_tokens keeps its name and its arguments as far as they
+  were written (not valid JSON: no client runs it), with finish_reason "length".
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ class Assembler:
         self.vocab = served.vocab
         fmt = served.call_format if plan.tool_choice != "none" else None
         self.parser = OutputParser(served.delimiters, call_format=fmt, tool_choice=plan.tool_choice,
-                                   stop_ids=self.vocab.stop_ids)
+                                   stop_ids=self.vocab.stop_ids, stream_calls=getattr(plan, "grammar", None) is not None)
         self.stops = tuple(plan.params.stop)
         self.holdback = max((len(s) for s in self.stops), default=1) - 1
         self.top_logprobs = plan.top_logprobs
@@ -41,6 +45,7 @@ class Assembler:
         self.content = ""  # all content the parser released
         self.sent = 0  # characters of it already streamed
         self.ids: list[str] = []  # call ids, by index
+        self.args_sent: dict[int, int] = {}  # call index -> characters of its arguments streamed
 
     # -- streaming ---------------------------------------------------------------------------
     def feed(self, step: Step) -> list[dict]:
@@ -102,8 +107,23 @@ class Assembler:
                     self.sent = len(self.content)
                 while len(self.ids) <= d.index:
                     self.ids.append(call_id())
-                out.append({"tool_calls": [{"index": d.index, "id": self.ids[d.index], "type": "function",
-                                            "function": {"name": d.call.name, "arguments": d.call.arguments}}]})
+                i = d.index
+                if d.kind == "call_name":
+                    self.args_sent[i] = 0
+                    out.append({"tool_calls": [{"index": i, "id": self.ids[i], "type": "function",
+                                                "function": {"name": d.text, "arguments": ""}}]})
+                elif d.kind == "call_args":
+                    self.args_sent[i] += len(d.text)
+                    out.append({"tool_calls": [{"index": i, "function": {"arguments": d.text}}]})
+                elif i in self.args_sent:  # streamed in pieces: only what is left
+                    rest = d.call.arguments[self.args_sent[i]:]
+                    self.args_sent[i] += len(rest)
+                    if rest:
+                        out.append({"tool_calls": [{"index": i, "function": {"arguments": rest}}]})
+                else:
+                    self.args_sent[i] = len(d.call.arguments)
+                    out.append({"tool_calls": [{"index": i, "id": self.ids[i], "type": "function",
+                                                "function": {"name": d.call.name, "arguments": d.call.arguments}}]})
         return out
 
     # -- the whole message ---------------------------------------------------------------------

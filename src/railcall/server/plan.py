@@ -63,6 +63,7 @@ class Plan:
     return_token_ids: bool = False
     stream: bool = False
     include_usage: bool = False
+    n: int = 1  # choices: rows of one batch, each with its own matcher and seed
 
     def matcher(self, served: "ServedModel"):
         """A fresh per-request matcher (built on the engine's worker thread); None for free text
@@ -124,8 +125,17 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
     # Stop strings end free text (prose, and the prose around calls with tool_choice auto); inside
     # a grammar they would cut a call or a JSON answer in two, so they are not looked for there.
     stop = tuple(req.stop or ()) if kind in ("text", "auto") else ()
+    width = served.vocab.logits_width
+    bias = {}
+    for k, b in (req.logit_bias or {}).items():
+        if int(k) >= width:
+            raise RequestError(f"logit_bias names token {k}, but this model's tokens are 0..{width - 1}", param="logit_bias")
+        bias[int(k)] = float(b)
     params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                            seed=req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0, stop=stop)
+                            seed=req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0, stop=stop,
+                            cut="close" if req.on_length == "close" else "leave", min_tokens=req.min_tokens,
+                            repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+                            frequency_penalty=req.frequency_penalty, logit_bias=bias or None)
     compiled = None
     if grammar is not None:
         try:
@@ -137,7 +147,7 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
     return Plan(prompt=prompt, params=params, kind=kind, mode=mode, tool_choice=parser_choice, grammar=compiled, tools=tools if calling else [],
                 parallel=req.parallel_tool_calls and choice != "named", logprobs=req.logprobs,
                 top_logprobs=params.top_logprobs, return_token_ids=req.return_token_ids, stream=req.stream,
-                include_usage=bool(req.stream_options and req.stream_options.include_usage))
+                include_usage=bool(req.stream_options and req.stream_options.include_usage), n=req.n)
 
 
 # What an HTTP client does to get what `SchemaOptions(lenient=True)` gives a library caller.
@@ -182,7 +192,50 @@ def _tool_grammar(tools, fmt, parallel: bool) -> ir.Grammar:
         raise RequestError(str(e), param="tools") from None
 
 
+def _guided(req: ChatCompletionRequest):
+    """vLLM's structured_outputs / guided_* fields as (kind, value): kind "json" (a schema),
+    "json_object", "choice" (a list of strings); None when none is given. Regexes and grammars
+    over free text are refused (railcall's regexes constrain JSON strings only)."""
+    so = req.structured_outputs
+    if so is not None:
+        if so.json_ is not None:
+            return "json", so.json_
+        if so.json_object:
+            return "json_object", None
+        if so.choice is not None:
+            return "choice", so.choice
+        what, param = ("regex", "structured_outputs.regex") if so.regex is not None else ("grammar", "structured_outputs.grammar")
+    elif req.guided_json is not None:
+        return "json", req.guided_json
+    elif req.guided_choice is not None:
+        return "choice", req.guided_choice
+    elif req.guided_regex is not None or req.guided_grammar is not None:
+        what, param = ("regex", "guided_regex") if req.guided_regex is not None else ("grammar", "guided_grammar")
+    else:
+        return None
+    raise RequestError(f"a {what} over the whole answer is not supported: railcall constrains answers with JSON "
+                       "Schema (response_format, guided_json, structured_outputs.json) or a list of choices "
+                       "(guided_choice); a regex can constrain a string inside a schema (\"pattern\")", param=param)
+
+
 def _response_grammar(req: ChatCompletionRequest) -> tuple[ir.Grammar | None, str]:
+    guided = _guided(req)
+    if guided is not None:
+        kind, value = guided
+        if kind == "choice":
+            if len(set(value)) != len(value) or not all(value):
+                raise RequestError("guided_choice needs distinct, non-empty strings", param="guided_choice")
+            return ir.Grammar(ir.Alt(*(ir.Lit(c) for c in value)), name="choice"), "json"
+        if kind == "json_object":
+            node, rules = schema_to_ir({"type": "object"})
+            return ir.Grammar(node, rules, name="json_object"), "json"
+        where = "structured_outputs.json" if req.structured_outputs is not None else "guided_json"
+        try:
+            node, rules = schema_to_ir(value)
+        except (GrammarError, RecursionError, ValueError, TypeError) as e:
+            raise RequestError(f"{where}: {_for_http(e, 'response_format')}", param=where,
+                               code="invalid_schema") from None
+        return ir.Grammar(node, rules, name="guided_json"), "json"
     rf = req.response_format
     if rf is None or rf.type == "text":
         return None, "text"
@@ -280,10 +333,14 @@ def messages_for_template(req: ChatCompletionRequest, tools: list[Tool], choice:
     if tools and not native:
         extra.append(tools_instruction(tools, choice, req.parallel_tool_calls and choice != "named", keys))
     if kind == "json" or (kind == "auto" and has_schema):
-        rf = req.response_format
-        if rf.type == "json_schema":
+        rf, guided = req.response_format, _guided(req)
+        schema = (guided[1] if guided and guided[0] == "json" else
+                  rf.json_schema.schema_ if rf is not None and rf.type == "json_schema" else None)
+        if guided and guided[0] == "choice":
+            extra.append("Answer with exactly one of: " + ", ".join(guided[1]))
+        elif schema is not None:
             extra.append("Answer with a JSON object that follows this JSON Schema: "
-                         + json.dumps(rf.json_schema.schema_, separators=(",", ":")))
+                         + json.dumps(schema, separators=(",", ":")))
         else:
             extra.append("Answer with a JSON object.")
     if extra:

@@ -1,10 +1,11 @@
 """The request bodies the server accepts, as pydantic models (OpenAI's chat completions shape).
 
 Validation here is structural: types, ranges, which fields go together. What needs the model or
-the grammar compiler (a tool's JSON Schema, the prompt's length) is checked in `plan.py`, still
-before the request is queued. Unknown top-level fields are ignored, as OpenAI's API does with
-fields it does not know; fields railcall knows but cannot honour (`n` > 1, penalties, logit bias)
-are a 400 naming the field rather than silently ignored.
+the grammar compiler (a tool's JSON Schema, the prompt's length, a logit_bias token id) is checked
+in `plan.py`, still before the request is queued. A top-level field is either honoured, or one of
+OpenAI's bookkeeping fields that change no output (`NO_EFFECT`: accepted), or a 400 that names it:
+a field is never silently dropped. Content parts other than text (images, audio, files) are a 400
+saying that this server's model reads text only.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from railcall.errors import RequestError
 
 
 class _Strict(BaseModel):
@@ -23,8 +26,19 @@ class _Loose(BaseModel):
 
 
 class TextPart(_Loose):
-    type: Literal["text"]
-    text: str
+    type: str
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self):
+        if self.type != "text":
+            what = {"image_url": "images", "input_image": "images", "input_audio": "audio", "file": "files"}.get(
+                self.type, f"{self.type!r} parts")
+            raise ValueError(f"{what} are not supported: this server's model reads text only; send text parts "
+                             "({\"type\": \"text\", \"text\": ...}) or a string")
+        if self.text is None:
+            raise ValueError("a text part needs its text")
+        return self
 
 
 Content = Union[str, list[TextPart], None]
@@ -123,10 +137,25 @@ class StreamOptions(_Loose):
 
 
 _NULL_MEANS_DEFAULT = ("temperature", "top_p", "n", "stream", "logprobs", "parallel_tool_calls", "top_k",
-                       "return_token_ids", "frequency_penalty", "presence_penalty")
+                       "return_token_ids", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                       "min_tokens", "on_length")
+
+# OpenAI request fields that change nothing in the output (bookkeeping for OpenAI's platform):
+# accepted and not acted on.
+NO_EFFECT = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 
 
-class ChatCompletionRequest(_Loose):
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs` (and its older top-level `guided_*` fields)."""
+
+    json_: dict[str, Any] | bool | None = Field(default=None, alias="json")
+    choice: list[str] | None = Field(default=None, min_length=1)
+    regex: str | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
+class ChatCompletionRequest(_Strict):
     model: str = ""
     messages: list[Message] = Field(min_length=1)
     tools: list[ToolSpec] | None = None
@@ -143,14 +172,31 @@ class ChatCompletionRequest(_Loose):
     stop: str | list[str] | None = None
     logprobs: bool = Field(default=False, strict=True)
     top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
-    n: int = Field(default=1, strict=True)
-    frequency_penalty: float | None = 0.0
-    presence_penalty: float | None = 0.0
+    n: int = Field(default=1, ge=1, le=16, strict=True)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    # extensions
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    # extensions (vLLM's names where vLLM has the field)
     return_token_ids: bool = Field(default=False, strict=True)
     top_k: int = Field(default=0, ge=0, strict=True)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    min_tokens: int = Field(default=0, ge=0, strict=True)
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | bool | None = None
+    guided_choice: list[str] | None = Field(default=None, min_length=1)
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    # What a call or JSON answer that max_tokens would cut becomes: "cut" (as OpenAI: it ends where
+    # it was cut, finish_reason "length", a call's arguments incomplete) or "close" (the grammar
+    # writes its shortest close while it still fits, so the output parses; values it has to fill
+    # are "?"; finish_reason is still "length")
+    on_length: Literal["cut", "close"] = "cut"
 
     @model_validator(mode="before")
     @classmethod
@@ -170,31 +216,36 @@ class ChatCompletionRequest(_Loose):
             raise ValueError("stop strings must be non-empty")
         return stops
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, v):
-        if v != 1:
-            raise ValueError("only n=1 is supported (one choice per request)")
-        return v
-
-    @field_validator("frequency_penalty", "presence_penalty")
-    @classmethod
-    def _no_penalty(cls, v):
-        if v not in (None, 0, 0.0):
-            raise ValueError("penalties are not supported; leave this field at 0")
-        return v
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v):
-        if v:
-            raise ValueError("logit_bias is not supported")
+    def _bias(cls, v):
+        for k, b in (v or {}).items():
+            if not k.isdigit():
+                raise ValueError(f"logit_bias keys are token ids (as strings), not {k!r}")
+            if not -100 <= b <= 100:
+                raise ValueError(f"logit_bias values lie in [-100, 100]; token {k} has {b}")
+        return v
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v, info):
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
         return v
 
     @model_validator(mode="after")
-    def _together(self):
-        if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
+    def _one_constraint(self):
+        given = [k for k in ("response_format", "structured_outputs", "guided_json", "guided_choice", "guided_regex",
+                             "guided_grammar") if getattr(self, k) is not None and
+                 not (k == "response_format" and self.response_format.type == "text")]
+        if len(given) > 1:
+            raise RequestError(f"{given[0]} and {given[1]} both constrain the answer; send one of them",
+                               param=given[1])
+        so = self.structured_outputs
+        if so is not None and sum(x is not None and x is not False for x in (so.json_, so.choice, so.regex, so.grammar,
+                                                                                 so.json_object)) != 1:
+            raise RequestError("structured_outputs takes exactly one of json, choice, regex, grammar, json_object",
+                               param="structured_outputs")
         return self
 
     @property

@@ -18,9 +18,9 @@ def event(obj: dict) -> bytes:
 
 
 def chunk(cid: str, created: int, model: str, delta: dict, *, finish_reason: str | None = None,
-          logprobs: list | None = None, token_ids: list[int] | None = None) -> dict:
-    """One `chat.completion.chunk` with a single choice."""
-    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason,
+          logprobs: list | None = None, token_ids: list[int] | None = None, index: int = 0) -> dict:
+    """One `chat.completion.chunk` with one choice (`index`: which of the request's n)."""
+    choice = {"index": index, "delta": delta, "finish_reason": finish_reason,
               "logprobs": {"content": logprobs} if logprobs is not None else None}
     if token_ids is not None:
         choice["token_ids"] = token_ids

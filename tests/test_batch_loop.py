@@ -1,0 +1,157 @@
+"""railcall.batch: the continuous-batching loop and the prefix cache, on a tiny random Llama.
+
+The model is a real transformers LlamaForCausalLM (2 layers, 64 wide, random weights, seeded), so
+every KV path -- left pads, right pads, rows joining and leaving, a cached prefix, a cropped
+cache -- runs through transformers' own attention; only its size is unreal. Outputs are compared
+at temperature 0 with the single-sequence loop, which runs no padding and no cache reuse.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import byte_level_vocab
+from railcall.batch import BatchLoop, PrefixCache, decode_stream
+from railcall.decode import Row, SamplingParams, generate
+from railcall.grammar.tools import Tool, tool_grammar
+from railcall.matcher import Matcher, compiled_grammar
+from railcall.models.backend import TransformersBackend
+
+TOOLS = [Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+         Tool("calc", "", {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]})]
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return byte_level_vocab()
+
+
+@pytest.fixture(scope="module")
+def lm(vocab):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab.logits_width, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      initializer_range=0.2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def grammar(vocab):
+    return compiled_grammar(tool_grammar(TOOLS, "json"), vocab)
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return [int(t) for t in torch.randint(1, 250, (n,), generator=g)]
+
+
+def single(lm, vocab, p, matcher, params, **kw):
+    return generate(TransformersBackend(lm, **kw), vocab, p, matcher, params)
+
+
+def test_rows_joining_and_leaving_equal_the_single_loop(lm, vocab, grammar):
+    params = SamplingParams(max_tokens=20)
+    prompts = [prompt(n, i) for i, n in enumerate([5, 30, 12, 30, 9, 41])]
+    constrained = [i % 2 == 0 for i in range(len(prompts))]
+    want = [single(lm, vocab, p, Matcher(grammar) if c else None, params).tokens for p, c in zip(prompts, constrained)]
+    loop = BatchLoop(lm, vocab, max_rows=3)
+    rows, got = [], {}
+    for i, (p, c) in enumerate(zip(prompts, constrained)):
+        row = Row(vocab, Matcher(grammar) if c else None, params)
+        rows.append(row)
+        loop.add(p, row)
+        for r in loop.step():  # a row is added every step: rows join a batch in flight
+            got[rows.index(r)] = r.generation().tokens
+    while loop.busy:
+        for r in loop.step():
+            got[rows.index(r)] = r.generation().tokens
+    assert [got[i] for i in range(len(prompts))] == want
+    assert loop.forward_passes < sum(r.passes for r in rows)  # passes were shared
+
+
+def test_decode_stream_equals_the_single_loop(lm, vocab, grammar):
+    params = SamplingParams(max_tokens=16)
+    reqs = [(prompt(7 + 3 * i, 100 + i), Matcher(grammar) if i % 3 else None) for i in range(7)]
+    want = [single(lm, vocab, p, Matcher(grammar) if m is not None else None, params).tokens for p, m in reqs]
+    got = dict((i, g.tokens) for i, g in decode_stream(lm, vocab, reqs, params, max_rows=4))
+    assert [got[i] for i in range(len(reqs))] == want
+
+
+def test_prefix_cache_changes_nothing_but_the_prefill(lm, vocab, grammar):
+    params = SamplingParams(max_tokens=12)
+    system = prompt(60, 7)
+    prompts = [system + prompt(5, 20 + i) for i in range(4)]
+    want = [single(lm, vocab, p, Matcher(grammar), params).tokens for p in prompts]
+    cache = PrefixCache(min_tokens=8)
+    loop = BatchLoop(lm, vocab, max_rows=4, prefix_cache=cache)
+    got = []
+    for p in prompts:  # one after another: each finds the one before in the cache
+        row = Row(vocab, Matcher(grammar), params)
+        loop.add(p, row)
+        while loop.busy:
+            loop.step()
+        got.append(row)
+    assert [r.generation().tokens for r in got] == want
+    assert got[0].prompt_cached == 0 and all(r.prompt_cached >= 60 for r in got[1:])
+    assert cache.hits == 3 and cache.tokens_saved >= 180
+    assert loop.prefilled_tokens == len(prompts[0]) + sum(len(p) - r.prompt_cached for p, r in zip(prompts[1:], got[1:]))
+
+
+def test_prefix_cache_is_bounded_in_bytes_and_keeps_the_longest(lm, vocab):
+    cache = PrefixCache(max_bytes=1 << 20, min_tokens=4)
+    kv = lambda n: [(torch.zeros(1, 2, n, 16), torch.zeros(1, 2, n, 16))] * 2  # noqa: E731  (n * 512 bytes)
+    cache.store(list(range(10)), kv(10))
+    cache.store(list(range(20)), kv(20))  # extends the first: replaces it
+    assert len(cache) == 1
+    m, _ = cache.lookup(list(range(15)) + [99])
+    assert m == 15
+    m, _ = cache.lookup(list(range(3)) + [99] * 10)
+    assert m == 0  # shorter than min_tokens: a miss
+    for k in range(200):
+        cache.store([1000 + k] * 4 + list(range(500)), kv(504))
+    assert cache.bytes <= cache.max_bytes and len(cache) < 200
+
+
+def test_the_single_backend_reuses_the_previous_sequence(lm, vocab, grammar):
+    params = SamplingParams(max_tokens=10)
+    first = prompt(50, 3)
+    backend = TransformersBackend(lm, reuse_prefix=True)
+    g1 = generate(backend, vocab, first, Matcher(grammar), params)
+    follow = first + g1.tokens + prompt(6, 4)  # the next step of an episode
+    g2 = generate(backend, vocab, follow, Matcher(grammar), params)
+    assert g2.prompt_cached >= 50
+    assert g2.tokens == single(lm, vocab, follow, Matcher(grammar), params).tokens
+
+
+def test_a_cancelled_row_leaves_within_one_step(lm, vocab):
+    loop = BatchLoop(lm, vocab, max_rows=4)
+    flag = {"stop": False}
+    a = Row(vocab, None, SamplingParams(max_tokens=50), cancelled=lambda: flag["stop"])
+    b = Row(vocab, None, SamplingParams(max_tokens=50))
+    loop.add(prompt(10, 1), a)
+    loop.add(prompt(10, 2), b)
+    loop.step()
+    loop.step()
+    flag["stop"] = True
+    ended = loop.step()
+    assert ended == [a] and a.finish_reason == "cancelled" and loop.live == [b]
+
+
+def test_a_failing_row_ends_alone(lm, vocab):
+    loop = BatchLoop(lm, vocab, max_rows=4)
+
+    def boom(step):
+        raise RuntimeError("listener failed")
+
+    a = Row(vocab, None, SamplingParams(max_tokens=5), on_step=boom)
+    b = Row(vocab, None, SamplingParams(max_tokens=5))
+    loop.add(prompt(8, 1), a)
+    loop.add(prompt(8, 2), b)
+    ended = loop.step()
+    assert ended == [a] and a.finish_reason == "error" and isinstance(a.error, RuntimeError)
+    while loop.busy:
+        ended += loop.step()
+    assert b in ended and b.finish_reason == "length" and len(b.out) == 5
