@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from railcall.eval import report
-from railcall.eval.runner import CONDITIONS, _append, read_results, run_bfcl
+from railcall.eval.results import CONDITIONS, append_records, read_results
+from railcall.eval.runner import run_bfcl
 from railcall.data import bfcl_data
 
 
@@ -51,7 +52,7 @@ def test_a_last_line_torn_just_before_its_newline_is_mended(tmp_path):
     assert read_results(p) == [a, b] and not p.read_text().endswith("\n")  # reading alone never writes
     assert read_results(p, repair=True) == [a, b] and p.read_text().endswith("\n")
     with open(p, "a") as f:
-        _append(f, [c])
+        append_records(f, [c])
     warnings = []
     assert read_results(p, warn=warnings.append) == [a, b, c] and warnings == []
 

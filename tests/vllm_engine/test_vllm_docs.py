@@ -1,4 +1,4 @@
-"""The README's vLLM example runs (its ```python vllm block), and so does the documented server
+"""docs/vllm.md's example runs (its ```python vllm block), and so does the documented server
 (`--logits-processors railcall.vllm:RailcallLogitsProcessor`) with a request that carries its
 spec in `vllm_xargs`."""
 
@@ -18,11 +18,11 @@ import jsonschema
 
 from scenario import WEATHER, openai_tools
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+VLLM_PAGE = Path(__file__).resolve().parents[2] / "docs" / "vllm.md"
 
 
-def test_readme_vllm_example_runs(tmp_path):
-    (block,) = re.findall(r"```python vllm\n(.*?)```", README.read_text(), re.S)
+def test_the_docs_vllm_example_runs(tmp_path):
+    (block,) = re.findall(r"```python vllm\n(.*?)```", VLLM_PAGE.read_text(), re.S)
     # run as a user would, a script in a process of its own: vLLM binds its log handler to the
     # sys.stdout of the moment an engine starts, and a captured one is closed when the capture ends
     script = tmp_path / "example.py"

@@ -150,8 +150,13 @@ def machine() -> dict:
     }
 
 
-def run(*, quick: bool, vocabs: list[str], out: Path, data: Path, engines: list[str] | None = None, log=print) -> dict:
+def run(*, quick: bool, vocabs: list[str], out: Path, data: Path, engines: list[str] | None = None, log=print,
+        progress=None) -> dict:
+    """Every (engine, vocabulary, workload) cell, each in a process of its own, then the vocabulary
+    builds. `log` is told each cell as it starts; `progress(label, done, total)` each time one ends
+    (a full run is about 12 minutes on 2 cores, so the caller can show how far it is)."""
     engines = engines or list(ENGINES)
+    progress = progress or (lambda label, done, total: None)
     from railcall.bench.workloads import workloads
 
     names = [w.name for w in workloads(data, quick)]
@@ -165,16 +170,23 @@ def run(*, quick: bool, vocabs: list[str], out: Path, data: Path, engines: list[
     samples_file = out.with_name(out.stem + "-samples.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     e2e = model_runs(data, quick, samples_file, [w for w in workloads(data, quick) if w.name in names])
+    total = len(vocabs) * len(names) * len(engines) + len(vocabs)
+    done = 0
+    progress("cells", done, total)
     for vocab in vocabs:
         for wl in names:
             for eng in engines:
                 log(f"  {eng:14} {vocab:8} {wl:9} ...")
                 results.append(run_cell(eng, vocab, wl, paths=paths, quick=quick, data=data, timeout=timeout,
                                         samples=samples_file))
+                done += 1
+                progress("cells", done, total)
     vocab_builds = []
     for vocab in vocabs:
         log(f"  vocabulary build times {vocab} ...")
         vocab_builds.append(run_vocab_build(vocab, timeout=timeout))
+        done += 1
+        progress("cells", done, total)
     report = {"machine": machine(), "quick": quick, "seconds": time.time() - t0, "notes": NOTES,
               "results": results, "ratios": ratios(results), "vocab_builds": vocab_builds, "end_to_end": e2e}
     write_report(report, out)

@@ -182,7 +182,7 @@ def run(categories: Sequence[str], out: Path, *, data: Path | None = None, limit
     from railcall.atomic import atomic_write
     from railcall.data import bfcl_data
     from railcall.decode import SamplingParams
-    from railcall.eval.runner import read_results, set_aside
+    from railcall.eval.results import read_results, set_aside
 
     log = log or (lambda m: None)
     data = Path(data) if data is not None else bfcl_data()

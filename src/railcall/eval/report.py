@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from railcall.atomic import atomic_savefig, atomic_write
-from railcall.eval.runner import CONDITIONS
+from railcall.eval.results import CONDITIONS, read_results, read_run
 
 
 def summarise(records: list[dict], *, settings: dict, categories: list[str], limit=None, machine=None) -> dict:
@@ -54,7 +54,6 @@ def summarise(records: list[dict], *, settings: dict, categories: list[str], lim
 def from_folder(out: Path, warn=None) -> dict:
     """The summary of whatever a run folder holds (a finished or an interrupted run). A line of
     results.jsonl that is not a usable record is skipped, and `warn` told which and why."""
-    from railcall.eval.runner import read_results, read_run
 
     out = Path(out)
     run = read_run(out / "run.json") if (out / "run.json").is_file() else {}

@@ -35,11 +35,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from railcall.atomic import atomic_write, mend_last_line
+from railcall.atomic import atomic_write
 from railcall.eval import bfcl, checker
-
-CONDITIONS = ("with_grammar", "without_grammar")
-
+from railcall.eval.results import CONDITIONS, append_records, read_results, read_run, set_aside
 
 @dataclass
 class Settings:
@@ -102,109 +100,6 @@ def auto_calls(vocab, tokens) -> list[dict] | None:
             return None
         calls.append({"tool": c.name, "args": args})
     return calls or None
-
-
-# What `report.summarise` and a resumed run read from every record, with its JSON type.
-RECORD_FIELDS = {"category": str, "id": str, "condition": str, "parse": bool, "valid": bool, "ast": bool,
-                 "tokens": int, "seconds": (int, float), "cut": bool}
-_KIND = {str: "a string", bool: "true or false", int: "a whole number", (int, float): "a number"}
-
-
-def record_problem(r) -> str:
-    """"" when `r` is a results record the summary can use, else what is wrong with it."""
-    if not isinstance(r, dict):
-        return f"not a JSON object but {type(r).__name__}"
-    missing = [k for k in RECORD_FIELDS if k not in r]
-    if missing:
-        return f"no {', '.join(repr(k) for k in missing)}"
-    for k, kind in RECORD_FIELDS.items():
-        if not isinstance(r[k], kind) or (isinstance(r[k], bool) and kind is not bool):  # True is an int too
-            return f"{k!r} is {json.dumps(r[k])[:40]}, not {_KIND[kind]}"
-    if r["condition"] not in CONDITIONS:
-        return f"condition {r['condition']!r} is not one of {', '.join(CONDITIONS)}"
-    return ""
-
-
-def read_results(path: Path, *, repair: bool = False, warn: Callable[[str], None] | None = None,
-                 check: Callable[[object], str] = record_problem) -> list[dict]:
-    """The records in a results file, each line checked (`record_problem`).
-
-    A line is whole only with its newline. A last line without one is an interrupted write: when
-    it parses it is the whole record and is kept, when not it is left out. With `repair=True`
-    (only the run that owns the file: it appends next) the file is made to end on a newline --
-    the missing newline written, or the torn part cut off -- so the next append starts a line
-    of its own instead of joining the torn one (which would lose both records). Any other line
-    that does not parse or is not a usable record is skipped, and `warn` is told which and why;
-    the file keeps it. `check` says what is wrong with a record ("" if nothing)."""
-    warn = warn or (lambda m: None)
-    if not path.is_file():
-        return []
-    data = path.read_bytes()
-    records = []
-    lines = data.split(b"\n")
-    for k, line in enumerate(lines):
-        torn = k == len(lines) - 1 and line != b""  # what follows the final newline, if anything
-        where = f"{path} line {k + 1}"
-        try:
-            r = json.loads(line) if line.strip() else None
-        except ValueError as e:
-            if torn:
-                warn(f"{where}: an interrupted write (no newline, does not parse); "
-                     + ("cut off, its task is decoded again" if repair else "left out"))
-                if repair:
-                    mend_last_line(path)
-                break
-            warn(f"{where}: does not parse ({e}); skipped")
-            r = None
-        else:
-            if torn and repair:
-                mend_last_line(path)  # the record is whole; only its newline was lost
-            if r is not None:
-                problem = check(r)
-                if problem:
-                    warn(f"{where}: not a results record ({problem}); skipped")
-                else:
-                    records.append(r)
-    return records
-
-
-def read_run(path: Path) -> dict:
-    """A run folder's run.json ({"settings": {...}, "machine": {...}}), or ValueError saying
-    what is wrong with it."""
-    try:
-        run = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read {path}: {e}; fix it, or use another --out") from None
-    if not isinstance(run, dict) or not isinstance(run.get("settings"), dict):
-        raise ValueError(f'{path} holds no "settings" object; fix it, or use another --out')
-    return run
-
-
-def set_aside(out: Path) -> Path | None:
-    """Keep a previous run's results.jsonl and run.json before a fresh run in `out`: they become
-    results.jsonl.old.N and run.json.old.N, N one more than any before, so no earlier run is
-    ever replaced (results.jsonl.old, from older railcall, is left as it is). An empty results
-    file holds nothing to keep and is removed. Returns where the results went (None: nowhere)."""
-    results = out / "results.jsonl"
-    if results.stat().st_size == 0:
-        results.unlink()
-        return None
-    used = [int(p.name.rsplit(".", 1)[1]) for name in ("results.jsonl", "run.json")
-            for p in out.glob(f"{name}.old.*") if p.name.rsplit(".", 1)[1].isdigit()]
-    n = max(used, default=0) + 1
-    if (out / "run.json").is_file():
-        os.replace(out / "run.json", out / f"run.json.old.{n}")
-    kept = out / f"results.jsonl.old.{n}"
-    os.replace(results, kept)
-    return kept
-
-
-def _append(f, records: list[dict]) -> None:
-    # one write of whole lines per task, flushed and synced: a kill leaves at most a torn last line,
-    # which the next run's read_results(repair=True) mends before it appends
-    f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    f.flush()
-    os.fsync(f.fileno())
 
 
 def score(task: bfcl.Task, text: str, calls: list[dict] | None = None, *, auto: bool = False) -> dict:
@@ -314,7 +209,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
             last = now
             waiting[(cat, t.id)] -= 1
             if not waiting[(cat, t.id)]:  # a task's records are written together, once all are in
-                _append(f, held.pop((cat, t.id)))
+                append_records(f, held.pop((cat, t.id)))
                 finished[cat] += 1
                 if progress:
                     progress(cat, finished[cat], len(all_tasks[cat]))

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from railcall.bitmask import unpack_bitmask
 from railcall.grammar.program import Fragments
 from railcall.vocab import Vocabulary
-
-if TYPE_CHECKING:  # the automaton imports this module
-    from railcall.matcher.automaton import Automaton
 
 
 # A mask entry, as cached and as `CompiledGrammar.mask` returns it, is a tuple
@@ -199,7 +195,10 @@ class VocabCache:
 
     def __init__(self):
         self.fragments: dict[int, Fragments] = {}
-        self.automata: dict[int, "Automaton"] = {}  # per string cap
+        # per string cap, the Automaton over this vocabulary: built and stored by CompiledGrammar
+        # (matcher.py), which imports both; this module sits below the automaton, which reads
+        # the masks and content keys kept here, so it never names that class
+        self.automata: dict[int, object] = {}
         self.masks = MaskCache()
         self.lock = threading.RLock()
         # content keys (Automaton._ckey): interned ids, never reused; memo of thread keys

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from railcall.errors import ModelError, ModelPackageMissing
+from railcall.errors import ModelError, ModelPackageMissing, RailcallError, from_import_error, require
 
 DEFAULT_MODEL = "smollm2"
 
@@ -316,8 +316,10 @@ def ensure_converted(
     try:
         try:
             converter(source.path, tmp)
-        except ModelError:
+        except RailcallError:
             raise
+        except ImportError as e:  # torch, transformers or gguf missing: not the file's fault
+            raise from_import_error(f"converting {source.path.name}", e, extra="model") from e
         except Exception as e:  # the GGUF reader's own errors (ValueError, struct.error, OSError, ...)
             raise ModelError(
                 f"cannot convert {source.path} ({e or type(e).__name__}); --model expects a complete GGUF "
@@ -374,10 +376,15 @@ def load_model(model: str | os.PathLike | None = None, **kw) -> LoadedModel:
     """Load `model` (default: the embedded SmolLM2) for CPU inference in float32."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # before a conversion that would need them (a minute), and before any file is blamed
+    require("loading a model", "torch", "transformers", "safetensors", extra="model")
     folder = model_folder(model, **kw)
     t0 = time.perf_counter()
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    except ImportError as e:  # installed, but broken (a torch built for another Python)
+        raise from_import_error("loading a model", e, extra="model") from e
 
     try:
         config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
@@ -432,6 +439,7 @@ def convert_gguf_metadata_tokenizer(gguf: Path, out: Path) -> None:
 def load_tokenizer(model: str | os.PathLike | None = None, **kw):
     """Load only the tokenizer of `model` (converted once and cached for GGUF sources)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    require("loading a tokenizer", "transformers", "tokenizers", extra="model")
     folder = tokenizer_folder(model, **kw)
     from transformers import AutoTokenizer
 
