@@ -18,6 +18,7 @@ from railcall.matcher import CompiledGrammar, Matcher
 STD = SchemaOptions(standard=True)
 
 _A = {"a": {"properties": {"a": {"type": "string"}}}}
+_MIN3_X = {"type": "object", "minProperties": 3, "properties": {"x": {}}, "required": ["x"], "additionalProperties": True}
 
 CASES = [
     # pattern: search semantics, anchors, classes, quantifiers, escapes decoded before matching
@@ -90,7 +91,16 @@ CASES = [
     ({"type": "object", "properties": {}}, '{"x":1}', False),  # a tool without parameters takes {}
     ({"type": "object", "maxProperties": 1}, '{"a":1,"b":2}', False),
     ({"type": "object", "minProperties": 2}, '{"a":1}', False),
-    ({"type": "object", "minProperties": 2}, '{"a":1,"b":2}', True),
+    ({"type": "object", "minProperties": 2}, '{"a":1,"bb":2}', True),
+    # a repeated key leaves one member (json.loads keeps the last), so minProperties' mandatory
+    # undeclared keys are kept apart: slot j of n has (j + 1) mod n characters, modulo n
+    ({"type": "object", "minProperties": 2}, '{"a":1,"a":2}', False),
+    ({"type": "object", "minProperties": 2}, '{"a":1,"b":2}', False),  # two keys of one length
+    (_MIN3_X, '{"x":1,"a":1,"a":2}', False),
+    (_MIN3_X, '{"x":1,"a":1,"bb":2}', True),
+    ({"type": "object", "minProperties": 2}, '{"a":1,"bb":2,"a":3}', True),  # past the minimum: two members remain
+    ({"type": "object", "minProperties": 3}, '{"a":1,"bb":2,"ccc":3}', True),
+    ({"type": "object", "minProperties": 3}, '{"a":1,"bb":2,"cccc":3}', False),
     # patternProperties: an undeclared key answers to every pattern it matches; the rest to
     # additionalProperties; propertyNames constrains every key
     ({"patternProperties": {"^x_": {"type": "integer"}}, "additionalProperties": False}, '{"x_a":1,"x_b":2}', True),
