@@ -18,6 +18,7 @@ from railcall.matcher import CompiledGrammar, Matcher
 STD = SchemaOptions(standard=True)
 
 _A = {"a": {"properties": {"a": {"type": "string"}}}}
+_INT_OR_STRING = {"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}]}
 _MIN3_X = {"type": "object", "minProperties": 3, "properties": {"x": {}}, "required": ["x"], "additionalProperties": True}
 
 CASES = [
@@ -101,6 +102,13 @@ CASES = [
     ({"type": "object", "minProperties": 2}, '{"a":1,"bb":2,"a":3}', True),  # past the minimum: two members remain
     ({"type": "object", "minProperties": 3}, '{"a":1,"bb":2,"ccc":3}', True),
     ({"type": "object", "minProperties": 3}, '{"a":1,"bb":2,"cccc":3}', False),
+    # oneOf of branches that only name types: the types exactly one branch names (Kubernetes'
+    # int-or-string; null is in both branches, so no null)
+    (_INT_OR_STRING, '"a"', True),
+    (_INT_OR_STRING, "3", True),
+    (_INT_OR_STRING, "null", False),
+    (_INT_OR_STRING, "3.5", False),
+    ({"oneOf": [{"type": "number"}, {"type": "string"}]}, "3.5", True),
     # patternProperties: an undeclared key answers to every pattern it matches; the rest to
     # additionalProperties; propertyNames constrains every key
     ({"patternProperties": {"^x_": {"type": "integer"}}, "additionalProperties": False}, '{"x_a":1,"x_b":2}', True),

@@ -372,6 +372,13 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
                 raise SchemaError(f"every {kw} branch is `false`: no value fits", pointer=pointer + "/" + kw, keyword=kw,
                                   empty=True)
             subs = [{"allOf": [base, br]} if base else br for br in branches]
+            only = _one_of_types(ctx, branches) if kw == "oneOf" else None
+            if only is not None:
+                if not only:
+                    raise SchemaError("every type oneOf allows is allowed by two of its branches: no value fits",
+                                      pointer=pointer + "/oneOf", keyword="oneOf", empty=True)
+                return _node(ctx, {"allOf": [base, {"type": only}]} if base else {"type": only}, pointer, required,
+                             depth + 1)
             if kw == "oneOf" and not _pairwise_disjoint(ctx, branches, base):
                 if not ctx.options.lenient:
                     raise SchemaError("oneOf branches that may overlap cannot be enforced exactly (a value "
@@ -1243,6 +1250,31 @@ def _merge_properties(a: dict, b: dict, out: dict, pointer: str) -> None:
 
 
 # -- oneOf: disjointness ---------------------------------------------------------------------------
+
+
+def _one_of_types(ctx: _Ctx, branches: list) -> list[str] | None:
+    """The types a oneOf of branches that only name types allows: those exactly one branch
+    names (Kubernetes' int-or-string is `oneOf: [{type: [string, null]}, {type: [integer, null]}]`,
+    so null, in both, is not allowed). None when a branch says more than its type, or when the
+    answer is "numbers that are not integers" (a number branch beside an integer one), which
+    no type list can say."""
+    counts: dict[str, int] = {}
+    for br in branches:
+        try:
+            s = _expand(ctx, br, "", 0) if isinstance(br, (dict, bool)) else None
+        except GrammarError:
+            return None
+        if not s or set(s) != {"type"}:
+            return None
+        for t in set(s["type"] if isinstance(s["type"], list) else [s["type"]]):
+            counts[t] = counts.get(t, 0) + 1
+    numbers, integers = counts.get("number", 0), counts.get("number", 0) + counts.get("integer", 0)
+    if numbers == 1 and integers > 1:
+        return None
+    out = [t for t in ("object", "array", "string", "boolean", "null") if counts.get(t) == 1]
+    if integers == 1:
+        out.append("number" if numbers else "integer")
+    return out
 
 
 def _pairwise_disjoint(ctx: _Ctx, branches: list, base: dict) -> bool:
