@@ -33,6 +33,13 @@ CASES = [
     ({"type": "string", "pattern": "^\\w+$"}, '"\\u0061_1"', True),  # \u0061 is "a"
     ({"type": "string", "pattern": "^[^\"]*$"}, '"a\\"b"', False),  # the escaped quote is a quote
     ({"type": "string", "pattern": "^é+$"}, '"éé"', True),
+    # \s and \S only where ECMA-262 and Python's re (jsonschema's) agree: U+FEFF is white space
+    # to ECMA only, U+0085 to Python only
+    ({"type": "string", "pattern": "^\\s$"}, '"\\u3000"', True),
+    ({"type": "string", "pattern": "^\\s$"}, '"\\ufeff"', False),
+    ({"type": "string", "pattern": "^\\S$"}, '"\\ufeff"', False),
+    ({"type": "string", "pattern": "^\\S$"}, '"\\u0085"', False),
+    ({"type": "string", "pattern": "^\\S$"}, '"x"', True),
     ({"type": "string", "pattern": "^(cat|dog)s?$", "maxLength": 3}, '"cats"', False),
     ({"type": "string", "pattern": "^(cat|dog)s?$", "maxLength": 3}, '"dog"', True),
     ({"type": "string", "pattern": "^x*$", "minLength": 2}, '"x"', False),
