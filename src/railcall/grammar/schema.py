@@ -372,6 +372,13 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
                 raise SchemaError(f"every {kw} branch is `false`: no value fits", pointer=pointer + "/" + kw, keyword=kw,
                                   empty=True)
             subs = [{"allOf": [base, br]} if base else br for br in branches]
+            only = _one_of_types(ctx, branches) if kw == "oneOf" else None
+            if only is not None:
+                if not only:
+                    raise SchemaError("every type oneOf allows is allowed by two of its branches: no value fits",
+                                      pointer=pointer + "/oneOf", keyword="oneOf", empty=True)
+                return _node(ctx, {"allOf": [base, {"type": only}]} if base else {"type": only}, pointer, required,
+                             depth + 1)
             if kw == "oneOf" and not _pairwise_disjoint(ctx, branches, base):
                 if not ctx.options.lenient:
                     raise SchemaError("oneOf branches that may overlap cannot be enforced exactly (a value "
@@ -955,7 +962,7 @@ def _min_extra_object(ctx: _Ctx, out: list, extras: tuple, need: int, room) -> i
     for j in range(need):
         if out or j:
             parts.append(ir.Lit(b","))
-        parts.append(member)
+        parts.append(_distinct_member(ctx, extras, j, need) if need > 1 else member)
     more = None if room is None else room - need
     if more is None:
         parts.append(ir.Ref(_extra_tail_rule(ctx, member)))
@@ -969,6 +976,43 @@ def _min_extra_object(ctx: _Ctx, out: list, extras: tuple, need: int, room) -> i
         parts.append(opt)
     parts.append(ir.Lit(b"}"))
     return ir.Seq(*parts)
+
+
+def _distinct_member(ctx: _Ctx, extras: tuple, slot: int, need: int) -> ir.Node:
+    """The `slot`-th of `need` mandatory undeclared members, its key unable to repeat another's.
+
+    JSON lets a key repeat (`{"a":1,"a":2}`); a parser keeps one of them (`json.loads` the
+    last), so the object has one member fewer than it was written with, and minProperties,
+    counted on the written members, let through objects one short. Which members were already
+    written is not something a grammar can remember, so the mandatory keys are kept apart by
+    their length instead: the key of slot j has (j + 1) mod `need` characters, modulo `need`
+    (slot 0 of two: 1, 3, 5 ...; slot 1: 2, 4 ...), and two keys of different lengths differ.
+    The members after the mandatory ones may still repeat a key: the distinct mandatory keys
+    already meet minProperties, and a repeat only lowers the count maxProperties bounds. Keys of
+    a class that has no length of this slot's residue leave the class out of the slot; where no
+    class has one (keys of a single length), the schema is refused as unsupported."""
+    cycle = f"^(?:[\\s\\S]{{{need}}})*[\\s\\S]{{{(slot + 1) % need}}}$"
+    from railcall.grammar.program import char_dfa
+
+    members = []
+    for key, value in extras:
+        if isinstance(key, ir.JsonString):  # any string: only the length class is added
+            spec = ((), ((cycle, True),))
+        else:
+            names, pats = key.arg
+            spec = (names, pats + ((cycle, True),))
+        lo, hi = key.min_len, key.max_len
+        try:
+            if not char_dfa("keys", spec, 256).fits(0, 0, lo, 256 if hi is None else hi):
+                continue
+        except RegexError:
+            continue  # no key of this class has a length of this slot's residue
+        members.append(ir.Seq(ir.JsonPattern("keys", spec, lo, hi), ir.Lit(b":"), value))
+    if not members:  # lenient: the plain member, whose key may repeat another's
+        _unsupported(ctx, "minProperties", "", f"{need} distinct undeclared keys are kept apart by their lengths, "
+                     "and the keys allowed here cannot vary enough in length")
+        return ir.Alt(*[ir.Seq(key, ir.Lit(b":"), value) for key, value in extras])
+    return ir.Alt(*members)
 
 
 def _extra_tail_rule(ctx: _Ctx, member) -> str:
@@ -1206,6 +1250,31 @@ def _merge_properties(a: dict, b: dict, out: dict, pointer: str) -> None:
 
 
 # -- oneOf: disjointness ---------------------------------------------------------------------------
+
+
+def _one_of_types(ctx: _Ctx, branches: list) -> list[str] | None:
+    """The types a oneOf of branches that only name types allows: those exactly one branch
+    names (Kubernetes' int-or-string is `oneOf: [{type: [string, null]}, {type: [integer, null]}]`,
+    so null, in both, is not allowed). None when a branch says more than its type, or when the
+    answer is "numbers that are not integers" (a number branch beside an integer one), which
+    no type list can say."""
+    counts: dict[str, int] = {}
+    for br in branches:
+        try:
+            s = _expand(ctx, br, "", 0) if isinstance(br, (dict, bool)) else None
+        except GrammarError:
+            return None
+        if not s or set(s) != {"type"}:
+            return None
+        for t in set(s["type"] if isinstance(s["type"], list) else [s["type"]]):
+            counts[t] = counts.get(t, 0) + 1
+    numbers, integers = counts.get("number", 0), counts.get("number", 0) + counts.get("integer", 0)
+    if numbers == 1 and integers > 1:
+        return None
+    out = [t for t in ("object", "array", "string", "boolean", "null") if counts.get(t) == 1]
+    if integers == 1:
+        out.append("number" if numbers else "integer")
+    return out
 
 
 def _pairwise_disjoint(ctx: _Ctx, branches: list, base: dict) -> bool:
