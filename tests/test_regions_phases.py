@@ -232,3 +232,29 @@ def test_a_spent_budget_offers_every_token_of_the_close():
     forced = m.forced_tokens()
     assert forced == [lt, think2, v.lookup[b">"]]
     assert drive(m, v, forced) and m.phase_index == 1  # drive checks each against the mask
+
+
+@pytest.mark.parametrize("opening", ['{"tool":"', '{\n    "tool": "', '{ "tool" :"', '{\r\n\t"tool":\n"'])
+def test_the_json_trigger_takes_the_whitespace_json_allows(vocab, opening):
+    """A model writes `{\\n    "tool": "` as readily as the compact form: both start a call, in
+    the grammar and in the parser alike; from the trigger on the call grammar holds (compact)."""
+    grammar = compiled_grammar(tool_grammar(TOOLS, "json"), vocab)
+    m = answer_matcher(vocab, grammar, Delimiters.from_vocab(vocab), mode="auto")
+    ids = script(vocab, "Let me check.\n", opening)
+    assert drive(m, vocab, ids) and m.phase.kind == "grammar"
+    assert not legal(m, vocab, script(vocab, "z")[0])  # inside the call: only a tool's name
+    rest = script(vocab, 'calc","args":{"expr":"2*3"}}')
+    assert drive(m, vocab, rest) and m.phase.kind == "free"
+    r = parse(vocab, ids + rest, call_format="json")
+    assert [(c.name, json.loads(c.arguments)) for c in r.tool_calls] == [("calc", {"expr": "2*3"})]
+    assert r.content.strip() == "Let me check."
+
+
+@pytest.mark.parametrize("text", ['{"tools": 1}', '{ "toolbox": "x"}', '{\n  "name": "calc"}', "{ } and {\n}"])
+def test_json_that_is_not_a_call_stays_content(vocab, text):
+    grammar = compiled_grammar(tool_grammar(TOOLS, "json"), vocab)
+    m = answer_matcher(vocab, grammar, Delimiters.from_vocab(vocab), mode="auto")
+    ids = script(vocab, text)
+    assert drive(m, vocab, ids + [vocab.stop_ids[0]]) and m.is_done()
+    r = parse(vocab, ids, call_format="json")
+    assert r.tool_calls == [] and r.content == text

@@ -703,6 +703,9 @@ def eval_bfcl(
     max_tokens: int = typer.Option(192, "--max-tokens", help="Token ceiling per reply, the same for every category."),
     batch: int = typer.Option(16, "--batch", help="Tasks decoded together (each gives one row per condition)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; 1 helps on a busy machine)."),
+    tool_choice: Optional[str] = typer.Option(None, "--tool-choice", help="auto or required for every category (default: "
+                                              "required where every task has gold calls, else auto). The table's "
+                                              "'called' column is the share of replies with a call."),
 ) -> None:
     """Each BFCL task on the model with and without the grammar: parse rate, schema validity, AST accuracy."""
     from pathlib import Path
@@ -713,6 +716,8 @@ def eval_bfcl(
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     _at_least_1(limit=limit, max_tokens=max_tokens, batch=batch, threads=threads)
+    if tool_choice not in (None, "auto", "required"):
+        _fail(f"--tool-choice must be auto or required, not {tool_choice!r}")
     _check_eval_packages(model, "jsonschema", "matplotlib")
     data = _bfcl_folder(data)
     cats = [c.strip() for item in category for c in item.split(",") if c.strip()]
@@ -727,6 +732,7 @@ def eval_bfcl(
         try:
             summary = run_bfcl(cats, Path(out), data=Path(data), limit=limit, grammar=not no_grammar, model=model,
                                max_tokens=max_tokens, batch=batch, resume=resume, threads=threads, progress=progress,
+                               tool_choice=tool_choice,
                                log=lambda m: console.print(m, style="dim"))
         except (RailcallError, ValueError, FileNotFoundError, NotImplementedError) as e:
             _fail(e)

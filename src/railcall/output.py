@@ -46,8 +46,74 @@ from typing import Iterable, Literal
 from railcall.errors import RailcallError
 from railcall.vocab import Vocabulary, single_token
 
-# What the JSON wire format's calls start with; the trigger for tool_choice "auto".
+# What the JSON wire format's calls start with; the trigger for tool_choice "auto". JSON allows
+# whitespace between its tokens, and a model writes `{\n    "tool": "` as readily as the compact
+# form: both start a call (`json_gaps` says where whitespace may stand; the grammar regions and
+# this parser read the same trigger, so they agree on where a call starts).
 JSON_CALL_TRIGGER = '{"tool":"'
+JSON_WS = " \t\n\r"
+
+
+def json_gaps(text: str) -> frozenset[int]:
+    """Positions p of a JSON fragment where whitespace may stand before text[p]: before a JSON
+    token that starts outside a string (an opening quote, `:`, `,`, a bracket), never at 0."""
+    gaps, in_str, esc = set(), False, False
+    for p, c in enumerate(text):
+        if in_str:
+            if esc:
+                esc = False
+            elif c == "\\":
+                esc = True
+            elif c == '"':
+                in_str = False
+            continue
+        if p > 0 and c in '":,{}[]':
+            gaps.add(p)
+        if c == '"':
+            in_str = True
+    return frozenset(gaps)
+
+
+class TextTrigger:
+    """A trigger recognised by its text: `text`, with any run of JSON whitespace allowed at the
+    positions in `gaps`. Built once per parser."""
+
+    def __init__(self, text: str, gaps: frozenset[int] = frozenset()):
+        self.text, self.gaps = text, gaps
+
+    def _run(self, s: str, i: int) -> int:
+        """From s[i], how far the trigger matches: the end index of a whole match, or -1 if
+        s ends inside a possible match (a prefix), or -2 if it fails."""
+        p, t = 0, self.text
+        while i < len(s):
+            c = s[i]
+            if c == t[p]:
+                p += 1
+                if p == len(t):
+                    return i + 1
+            elif not (p in self.gaps and c in JSON_WS):
+                return -2
+            i += 1
+        return -1
+
+    def find(self, buf: str, limit: int) -> tuple[int, str] | None:
+        """(where, the matched text) of the first whole match ending by `limit`; None if none."""
+        at = buf.find(self.text[0], 0, limit)
+        while at >= 0:
+            end = self._run(buf[:limit], at)
+            if end >= 0:
+                return at, buf[at:end]
+            at = buf.find(self.text[0], at + 1, limit)
+        return None
+
+    def held(self, buf: str) -> int:
+        """The longest end of `buf` that could still become a match (held until it is known)."""
+        at = buf.find(self.text[0])
+        while at >= 0:
+            if self._run(buf, at) == -1:
+                return len(buf) - at
+            at = buf.find(self.text[0], at + 1)
+        return 0
 
 Role = Literal["reasoning_open", "reasoning_close", "call_open", "call_close"]
 ROLES: tuple[Role, ...] = ("reasoning_open", "reasoning_close", "call_open", "call_close")
@@ -318,6 +384,7 @@ class OutputParser:
         self._out: list[Delta] = []
         self.stream_calls = stream_calls
         self._scanner: _CallScanner | None = None
+        self._json_trigger = TextTrigger(JSON_CALL_TRIGGER, json_gaps(JSON_CALL_TRIGGER))
         self._closed = False
         self._result = ParsedOutput()
 
@@ -399,7 +466,7 @@ class OutputParser:
         self._buf = self._buf[n:]
         self._base += n
 
-    def _patterns(self) -> list[tuple[str, str]]:
+    def _patterns(self) -> list[tuple]:
         """(text, what) pairs recognised by text in the current mode: delimiters without a token."""
         d, out = self.d, []
         if self._mode == "reasoning":
@@ -411,7 +478,7 @@ class OutputParser:
             if self.format == "hermes" and d.call_open.token_id is None:
                 out.append((d.call_open.text, "call_open"))
             if self.format == "json" and not self.required:
-                out.append((JSON_CALL_TRIGGER, "json_trigger"))
+                out.append((self._json_trigger, "json_trigger"))
         elif self._mode == "hermes":
             if d.call_close and d.call_close.token_id is None:
                 out.append((d.call_close.text, "call_close"))
@@ -425,7 +492,11 @@ class OutputParser:
             # The earliest text-matched delimiter that lies wholly before the next token delimiter.
             best = None
             for text, what in self._patterns():
-                at = buf.find(text, 0, limit)
+                if isinstance(text, TextTrigger):
+                    hit = text.find(buf, limit)
+                    at, text = hit if hit is not None else (-1, "")
+                else:
+                    at = buf.find(text, 0, limit)
                 while at >= 0 and what == "reasoning_open" and buf[:at].strip():
                     at = -1  # reasoning opens only before any content
                 if at >= 0 and (best is None or at < best[0]):
@@ -485,6 +556,9 @@ class OutputParser:
         """The longest end of `buf` that is a proper prefix of a text-matched delimiter."""
         best = 0
         for text, what in self._patterns():
+            if isinstance(text, TextTrigger):
+                best = max(best, text.held(buf))
+                continue
             for k in range(min(len(text) - 1, len(buf)), best, -1):
                 if text.startswith(buf[-k:]):
                     if what == "reasoning_open":

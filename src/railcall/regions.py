@@ -25,8 +25,10 @@ grammar and the parser end reasoning at the same place (seed 002):
   text, so a structured answer may contain the tag.
 - The "auto" trigger is the tool-call open token where the call grammar starts with it; else a
   trigger text: the open's text (Hermes without a `<tool_call>` token) or `{"tool":"` (the JSON
-  wire format). A token whose text contains the trigger hands the trigger and what follows it
-  to the call grammar, and is legal only if that is a legal start of the call.
+  wire format), the latter with any JSON whitespace where JSON allows it (`{\n  "tool": "`, as a
+  model writes it unprompted; `output.json_gaps`). A token whose text completes the trigger hands
+  the trigger's compact text and what follows it in the token to the call grammar, and is legal
+  only if that is a legal start of the call.
 
 Lifecycle: the per-vocabulary masks and trigger tables are cached on the Vocabulary (shared,
 never per-request); a RegionMatcher is per request and cheap.
@@ -43,7 +45,7 @@ from railcall.bitmask import bitmask_words, pack_ids
 from railcall.errors import GrammarError, MatcherError
 from railcall.grammar import ir
 from railcall.matcher import DEAD, CompiledGrammar, Matcher, compiled_grammar
-from railcall.output import JSON_CALL_TRIGGER, Delimiters
+from railcall.output import JSON_CALL_TRIGGER, Delimiters, json_gaps
 from railcall.vocab import Vocabulary
 
 MODES = ("none", "auto", "required")
@@ -66,38 +68,68 @@ def text_token_mask(vocab: Vocabulary) -> np.ndarray:
     return hit
 
 
-def _kmp_table(trigger: bytes) -> np.ndarray:
-    """(len+1, 256) int32: how much of `trigger` is matched after one more byte (a KMP automaton;
-    state len is "found")."""
+WS_BYTES = b" \t\n\r"
+
+
+def _search_dfa(trigger: bytes, gaps: frozenset[int]) -> tuple[np.ndarray, int, list[int]]:
+    """A search automaton for `trigger` anywhere in a text, with any run of JSON whitespace
+    allowed before the positions in `gaps`: (table (states, 256) int32, the found state, per
+    state the furthest trigger position it has matched). State 0 is "nothing matched"; with no
+    gaps this is the KMP automaton. Built by subset construction over trigger positions (a
+    handful of states for `{"tool":"`)."""
     n = len(trigger)
-    table = np.zeros((n + 1, 256), dtype=np.int32)
-    table[0, trigger[0]] = 1
-    back = 0
-    for k in range(1, n + 1):
-        table[k] = table[back]
-        if k < n:
-            table[k, trigger[k]] = k + 1
-            back = table[back, trigger[k]]
-    return table
+    sets = {frozenset([0]): 0}
+    order = [frozenset([0])]
+    rows: list[np.ndarray] = []
+    found = -1
+    i = 0
+    while i < len(order):
+        cur = order[i]
+        row = np.zeros(256, dtype=np.int32)
+        for b in range(256):
+            nxt = {0}
+            for p in cur:
+                if p == n:
+                    continue
+                if trigger[p] == b:
+                    nxt.add(p + 1)
+                elif p in gaps and b in WS_BYTES:
+                    nxt.add(p)
+            key = frozenset(nxt)
+            if n in key:
+                key = frozenset([n])  # found: the search stops here
+            if key not in sets:
+                sets[key] = len(order)
+                order.append(key)
+            row[b] = sets[key]
+        rows.append(row)
+        i += 1
+    found = sets.get(frozenset([n]), -1)
+    return np.stack(rows), found, [max(st) for st in order]
 
 
 class TriggerIndex:
-    """For one trigger text and vocabulary: which tokens complete the trigger from each partial
-    match, and where in the token it completes. Built once per (vocabulary, trigger).
+    """For one trigger (its text, and where JSON whitespace may stand inside it) and one
+    vocabulary: which tokens complete the trigger from each partial match, and where in the token
+    it completes. Built once per (vocabulary, trigger).
 
     Only tokens containing the trigger's last byte can complete it, so the walk looks at those
-    (a few hundred in a 49k vocabulary), through the KMP automaton, one numpy step per byte.
+    (a few hundred in a 49k vocabulary), through the search automaton, one numpy step per byte.
     """
 
-    def __init__(self, vocab: Vocabulary, trigger: bytes):
+    def __init__(self, vocab: Vocabulary, trigger: bytes, gaps: frozenset[int] = frozenset()):
         self.trigger = trigger
-        self.table = _kmp_table(trigger)
+        self.table, self.found, self._pos = _search_dfa(trigger, gaps)
         B = vocab.byte_matrix  # (max_len, V) uint8
         lens = vocab.lengths
         has_last = ((B == trigger[-1]) & (np.arange(B.shape[0])[:, None] < lens[None, :])).any(axis=0)
         self.candidates = np.flatnonzero(has_last & ~vocab.special & (lens > 0))
         self._by_start: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.vocab = vocab
+
+    def rest(self, k: int) -> bytes:
+        """The shortest text that completes the trigger from state k."""
+        return self.trigger[self._pos[k]:]
 
     def completing(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, end): tokens that complete the trigger from partial match `k`, and the byte
@@ -109,33 +141,31 @@ class TriggerIndex:
             B = self.vocab.byte_matrix[:, ids]
             state = np.full(ids.size, k, dtype=np.int32)
             end = np.zeros(ids.size, dtype=np.int64)
-            n = len(self.trigger)
             for j in range(B.shape[0]):
                 live = (end == 0) & (lens > j)
                 if not live.any():
                     break
                 state = np.where(live, self.table[state, B[j]], state)
-                end[live & (state == n)] = j + 1
+                end[live & (state == self.found)] = j + 1
             done = end > 0
             hit = self._by_start[k] = (ids[done], end[done])
         return hit
 
     def advance(self, k: int, data: bytes) -> tuple[int, int]:
         """(new partial match, offset just after the trigger or -1) after `data` from `k`."""
-        n = len(self.trigger)
-        t = self.table
+        t, found = self.table, self.found
         for i, b in enumerate(data):
             k = int(t[k, b])
-            if k == n:
+            if k == found:
                 return k, i + 1
         return k, -1
 
 
-def trigger_index(vocab: Vocabulary, trigger: bytes) -> TriggerIndex:
+def trigger_index(vocab: Vocabulary, trigger: bytes, gaps: frozenset[int] = frozenset()) -> TriggerIndex:
     c = _cache(vocab).setdefault("triggers", {})
-    hit = c.get(trigger)
+    hit = c.get((trigger, gaps))
     if hit is None:
-        hit = c[trigger] = TriggerIndex(vocab, trigger)
+        hit = c[(trigger, gaps)] = TriggerIndex(vocab, trigger, gaps)
     return hit
 
 
@@ -176,6 +206,7 @@ class _FreeSpec:
     budget: int | None  # tokens before the exit is forced
     remainder_ok: Callable[[bytes], bool] | None  # is this legal right after the trigger?
     controls: frozenset = frozenset()  # delimiter tokens, never free text (only an exit here)
+    gaps: frozenset = frozenset()  # trigger positions where JSON whitespace may stand (json_gaps)
 
 
 class _Free:
@@ -187,7 +218,7 @@ class _Free:
         self.vocab, self.spec = vocab, spec
         self.count = 0  # tokens consumed (for the budget)
         self.k = 0  # how much of the trigger text is matched at the end of the text so far
-        self.index = trigger_index(vocab, spec.trigger) if spec.trigger else None
+        self.index = trigger_index(vocab, spec.trigger, spec.gaps) if spec.trigger else None
 
     def snapshot(self):
         return (self.count, self.k)
@@ -236,7 +267,7 @@ class _Free:
         """The tokens that end this phase from here (its exit token, or the rest of its trigger)."""
         if self.spec.exit_tokens:
             return [next(iter(self.spec.exit_tokens))]
-        rest = self.spec.trigger[self.k:]
+        rest = self.index.rest(self.k)
         encode = self.vocab._extra.get("encode")
         return list(encode(rest.decode("utf-8"))) if encode else (self.vocab.greedy_tokenize(rest) or [])
 
@@ -245,7 +276,7 @@ class _Free:
             if self.spec.exit_tokens:
                 row[:] = pack_ids(list(self.spec.exit_tokens), self.vocab.logits_width)
             else:  # a text exit: the tokens that continue it
-                row[:] = _prefix_tokens(self.vocab, self.spec.trigger[self.k:])
+                row[:] = _prefix_tokens(self.vocab, self.index.rest(self.k))
             return
         row[:] = self._base()
         banned = self._banned(self.k)
@@ -271,7 +302,7 @@ class _Free:
         if v.is_special(tid) or not v.token_bytes[tid] or tid in spec.controls:
             raise _Illegal(f"token {v.token_text(tid)} is not free text here")
         data = v.token_bytes[tid]
-        if self.exhausted() and not spec.trigger[self.k:].startswith(data):
+        if self.exhausted() and not self.index.rest(self.k).startswith(data):
             raise _Illegal(f"the reasoning budget ({spec.budget} tokens) is spent: only its close is allowed")
         return self.feed(data)
 
@@ -586,12 +617,15 @@ def answer_matcher(vocab: Vocabulary, answer: CompiledGrammar | None, delimiters
         first_ok = lambda rest: True  # noqa: E731
     else:
         tok, text = _auto_trigger(answer, delimiters, trigger)
-        key = ("auto", answer.grammar.key, tok, text, controls)
+        # the JSON wire format's trigger takes the whitespace JSON allows inside it; the call
+        # grammar is handed its compact text (then what followed the trigger in the token)
+        gaps = frozenset(json_gaps(JSON_CALL_TRIGGER)) if text == JSON_CALL_TRIGGER.encode() else frozenset()
+        key = ("auto", answer.grammar.key, tok, text, controls, gaps)
         ok = _remainder_ok_for_grammar(answer, tok, text or b"")
         spec = _FreeSpec(key, {tok: True} if tok is not None else {}, text, True, True, None,
-                         ok if text else None, controls)
+                         ok if text else None, controls, gaps)
         after = [lambda: _Free(vocab, spec), grammar_phase]
-        index = trigger_index(vocab, text) if text else None
+        index = trigger_index(vocab, text, gaps) if text else None
         # A reasoning close's remainder goes to this content: legal unless it completes a trigger.
         first_ok = (lambda rest: index.advance(0, rest)[1] < 0) if index else (lambda rest: True)  # noqa: E731
 
