@@ -114,3 +114,18 @@ def test_metrics_in_prometheus_text(srv, client):
     assert float(lines['railcall_requests_total{outcome="completed"}']) >= 1
     assert float(lines["railcall_generated_tokens_total"]) >= 2
     assert 'railcall_time_to_first_token_seconds{quantile="0.5"}' in lines and "railcall_queue_depth" in lines
+
+
+def test_completions_free_and_constrained(client):
+    r = client.completions.create(model="any", prompt="The capital of France is", max_tokens=4, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text and r.usage.completion_tokens <= 4
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="any", prompt="The capital of France is", max_tokens=4, temperature=0, stream=True) if c.choices)
+    assert streamed == r.choices[0].text
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
+    r = client.completions.create(model="any", prompt="A JSON object naming a city: ", max_tokens=20, temperature=0,
+                                  extra_body={"guided_json": schema})
+    assert isinstance(json.loads(r.choices[0].text)["city"], str)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="any", prompt=[10**9], max_tokens=2)
+    assert e.value.body["param"] == "prompt"

@@ -4,6 +4,7 @@
     GET  /metrics                Prometheus text: requests, queue, tokens, batch size, TTFT (no key)
     GET  /v1/models              the one model this process serves
     POST /v1/chat/completions    tools, tool_choice, response_format, streaming, logprobs, ...
+    POST /v1/completions         a prompt in, text out; response_format / guided_* constrain it
 
 Every error is OpenAI's error object, `{"error": {"message", "type", "param", "code"}}`: 400 for
 a request that cannot be served as written (the message names the field, and for a schema the
@@ -37,8 +38,8 @@ from railcall.matcher import MAX_STRING
 from railcall.server import sse
 from railcall.server.engine import Engine, ServedModel
 from railcall.server.output import Assembler
-from railcall.server.plan import Plan, build_plan
-from railcall.server.schemas import ChatCompletionRequest, error_body
+from railcall.server.plan import Plan, build_completion_plan, build_plan
+from railcall.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
 
 log = logging.getLogger("railcall.server")
 
@@ -81,7 +82,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
         message = str(e.detail)
         if e.status_code in (404, 405):
             message = (f"{message}: {request.method} {request.url.path}; this server answers POST "
-                       "/v1/chat/completions, GET /v1/models, GET /v1/models/{model}, GET /health and GET /metrics")
+                       "/v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{model}, GET /health and GET /metrics")
         return JSONResponse(error_body(message, kind), status_code=e.status_code, headers=getattr(e, "headers", None))
 
     @app.exception_handler(RequestValidationError)
@@ -140,6 +141,29 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return JSONResponse(await _complete(request, job, asms, plan, cid, created, served.name))
 
+    @app.post("/v1/completions", dependencies=[Depends(auth)],
+              responses={400: {"description": "bad request"}, 429: {"description": "queue full"}})
+    async def completions(request: Request):
+        """A prompt in, text out (no chat template): free, or under response_format / guided_*."""
+        body = await _read_body(request, request.app.state.max_body)
+        req = _parse(body, CompletionRequest)
+
+        def plan_it() -> Plan:
+            with plan_lock:
+                return build_completion_plan(served, req)
+
+        plan = await run_in_threadpool(plan_it)
+        job = engine.submit(plan, asyncio.get_running_loop())
+        asms = [Assembler(served, plan) for _ in range(plan.n)]
+        cid = "cmpl-" + secrets.token_hex(12)
+        job.rid = cid
+        created = int(time.time())
+        if plan.stream:
+            return StreamingResponse(_stream(job, asms, plan, cid, created, served.name, text=True),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return JSONResponse(await _complete(request, job, asms, plan, cid, created, served.name, text=True))
+
     @app.get("/metrics")
     async def metrics():
         """Prometheus text format: requests, queue depth, tokens, batch size, time to first token."""
@@ -181,7 +205,7 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON value (JSON has no NaN or infinities)")
 
 
-def _parse(body: bytes) -> ChatCompletionRequest:
+def _parse(body: bytes, model=ChatCompletionRequest):
     try:
         obj = json.loads(body, parse_constant=_no_constant)
     except RecursionError:
@@ -197,7 +221,7 @@ def _parse(body: bytes) -> ChatCompletionRequest:
                            "which is not Unicode text; send the character itself or a complete surrogate pair",
                            param=where or None)
     try:
-        return ChatCompletionRequest.model_validate(obj)
+        return model.model_validate(obj)
     except ValidationError as e:
         raise _validation_error_of(e.errors()) from None
     except RecursionError:
@@ -293,7 +317,8 @@ async def _watch_disconnect(request: Request, job) -> None:
             return
 
 
-async def _complete(request: Request, job, asms: list[Assembler], plan: Plan, cid: str, created: int, model: str) -> dict:
+async def _complete(request: Request, job, asms: list[Assembler], plan: Plan, cid: str, created: int, model: str,
+                    text: bool = False) -> dict:
     watcher = asyncio.create_task(_watch_disconnect(request, job))
     steps: list[list] = [[] for _ in asms]
     gens: list = [None] * len(asms)
@@ -318,13 +343,16 @@ async def _complete(request: Request, job, asms: list[Assembler], plan: Plan, ci
         if failed is not None:
             raise failed
         asm.finish(gen)
-        choice = {"index": k, "message": asm.message(), "finish_reason": _finish_reason(gen, asm),
-                  "logprobs": {"content": [asm.logprob_entry(s) for s in steps[k]]} if plan.logprobs else None}
+        if text:  # a text completion's choice
+            choice = {"index": k, "text": asm.content, "finish_reason": _finish_reason(gen, asm), "logprobs": None}
+        else:
+            choice = {"index": k, "message": asm.message(), "finish_reason": _finish_reason(gen, asm),
+                      "logprobs": {"content": [asm.logprob_entry(s) for s in steps[k]]} if plan.logprobs else None}
         if plan.return_token_ids:
             choice["token_ids"] = list(gen.tokens)
         choices.append(choice)
-    out = {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
-           "usage": _usage(plan, gens)}
+    out = {"id": cid, "object": "text_completion" if text else "chat.completion", "created": created, "model": model,
+           "choices": choices, "usage": _usage(plan, gens)}
     if plan.return_token_ids:
         out["prompt_token_ids"] = list(plan.prompt)
     return out
@@ -348,16 +376,22 @@ def _generation_failed(value) -> RequestError:
     return RequestError(f"generation failed: {type(value).__name__}: {value}", status=500, type="server_error")
 
 
-async def _stream(job, asms: list[Assembler], plan: Plan, cid: str, created: int, model: str):
+async def _stream(job, asms: list[Assembler], plan: Plan, cid: str, created: int, model: str, text: bool = False):
     n = len(asms)
     ids: list[list[int]] = [[] for _ in asms]  # per choice: token ids and logprobs not yet sent
     lps: list[list[dict]] = [[] for _ in asms]
     gens: list = [None] * n
 
     def make(k, delta, finish=None):
-        c = sse.chunk(cid, created, model, delta, finish_reason=finish, index=k,
-                      logprobs=list(lps[k]) if plan.logprobs else None,
-                      token_ids=list(ids[k]) if plan.return_token_ids else None)
+        if text:  # a text completion's chunk: the content delta as "text"
+            c = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [
+                {"index": k, "text": delta.get("content", ""), "finish_reason": finish, "logprobs": None}]}
+            if plan.return_token_ids:
+                c["choices"][0]["token_ids"] = list(ids[k])
+        else:
+            c = sse.chunk(cid, created, model, delta, finish_reason=finish, index=k,
+                          logprobs=list(lps[k]) if plan.logprobs else None,
+                          token_ids=list(ids[k]) if plan.return_token_ids else None)
         ids[k].clear()
         lps[k].clear()
         return sse.event(c)
@@ -368,7 +402,7 @@ async def _stream(job, asms: list[Assembler], plan: Plan, cid: str, created: int
         return sse.event(error_body(str(e), e.type, e.param, e.code)) + sse.DONE
 
     try:
-        for k in range(n):
+        for k in range(n if not text else 0):
             yield make(k, {"role": "assistant", "content": ""})
         while any(g is None for g in gens):
             try:
@@ -382,7 +416,8 @@ async def _stream(job, asms: list[Assembler], plan: Plan, cid: str, created: int
                 if plan.logprobs:
                     lps[k].append(asms[k].logprob_entry(step))
                 for delta in asms[k].feed(step):
-                    yield make(k, delta)
+                    if not text or "content" in delta:
+                        yield make(k, delta)
             elif kind == "error":
                 yield fail(_generation_failed(value))
                 return
@@ -394,11 +429,12 @@ async def _stream(job, asms: list[Assembler], plan: Plan, cid: str, created: int
                     yield fail(failed)
                     return
                 for delta in asms[k].finish(gen):
-                    yield make(k, delta)
+                    if not text or "content" in delta:
+                        yield make(k, delta)
                 yield make(k, {}, _finish_reason(gen, asms[k]))
         if plan.include_usage:
-            yield sse.event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                             "choices": [], "usage": _usage(plan, gens)})
+            yield sse.event({"id": cid, "object": "text_completion" if text else "chat.completion.chunk",
+                             "created": created, "model": model, "choices": [], "usage": _usage(plan, gens)})
         yield sse.DONE
     finally:
         job.cancel()  # a client that went away stops its generation at the next token

@@ -23,7 +23,7 @@ import codecs
 import secrets
 
 from railcall.decode import Generation, Step
-from railcall.output import Delta, OutputParser
+from railcall.output import Delimiters, Delta, OutputParser
 
 
 def call_id() -> str:
@@ -35,9 +35,13 @@ class Assembler:
 
     def __init__(self, served, plan):
         self.vocab = served.vocab
-        fmt = served.call_format if plan.tool_choice != "none" else None
-        self.parser = OutputParser(served.delimiters, call_format=fmt, tool_choice=plan.tool_choice,
-                                   stop_ids=self.vocab.stop_ids, stream_calls=getattr(plan, "grammar", None) is not None)
+        if getattr(plan, "plain", False):  # /v1/completions: all text, no delimiters read
+            self.parser = OutputParser(Delimiters(), call_format=None, tool_choice="none", stop_ids=self.vocab.stop_ids)
+        else:
+            fmt = served.call_format if plan.tool_choice != "none" else None
+            self.parser = OutputParser(served.delimiters, call_format=fmt, tool_choice=plan.tool_choice,
+                                       stop_ids=self.vocab.stop_ids,
+                                       stream_calls=getattr(plan, "grammar", None) is not None)
         self.stops = tuple(plan.params.stop)
         self.holdback = max((len(s) for s in self.stops), default=1) - 1
         self.top_logprobs = plan.top_logprobs

@@ -30,7 +30,7 @@ from railcall.errors import GrammarError, MatcherError, RequestError, SchemaErro
 from railcall.grammar import ir
 from railcall.grammar.schema import SchemaOptions, schema_to_ir
 from railcall.grammar.tools import Tool, ToolGrammarBuilder
-from railcall.matcher import MAX_STRING, CompiledGrammar, compiled_grammar
+from railcall.matcher import MAX_STRING, CompiledGrammar, Matcher, compiled_grammar
 from railcall.prompt import describe_tools
 from railcall.regions import answer_matcher
 from railcall.server.schemas import ChatCompletionRequest
@@ -64,12 +64,13 @@ class Plan:
     stream: bool = False
     include_usage: bool = False
     n: int = 1  # choices: rows of one batch, each with its own matcher and seed
+    plain: bool = False  # /v1/completions: the grammar alone, no regions (no reasoning, no free text)
 
     def matcher(self, served: "ServedModel"):
         """A fresh per-request matcher (built on the engine's worker thread); None for free text
         without reasoning, which needs no mask at all."""
-        if self.grammar is None and not served.reasoning:
-            return None
+        if self.plain or (self.grammar is None and not served.reasoning):
+            return Matcher(self.grammar) if self.grammar is not None else None
         return answer_matcher(served.vocab, self.grammar, served.delimiters, mode=self.mode, reasoning=served.reasoning)
 
 
@@ -112,13 +113,43 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
         mode = "required"
     parser_choice = {"named": "required", "required": "required", "auto": "auto"}.get(choice, "none")
     prompt = served.prompt_ids(req, tools if calling else [], choice, named, kind, answer[0] is not None)
+    params = _params(served, req, prompt, kind, where="messages")
+    compiled = _compile(served, grammar, kind)
+    return Plan(prompt=prompt, params=params, kind=kind, mode=mode, tool_choice=parser_choice, grammar=compiled, tools=tools if calling else [],
+                parallel=req.parallel_tool_calls and choice != "named", logprobs=req.logprobs,
+                top_logprobs=params.top_logprobs, return_token_ids=req.return_token_ids, stream=req.stream,
+                include_usage=bool(req.stream_options and req.stream_options.include_usage), n=req.n)
+
+
+def build_completion_plan(served: "ServedModel", req) -> Plan:
+    """`/v1/completions`: the prompt as the model's own tokens (no chat template, no tools, no
+    reasoning region), the answer free or under `response_format` / the guided fields."""
+    grammar, kind = _response_grammar(req)
+    if isinstance(req.prompt, str):
+        prompt = [int(i) for i in served.tokenizer.encode(req.prompt)]
+    else:
+        width = served.vocab.logits_width
+        bad = next((t for t in req.prompt if not 0 <= t < width), None)
+        if bad is not None:
+            raise RequestError(f"prompt holds token {bad}, but this model's tokens are 0..{width - 1}", param="prompt")
+        prompt = list(req.prompt)
+    if not prompt:
+        raise RequestError("the prompt is empty once tokenized", param="prompt")
+    params = _params(served, req, prompt, kind, where="prompt")
+    return Plan(prompt=prompt, params=params, kind=kind, mode="required" if grammar is not None else "none",
+                grammar=_compile(served, grammar, kind), plain=True, return_token_ids=req.return_token_ids,
+                stream=req.stream, include_usage=bool(req.stream_options and req.stream_options.include_usage), n=req.n)
+
+
+def _params(served: "ServedModel", req, prompt: list[int], kind: str, where: str) -> SamplingParams:
+    """Sampling settings from the request's fields; the token limit checked against the context."""
     budget = served.context_length - len(prompt)
     limit = req.token_limit
     if budget < 1 or (limit is not None and limit > budget):
         raise RequestError(f"the prompt is {len(prompt)} tokens and the model's context is {served.context_length}: "
                            f"{'no room is left' if budget < 1 else f'at most {budget} tokens can be generated'}; "
-                           "shorten the messages or lower max_tokens",
-                           param="messages" if budget < 1 else
+                           f"shorten the {where} or lower max_tokens",
+                           param=where if budget < 1 else
                            ("max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"),
                            code="context_length_exceeded")
     max_tokens = limit if limit is not None else min(DEFAULT_MAX_TOKENS, budget)
@@ -131,23 +162,22 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
         if int(k) >= width:
             raise RequestError(f"logit_bias names token {k}, but this model's tokens are 0..{width - 1}", param="logit_bias")
         bias[int(k)] = float(b)
-    params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                            seed=req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0, stop=stop,
-                            cut="close" if req.on_length == "close" else "leave", min_tokens=req.min_tokens,
-                            repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
-                            frequency_penalty=req.frequency_penalty, logit_bias=bias or None)
-    compiled = None
-    if grammar is not None:
-        try:
-            compiled = compiled_grammar(grammar, served.vocab, max_string=getattr(served, "max_string", MAX_STRING))
-        except (GrammarError, MatcherError) as e:
-            where = "tools" if kind in ("tools", "auto") else "response_format"
-            raise RequestError(f"the answer grammar could not be compiled: {_for_http(e, where)}", param=where,
-                               code="invalid_schema") from None
-    return Plan(prompt=prompt, params=params, kind=kind, mode=mode, tool_choice=parser_choice, grammar=compiled, tools=tools if calling else [],
-                parallel=req.parallel_tool_calls and choice != "named", logprobs=req.logprobs,
-                top_logprobs=params.top_logprobs, return_token_ids=req.return_token_ids, stream=req.stream,
-                include_usage=bool(req.stream_options and req.stream_options.include_usage), n=req.n)
+    return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                          seed=req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0, stop=stop,
+                          cut="close" if req.on_length == "close" else "leave", min_tokens=req.min_tokens,
+                          repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+                          frequency_penalty=req.frequency_penalty, logit_bias=bias or None)
+
+
+def _compile(served: "ServedModel", grammar, kind: str) -> CompiledGrammar | None:
+    if grammar is None:
+        return None
+    try:
+        return compiled_grammar(grammar, served.vocab, max_string=getattr(served, "max_string", MAX_STRING))
+    except (GrammarError, MatcherError) as e:
+        where = "tools" if kind in ("tools", "auto") else "response_format"
+        raise RequestError(f"the answer grammar could not be compiled: {_for_http(e, where)}", param=where,
+                           code="invalid_schema") from None
 
 
 # What an HTTP client does to get what `SchemaOptions(lenient=True)` gives a library caller.
@@ -192,7 +222,7 @@ def _tool_grammar(tools, fmt, parallel: bool) -> ir.Grammar:
         raise RequestError(str(e), param="tools") from None
 
 
-def _guided(req: ChatCompletionRequest):
+def _guided(req):
     """vLLM's structured_outputs / guided_* fields as (kind, value): kind "json" (a schema),
     "json_object", "choice" (a list of strings); None when none is given. Regexes and grammars
     over free text are refused (railcall's regexes constrain JSON strings only)."""
@@ -218,7 +248,7 @@ def _guided(req: ChatCompletionRequest):
                        "(guided_choice); a regex can constrain a string inside a schema (\"pattern\")", param=param)
 
 
-def _response_grammar(req: ChatCompletionRequest) -> tuple[ir.Grammar | None, str]:
+def _response_grammar(req) -> tuple[ir.Grammar | None, str]:
     guided = _guided(req)
     if guided is not None:
         kind, value = guided

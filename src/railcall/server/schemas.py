@@ -10,7 +10,7 @@ saying that this server's model reads text only.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -251,6 +251,67 @@ class ChatCompletionRequest(_Strict):
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Strict):
+    """`POST /v1/completions`: a prompt in, text out (no chat template), optionally under a
+    grammar (`response_format`, or vLLM's guided fields)."""
+
+    model: str = ""
+    prompt: str | list[int] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1, strict=True)
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=16, strict=True)
+    stream: bool = Field(default=False, strict=True)
+    stream_options: StreamOptions | None = None
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    top_k: int = Field(default=0, ge=0, strict=True)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    min_tokens: int = Field(default=0, ge=0, strict=True)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | bool | None = None
+    guided_choice: list[str] | None = Field(default=None, min_length=1)
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    on_length: Literal["cut", "close"] = "cut"
+    return_token_ids: bool = Field(default=False, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data):
+        if isinstance(data, dict) and any(data.get(k, 0) is None for k in _NULL_MEANS_DEFAULT):
+            data = {k: v for k, v in data.items() if not (v is None and k in _NULL_MEANS_DEFAULT)}
+        return data
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        return ChatCompletionRequest._stops(v)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v):
+        return ChatCompletionRequest._bias(v)
+
+    @model_validator(mode="after")
+    def _one_constraint(self):
+        return ChatCompletionRequest._one_constraint(self)
+
+    # what plan.py reads of a chat request, for the parts both share
+    max_completion_tokens: ClassVar[None] = None
+    logprobs: ClassVar[bool] = False
+    top_logprobs: ClassVar[None] = None
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
