@@ -293,7 +293,7 @@ def dead_end_gen(bytes_vocab):
 def test_the_server_answers_a_dead_end_with_an_error(bytes_vocab):
     async def complete():
         job = SimpleNamespace(events=asyncio.Queue(), cancel=lambda: None)
-        await job.events.put(("done", dead_end_gen(bytes_vocab)))
+        await job.events.put(("done", (0, dead_end_gen(bytes_vocab))))  # (choice, its generation)
 
         class Request:
             async def receive(self):
@@ -301,7 +301,7 @@ def test_the_server_answers_a_dead_end_with_an_error(bytes_vocab):
 
         plan = SimpleNamespace(logprobs=False, return_token_ids=False, prompt=[1])
         asm = Assembler(served_for(bytes_vocab), plan_for("required"))
-        return await server_app._complete(Request(), job, asm, plan, "id", 0, "m")
+        return await server_app._complete(Request(), job, [asm], plan, "id", 0, "m")
 
     with pytest.raises(RequestError) as e:
         asyncio.run(complete())
@@ -312,10 +312,10 @@ def test_the_server_answers_a_dead_end_with_an_error(bytes_vocab):
 def test_the_server_streams_a_dead_end_as_an_error_event(bytes_vocab):
     async def stream():
         job = SimpleNamespace(events=asyncio.Queue(), cancel=lambda: None)
-        await job.events.put(("done", dead_end_gen(bytes_vocab)))
+        await job.events.put(("done", (0, dead_end_gen(bytes_vocab))))
         plan = SimpleNamespace(logprobs=False, return_token_ids=False, include_usage=False, prompt=[1])
         asm = Assembler(served_for(bytes_vocab), plan_for("required"))
-        return [e async for e in server_app._stream(job, asm, plan, "id", 0, "m")]
+        return [e async for e in server_app._stream(job, [asm], plan, "id", 0, "m")]
 
     events = asyncio.run(stream())
     payloads = [e.decode() if isinstance(e, bytes) else e for e in events]

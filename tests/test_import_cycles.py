@@ -14,9 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # The cycles still to break, each as its sorted list of modules. A new one fails the test; one
 # that is gone must leave this list too.
-ALLOWED = [
-    ["railcall.server.engine", "railcall.server.plan"],
-]
+ALLOWED: list[list[str]] = []
 
 
 def modules() -> dict[str, Path]:

@@ -160,7 +160,7 @@ def test_the_server_writes_hermes_calls_where_the_tag_is_an_ordinary_token(tags_
     """Hermes where `<tool_call>` is one token, special or not; JSON where it is spelled in pieces."""
     from types import SimpleNamespace
 
-    from railcall.server.engine import ServedModel
+    from railcall.server.model import ServedModel
 
     def served(vocab):
         lm = SimpleNamespace(tokenizer=SimpleNamespace(chat_template="{% for t in tools %}{% endfor %}"), name="m",

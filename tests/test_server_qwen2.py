@@ -54,7 +54,7 @@ def server(request, qwen2_tokenizer):
     import copy
 
     from railcall.server.app import start_in_thread
-    from railcall.server.engine import ServedModel
+    from railcall.server.model import ServedModel
     from railcall.vocab import Vocabulary
 
     tok = qwen2_tokenizer

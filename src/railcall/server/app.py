@@ -36,7 +36,8 @@ from railcall import __version__
 from railcall.errors import RequestError
 from railcall.matcher import MAX_STRING
 from railcall.server import sse
-from railcall.server.engine import Engine, ServedModel
+from railcall.server.engine import Engine
+from railcall.server.model import ServedModel
 from railcall.server.output import Assembler
 from railcall.server.plan import Plan, build_completion_plan, build_plan
 from railcall.server.schemas import ChatCompletionRequest, CompletionRequest, error_body

@@ -24,93 +24,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from railcall.batch import BatchLoop, OneRowBatch, PrefixCache, TransformersBatch
+from railcall.batch import BatchLoop
 from railcall.decode import Row
 from railcall.errors import RequestError
-from railcall.matcher import MAX_STRING
-from railcall.output import Delimiters
-from railcall.prompt import has_native_tools
-from railcall.server.plan import Plan, messages_for_template
-from railcall.vocab import single_token
+from railcall.server.model import ServedModel
+from railcall.server.plan import Plan
 
 log = logging.getLogger("railcall.server")
-
-
-class ServedModel:
-    """The model a server process serves. Built once per process.
-
-    Holds the loaded model and tokenizer, its Vocabulary, the call format its tool calls are
-    written in (Hermes tags where `<tool_call>` is one token, special or added as an ordinary one
-    as in Qwen, and the chat template knows tools; railcall's JSON format otherwise, as for
-    SmolLM2) and the context length.
-    """
-
-    def __init__(self, lm, vocab, name: str | None = None):
-        self.lm = lm
-        self.tokenizer = lm.tokenizer
-        self.vocab = vocab
-        self.name = name or lm.name
-        cfg = lm.model.config
-        self.context_length = int(getattr(cfg, "max_position_embeddings", 0) or 2048)
-        self.max_string = MAX_STRING  # the most characters of a generated string without maxLength
-        # the grammar and the output parser both take a one-token tag by its id (TagIds, Delimiters)
-        self.native = has_native_tools(self.tokenizer) and single_token(vocab, "<tool_call>") is not None
-        self.call_format = "hermes" if self.native else "json"
-        self.keys = ("name", "arguments") if self.native else ("tool", "args")
-        # Reasoning is parsed and given its region only where both think delimiters are single
-        # tokens: on a model without them (SmolLM2) a spelled "<think>" is just text.
-        think = Delimiters.from_vocab(vocab, tool_call=None)
-        self.reasoning = all(d is not None and d.token_id is not None for d in (think.reasoning_open, think.reasoning_close))
-        self.delimiters = Delimiters.from_vocab(vocab, reasoning=("<think>", "</think>") if self.reasoning else None)
-        # Rows decoded together per forward pass: on 2 cores a pass over 8 rows costs about 1.5x
-        # a pass over one, over 16 about 2x (memory-bound: the weights are read once per pass).
-        self.max_rows = 16
-        self.prefix_cache: PrefixCache | None = PrefixCache()
-
-    @classmethod
-    def load(cls, model: str | None = None) -> "ServedModel":
-        from railcall.models.store import load_model
-        from railcall.vocab import Vocabulary
-
-        from railcall.matcher import prepare_vocabulary
-
-        lm = load_model(model)
-        vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
-        prepare_vocabulary(vocab)  # the engine's indexes now, not on the first request
-        return cls(lm, vocab)
-
-    def batch(self):
-        """A fresh batch of rows over this model (one per run of the decode loop)."""
-        pad = self.vocab.eos_id if self.vocab.eos_id is not None else 0
-        return TransformersBatch(self.lm.model, pad_id=pad)
-
-    def serve_one_at_a_time(self, backend) -> None:
-        """Decode through a single-sequence backend (`start`/`feed`: a test double, or a runtime
-        that cannot batch): the same loop, one row at a time, no prefix cache."""
-        self.batch = lambda: OneRowBatch(backend)
-        self.max_rows = 1
-        self.prefix_cache = None
-
-    def prompt_ids(self, req, tools, choice, named, kind, has_schema) -> list[int]:
-        messages, specs = messages_for_template(req, tools, choice, kind, has_schema, self.keys, self.native)
-        try:
-            kw = {"tools": specs} if specs else {}
-            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kw)
-        except Exception as e:  # jinja's TemplateError and friends: the template refused these messages
-            raise RequestError(f"the model's chat template rejected the messages: {e}", param="messages") from None
-        ids = out["input_ids"] if hasattr(out, "keys") else out
-        return [int(i) for i in (ids[0] if ids and isinstance(ids[0], list) else ids)]
-
-    def warm_up(self) -> None:
-        """Compile a small grammar and fill one mask, so per-vocabulary indexes are built before
-        the first request rather than inside it."""
-        from railcall.bitmask import allocate_bitmask
-        from railcall.grammar.tools import Tool, tool_grammar
-        from railcall.matcher import Matcher, compiled_grammar
-
-        m = Matcher(compiled_grammar(tool_grammar([Tool("f", "", {"type": "object", "properties": {"a": {"type": "string"}}})],
-                                                  self.call_format), self.vocab))
-        m.fill_bitmask(allocate_bitmask(self.vocab.logits_width))
 
 
 @dataclass

@@ -21,7 +21,6 @@ reasoning region comes first on models whose think delimiters are single tokens)
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,16 +30,15 @@ from railcall.grammar import ir
 from railcall.grammar.schema import SchemaOptions, schema_to_ir
 from railcall.grammar.tools import Tool, ToolGrammarBuilder
 from railcall.matcher import MAX_STRING, CompiledGrammar, Matcher, compiled_grammar
-from railcall.prompt import describe_tools
 from railcall.regions import answer_matcher
-from railcall.server.schemas import ChatCompletionRequest
+from railcall.server.schemas import ChatCompletionRequest, guided
 
 if TYPE_CHECKING:  # pragma: no cover
-    from railcall.server.engine import ServedModel
+    from railcall.server.model import ServedModel
 
 # The server's default completion length when the request names none: long enough for an
-# answer, short enough that a client that forgot max_tokens does not hold the single model
-# worker for minutes (~80 ms per token on 2 cores).
+# answer, short enough that a client that forgot max_tokens does not hold a row of the decode
+# loop for minutes (~80 ms per token on 2 cores).
 DEFAULT_MAX_TOKENS = 256
 
 _BUILDER = ToolGrammarBuilder()
@@ -222,36 +220,10 @@ def _tool_grammar(tools, fmt, parallel: bool) -> ir.Grammar:
         raise RequestError(str(e), param="tools") from None
 
 
-def _guided(req):
-    """vLLM's structured_outputs / guided_* fields as (kind, value): kind "json" (a schema),
-    "json_object", "choice" (a list of strings); None when none is given. Regexes and grammars
-    over free text are refused (railcall's regexes constrain JSON strings only)."""
-    so = req.structured_outputs
-    if so is not None:
-        if so.json_ is not None:
-            return "json", so.json_
-        if so.json_object:
-            return "json_object", None
-        if so.choice is not None:
-            return "choice", so.choice
-        what, param = ("regex", "structured_outputs.regex") if so.regex is not None else ("grammar", "structured_outputs.grammar")
-    elif req.guided_json is not None:
-        return "json", req.guided_json
-    elif req.guided_choice is not None:
-        return "choice", req.guided_choice
-    elif req.guided_regex is not None or req.guided_grammar is not None:
-        what, param = ("regex", "guided_regex") if req.guided_regex is not None else ("grammar", "guided_grammar")
-    else:
-        return None
-    raise RequestError(f"a {what} over the whole answer is not supported: railcall constrains answers with JSON "
-                       "Schema (response_format, guided_json, structured_outputs.json) or a list of choices "
-                       "(guided_choice); a regex can constrain a string inside a schema (\"pattern\")", param=param)
-
-
 def _response_grammar(req) -> tuple[ir.Grammar | None, str]:
-    guided = _guided(req)
-    if guided is not None:
-        kind, value = guided
+    given = guided(req)
+    if given is not None:
+        kind, value = given
         if kind == "choice":
             if len(set(value)) != len(value) or not all(value):
                 raise RequestError("guided_choice needs distinct, non-empty strings", param="guided_choice")
@@ -287,99 +259,3 @@ def _response_grammar(req) -> tuple[ir.Grammar | None, str]:
         raise RequestError(f"response_format.json_schema.schema: {_for_http(e, 'response_format')}",
                            param="response_format.json_schema.schema", code="invalid_schema") from None
     return ir.Grammar(node, rules, name=f"json_schema:{spec.name}"), "json"
-
-
-# ---------------------------------------------------------------------------------------------
-# Prompts: OpenAI messages -> chat template messages.
-# ---------------------------------------------------------------------------------------------
-
-def text_of(content) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(p.text for p in content)
-
-
-def tools_instruction(tools: list[Tool], choice: str, parallel: bool, keys: tuple[str, str]) -> str:
-    """The system text that presents the tools to a model whose chat template does not know
-    tools (SmolLM2). The format is shown with placeholders, not with one of the tools: a
-    concrete example pulls a small model towards the tool it names."""
-    name_key, args_key = keys
-    shape = '{"%s":"<tool name>","%s":{"<argument>":"<value>"}}' % (name_key, args_key)
-    head = "You are an assistant that can act by calling tools. Tools:\n" + describe_tools(tools) + "\n"
-    if parallel:
-        how = f"a JSON array of one or more calls, each {shape}"
-    else:
-        how = f"exactly one JSON object and nothing else: {shape}"
-    if choice == "auto":
-        return head + f"To call a tool, answer with {how}. Otherwise answer in plain text."
-    return head + f"Choose the tool that fits the request and answer with {how}"
-
-
-def messages_for_template(req: ChatCompletionRequest, tools: list[Tool], choice: str, kind: str, has_schema: bool,
-                          keys: tuple[str, str], native: bool) -> tuple[list[dict], list[dict] | None]:
-    """(messages, tools for the template) from the request; assistant calls are written in the
-    call format the grammar enforces, so the model sees its own wire format in the history."""
-    out: list[dict] = []
-    names: dict[str, str] = {}  # tool_call_id -> function name
-    name_key, args_key = keys
-    for i, m in enumerate(req.messages):
-        if m.role in ("system", "developer"):
-            out.append({"role": "system", "content": text_of(m.content)})
-        elif m.role == "user":
-            out.append({"role": "user", "content": text_of(m.content)})
-        elif m.role == "assistant":
-            calls = []
-            for j, c in enumerate(m.tool_calls or []):
-                try:
-                    args = json.loads(c.function.arguments or "{}")
-                except ValueError:
-                    raise RequestError(f"messages[{i}].tool_calls[{j}].function.arguments is not valid JSON: "
-                                       f"{c.function.arguments[:80]!r}", param=f"messages[{i}].tool_calls[{j}].function.arguments") from None
-                if c.id:
-                    names[c.id] = c.function.name
-                calls.append((c.function.name, args))
-            text = text_of(m.content)
-            if native:
-                msg = {"role": "assistant", "content": text}
-                if calls:
-                    msg["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
-                out.append(msg)
-            else:
-                written = [json.dumps({name_key: n, args_key: a}, separators=(",", ":"), ensure_ascii=False) for n, a in calls]
-                if len(written) > 1:
-                    written = ["[" + ",".join(written) + "]"]
-                out.append({"role": "assistant", "content": "\n".join([t for t in [text] if t] + written)})
-        else:  # tool
-            if m.tool_call_id not in names:
-                raise RequestError(f"messages[{i}] is a tool result for tool_call_id {m.tool_call_id!r}, but no earlier "
-                                   "assistant message made a call with that id", param=f"messages[{i}].tool_call_id")
-            if native:
-                out.append({"role": "tool", "content": text_of(m.content), "tool_call_id": m.tool_call_id})
-            else:
-                out.append({"role": "tool", "content": f"{names[m.tool_call_id]} returned: {text_of(m.content)}"})
-    extra = []
-    if tools and not native:
-        extra.append(tools_instruction(tools, choice, req.parallel_tool_calls and choice != "named", keys))
-    if kind == "json" or (kind == "auto" and has_schema):
-        rf, guided = req.response_format, _guided(req)
-        schema = (guided[1] if guided and guided[0] == "json" else
-                  rf.json_schema.schema_ if rf is not None and rf.type == "json_schema" else None)
-        if guided and guided[0] == "choice":
-            extra.append("Answer with exactly one of: " + ", ".join(guided[1]))
-        elif schema is not None:
-            extra.append("Answer with a JSON object that follows this JSON Schema: "
-                         + json.dumps(schema, separators=(",", ":")))
-        else:
-            extra.append("Answer with a JSON object.")
-    if extra:
-        if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + "\n".join(extra)}
-        else:
-            out.insert(0, {"role": "system", "content": "\n".join(extra)})
-    specs = None
-    if tools and native:
-        specs = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
-                 for t in tools]
-    return out, specs

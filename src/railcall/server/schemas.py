@@ -314,6 +314,32 @@ class CompletionRequest(_Strict):
         return self.max_tokens
 
 
+def guided(req):
+    """vLLM's structured_outputs / guided_* fields as (kind, value): kind "json" (a schema),
+    "json_object", "choice" (a list of strings); None when none is given. Regexes and grammars
+    over free text are refused (railcall's regexes constrain JSON strings only)."""
+    so = req.structured_outputs
+    if so is not None:
+        if so.json_ is not None:
+            return "json", so.json_
+        if so.json_object:
+            return "json_object", None
+        if so.choice is not None:
+            return "choice", so.choice
+        what, param = ("regex", "structured_outputs.regex") if so.regex is not None else ("grammar", "structured_outputs.grammar")
+    elif req.guided_json is not None:
+        return "json", req.guided_json
+    elif req.guided_choice is not None:
+        return "choice", req.guided_choice
+    elif req.guided_regex is not None or req.guided_grammar is not None:
+        what, param = ("regex", "guided_regex") if req.guided_regex is not None else ("grammar", "guided_grammar")
+    else:
+        return None
+    raise RequestError(f"a {what} over the whole answer is not supported: railcall constrains answers with JSON "
+                       "Schema (response_format, guided_json, structured_outputs.json) or a list of choices "
+                       "(guided_choice); a regex can constrain a string inside a schema (\"pattern\")", param=param)
+
+
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
     """OpenAI's error format."""

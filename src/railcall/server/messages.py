@@ -1,0 +1,108 @@
+"""OpenAI chat messages -> the messages a chat template renders, with railcall's instructions.
+
+Per request, on the planning thread. Assistant calls in the history are written in the call
+format the grammar enforces, so the model sees its own wire format; a model whose template does
+not know tools (SmolLM2) gets the tool list and the call format in its system message.
+"""
+
+from __future__ import annotations
+
+import json
+
+from railcall.errors import RequestError
+from railcall.grammar.tools import Tool
+from railcall.prompt import describe_tools
+from railcall.server.schemas import ChatCompletionRequest, guided
+
+# ---------------------------------------------------------------------------------------------
+
+def text_of(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.text for p in content)
+
+
+def tools_instruction(tools: list[Tool], choice: str, parallel: bool, keys: tuple[str, str]) -> str:
+    """The system text that presents the tools to a model whose chat template does not know
+    tools (SmolLM2). The format is shown with placeholders, not with one of the tools: a
+    concrete example pulls a small model towards the tool it names."""
+    name_key, args_key = keys
+    shape = '{"%s":"<tool name>","%s":{"<argument>":"<value>"}}' % (name_key, args_key)
+    head = "You are an assistant that can act by calling tools. Tools:\n" + describe_tools(tools) + "\n"
+    if parallel:
+        how = f"a JSON array of one or more calls, each {shape}"
+    else:
+        how = f"exactly one JSON object and nothing else: {shape}"
+    if choice == "auto":
+        return head + f"To call a tool, answer with {how}. Otherwise answer in plain text."
+    return head + f"Choose the tool that fits the request and answer with {how}"
+
+
+def messages_for_template(req: ChatCompletionRequest, tools: list[Tool], choice: str, kind: str, has_schema: bool,
+                          keys: tuple[str, str], native: bool) -> tuple[list[dict], list[dict] | None]:
+    """(messages, tools for the template) from the request; assistant calls are written in the
+    call format the grammar enforces, so the model sees its own wire format in the history."""
+    out: list[dict] = []
+    names: dict[str, str] = {}  # tool_call_id -> function name
+    name_key, args_key = keys
+    for i, m in enumerate(req.messages):
+        if m.role in ("system", "developer"):
+            out.append({"role": "system", "content": text_of(m.content)})
+        elif m.role == "user":
+            out.append({"role": "user", "content": text_of(m.content)})
+        elif m.role == "assistant":
+            calls = []
+            for j, c in enumerate(m.tool_calls or []):
+                try:
+                    args = json.loads(c.function.arguments or "{}")
+                except ValueError:
+                    raise RequestError(f"messages[{i}].tool_calls[{j}].function.arguments is not valid JSON: "
+                                       f"{c.function.arguments[:80]!r}", param=f"messages[{i}].tool_calls[{j}].function.arguments") from None
+                if c.id:
+                    names[c.id] = c.function.name
+                calls.append((c.function.name, args))
+            text = text_of(m.content)
+            if native:
+                msg = {"role": "assistant", "content": text}
+                if calls:
+                    msg["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
+                out.append(msg)
+            else:
+                written = [json.dumps({name_key: n, args_key: a}, separators=(",", ":"), ensure_ascii=False) for n, a in calls]
+                if len(written) > 1:
+                    written = ["[" + ",".join(written) + "]"]
+                out.append({"role": "assistant", "content": "\n".join([t for t in [text] if t] + written)})
+        else:  # tool
+            if m.tool_call_id not in names:
+                raise RequestError(f"messages[{i}] is a tool result for tool_call_id {m.tool_call_id!r}, but no earlier "
+                                   "assistant message made a call with that id", param=f"messages[{i}].tool_call_id")
+            if native:
+                out.append({"role": "tool", "content": text_of(m.content), "tool_call_id": m.tool_call_id})
+            else:
+                out.append({"role": "tool", "content": f"{names[m.tool_call_id]} returned: {text_of(m.content)}"})
+    extra = []
+    if tools and not native:
+        extra.append(tools_instruction(tools, choice, req.parallel_tool_calls and choice != "named", keys))
+    if kind == "json" or (kind == "auto" and has_schema):
+        rf, given = req.response_format, guided(req)
+        schema = (given[1] if given and given[0] == "json" else
+                  rf.json_schema.schema_ if rf is not None and rf.type == "json_schema" else None)
+        if given and given[0] == "choice":
+            extra.append("Answer with exactly one of: " + ", ".join(given[1]))
+        elif schema is not None:
+            extra.append("Answer with a JSON object that follows this JSON Schema: "
+                         + json.dumps(schema, separators=(",", ":")))
+        else:
+            extra.append("Answer with a JSON object.")
+    if extra:
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + "\n".join(extra)}
+        else:
+            out.insert(0, {"role": "system", "content": "\n".join(extra)})
+    specs = None
+    if tools and native:
+        specs = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+                 for t in tools]
+    return out, specs
