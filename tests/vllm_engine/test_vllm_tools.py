@@ -12,7 +12,9 @@ import socket
 import subprocess
 import sys
 import time
+import re
 import urllib.request
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -268,3 +270,14 @@ def test_openai_client_streams_tool_calls(server, choice):
         _valid(c["name"], c["arguments"])
     if choice == "named":
         assert [c["name"] for c in calls.values()] == ["create_event"]
+
+
+def test_the_docs_client_example_runs(server, capsys):
+    """docs/vllm.md's openai client example (its ```python openai block), against this server."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "vllm.md"
+    (block,) = re.findall(r"```python openai\n(.*?)```", page.read_text(), re.S)
+    url, _ = server
+    assert "http://localhost:8000/v1" in block
+    exec(compile(block.replace("http://localhost:8000/v1", url), "docs/vllm.md", "exec"), {})
+    name, arguments = capsys.readouterr().out.strip().splitlines()[-1].split(" ", 1)
+    assert name == "get_weather" and isinstance(json.loads(arguments)["city"], str)
