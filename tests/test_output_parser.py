@@ -231,3 +231,13 @@ def test_arguments_keep_numbers_as_written(bytes_vocab, fmt, args, expect):
 def test_a_body_with_a_non_json_constant_is_not_a_call(bytes_vocab):
     r, _ = run(bytes_vocab, ['{"tool":"f","args":{"x":NaN}}'], call_format="json", tool_choice="required")
     assert r.tool_calls == [] and r.content == '{"tool":"f","args":{"x":NaN}}'
+
+
+def test_streamed_calls_written_in_one_piece_keep_their_own_arguments():
+    """Two parallel calls arriving in one feed: each call's argument pieces stay with their
+    call's index (adjacent pieces of different calls are not merged into one delta)."""
+    p = OutputParser(Delimiters(), call_format="json", tool_choice="required", stream_calls=True)
+    out = p.feed(-1, '[{"tool":"a","args":{"x":1}},{"tool":"b","args":{"y":2}}]') + p.finish()
+    pieces = [(d.kind, d.text, d.index) for d in out if d.kind in ("call_name", "call_args")]
+    assert pieces == [("call_name", "a", 0), ("call_args", '{"x":1}', 0),
+                      ("call_name", "b", 1), ("call_args", '{"y":2}', 1)]

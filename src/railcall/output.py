@@ -444,9 +444,10 @@ class OutputParser:
     def _take(self) -> list[Delta]:
         out, self._out = self._out, []
         merged: list[Delta] = []
-        for x in out:  # adjacent text deltas of one kind become one
-            if merged and x.kind != "tool_call" and merged[-1].kind == x.kind:
-                merged[-1] = Delta(x.kind, merged[-1].text + x.text)
+        for x in out:  # adjacent text deltas of one kind (and one call's arguments) become one
+            if (merged and x.kind in ("reasoning", "content", "call_args") and merged[-1].kind == x.kind
+                    and merged[-1].index == x.index):
+                merged[-1] = Delta(x.kind, merged[-1].text + x.text, index=x.index)
             else:
                 merged.append(x)
         return merged
