@@ -22,6 +22,12 @@ fast-forward, stop strings, penalties, the token ceiling -- it does the same in 
   output must never be executed as the model's call. "close": the same steering, never past
   `max_tokens` (a close that does not fit leaves the output cut). "leave": no steering, no
   completion; the output ends where the ceiling cut it (OpenAI's behaviour, the server's default).
+- Routing (`Row(router=...)`, `generate(..., router=...)`): with a `railcall.routing.NameRouter`
+  the tool name is chosen whole, by the log-probability of each allowed name's complete token
+  sequence (`routing="scored"`), instead of token by token from the first one (the default,
+  greedy routing). The chosen name's tokens are fed together, as forced ones are; their steps
+  record forced=False and each token's own log-probability; the scoring passes are counted in
+  `forward_passes`.
 - Trace: one record per generated token -- the legal-token count (the syntax/semantics boundary
   moving, seed 000), whether the grammar forced it, the token, its text and its logprob under the
   masked distribution. `Generation.save_trace` writes JSON lines.
@@ -159,7 +165,7 @@ class Row:
 
     def __init__(self, vocab, matcher=None, params: SamplingParams | None = None, *, fast_forward: bool = True,
                  on_step: Callable[[Step], None] | None = None, cancelled: Callable[[], bool] | None = None,
-                 decided: Callable[[list[int]], bool] | None = None, seed: int | None = None):
+                 decided: Callable[[list[int]], bool] | None = None, seed: int | None = None, router=None):
         import torch
 
         self.vocab = vocab
@@ -167,6 +173,7 @@ class Row:
         self.params = p = params or SamplingParams()
         self.fast_forward = fast_forward
         self.on_step, self.cancelled, self.decided = on_step, cancelled, decided
+        self.router = router  # railcall.routing.NameRouter: whole-name tool choice (None: token by token)
         seed = p.seed if seed is None else seed
         self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
         self.stops = set(vocab.stop_ids)
@@ -227,6 +234,18 @@ class Row:
                     self._record(t, 1, True, 0.0)
                 self.cut = True
                 return self._end("length")
+        if m is not None and self.router is not None:
+            before = self.router.passes
+            routed = self.router.route(m, logits, self.gen, p.max_tokens - len(self.out))
+            if routed is not None and routed[0]:
+                toks, lps = routed
+                self.passes += self.router.passes - before
+                for t, lp in zip(toks, lps):
+                    m.consume_token(t)
+                    self._record(t, None, False, lp)
+                if self._stop_at:
+                    return self._end("stop")
+                return toks
         legal = None
         if p.adjusts or p.min_tokens:
             logits = self._adjust(logits)
@@ -351,11 +370,12 @@ class Row:
 def generate(backend, vocab, prompt: Sequence[int], matcher=None, params: SamplingParams | None = None, *,
              fast_forward: bool = True, batch_forced: bool = True,
              on_step: Callable[[Step], None] | None = None,
-             cancelled: Callable[[], bool] | None = None) -> Generation:
+             cancelled: Callable[[], bool] | None = None, router=None) -> Generation:
     """Generate from `prompt` on a single-sequence backend (`start`/`feed`); constrained by
     `matcher` if given (see the module docstring). With `batch_forced=False` forced tokens are
-    fed one pass at a time (the reference path for fast-forward)."""
-    row = Row(vocab, matcher, params, fast_forward=fast_forward, on_step=on_step, cancelled=cancelled)
+    fed one pass at a time (the reference path for fast-forward). `router`: a
+    `railcall.routing.NameRouter` for scored routing (its scorer runs on this backend)."""
+    row = Row(vocab, matcher, params, fast_forward=fast_forward, on_step=on_step, cancelled=cancelled, router=router)
     logits = backend.start(prompt)
     row.prompt_cached = int(getattr(backend, "last_cached", 0) or 0)
     while feed := row.advance(logits):

@@ -33,12 +33,23 @@ Call formats (railcall.grammar.tools):
   parallel calls). With "auto", the trigger text `{"tool":"` anywhere in content starts a call,
   which ends where its JSON object closes; further triggers are further calls. These are the
   same texts `railcall.regions` hands to the call grammar, so grammar and parser agree.
+- OpenAI-style `{"name":…,"arguments":{…}}`: read as the JSON wire format, with its own keys
+  and trigger text `{"name":"`.
+- Pythonic, `[get_weather(city="Paris", days=3)]`: content that starts with `[` (after
+  whitespace; with "auto" as with "required", as vLLM's pythonic parser reads it) is read as one
+  Python list of calls, to its closing bracket. It is parsed with `ast.parse`, never evaluated:
+  each item must be a call of a (dotted) name with keyword arguments only, each value a literal
+  (strings, numbers, True/False/None, lists, dicts with string keys); the arguments become JSON
+  text, numbers as written where JSON spells them alike. With `stream_calls` its calls are
+  handed out when the list closes (name, arguments, call), not piece by piece.
 A call body that does not parse as a call of its format is returned as content, verbatim.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
@@ -51,6 +62,9 @@ from railcall.vocab import Vocabulary, single_token
 # form: both start a call (`json_gaps` says where whitespace may stand; the grammar regions and
 # this parser read the same trigger, so they agree on where a call starts).
 JSON_CALL_TRIGGER = '{"tool":"'
+# The JSON-object call formats: (name key, arguments key) and the trigger text for "auto".
+JSON_FORMATS = {"json": ("tool", "args"), "openai": ("name", "arguments")}
+CALL_FORMATS = ("hermes", "json", "openai", "pythonic")
 JSON_WS = " \t\n\r"
 
 
@@ -333,7 +347,7 @@ class OutputParser:
     content) or `cancel()` (held text is discarded). `result()` is valid after either.
 
     Options:
-      call_format      "hermes", "json", or None (no calls are recognised).
+      call_format      "hermes", "json", "openai", "pythonic", or None (no calls are recognised).
       tool_choice      "auto", "required" or "none" (as in the OpenAI API; "none": no calls).
       reasoning_opened the prompt already opened reasoning (some templates end the prompt with
                        `<think>`), so the output starts inside it.
@@ -354,8 +368,8 @@ class OutputParser:
     def __init__(self, delimiters: Delimiters, *, call_format: str | None = "hermes",
                  tool_choice: str = "auto", reasoning_opened: bool = False, stop_ids: Iterable[int] = (),
                  stream_calls: bool = False):
-        if call_format not in ("hermes", "json", None):
-            raise RailcallError(f"unknown call format {call_format!r}; use 'hermes', 'json' or None")
+        if call_format not in CALL_FORMATS + (None,):
+            raise RailcallError(f"unknown call format {call_format!r}; use one of {', '.join(CALL_FORMATS)} or None")
         if tool_choice not in ("auto", "required", "none"):
             raise RailcallError(f"unknown tool_choice {tool_choice!r}; use 'auto', 'required' or 'none'")
         if call_format == "hermes" and delimiters.call_open is None:
@@ -366,6 +380,8 @@ class OutputParser:
                                 "reasoning=(open, close)")
         self.d = delimiters
         self.format = call_format if tool_choice != "none" else None
+        self._json_like = self.format in JSON_FORMATS  # "json" and "openai" read alike, with their own keys
+        self._keys = JSON_FORMATS.get(self.format or "", ("name", "arguments"))
         self.required = tool_choice == "required"
         self._by_id = {x.token_id: x for x in delimiters.all() if x.token_id is not None}
         self._stops = frozenset(stop_ids)
@@ -384,7 +400,8 @@ class OutputParser:
         self._out: list[Delta] = []
         self.stream_calls = stream_calls
         self._scanner: _CallScanner | None = None
-        self._json_trigger = TextTrigger(JSON_CALL_TRIGGER, json_gaps(JSON_CALL_TRIGGER))
+        trigger = '{"%s":"' % self._keys[0]
+        self._json_trigger = TextTrigger(trigger, json_gaps(trigger))
         self._closed = False
         self._result = ParsedOutput()
 
@@ -409,7 +426,7 @@ class OutputParser:
         """End of generation: held text is released as ordinary text; an unclosed call is content."""
         self._check_open("finish")
         self._process(final=True)
-        if self._mode in ("hermes", "json"):
+        if self._mode in ("hermes", "json", "pythonic"):
             sc = self._scanner
             named = [c for c in (sc.calls if sc is not None and self.stream_calls else []) if c[0] is not None]
             if named:  # cut inside a call: it stays a call, its arguments as far as written
@@ -478,7 +495,7 @@ class OutputParser:
                 out.append((d.reasoning_open.text, "reasoning_open"))
             if self.format == "hermes" and d.call_open.token_id is None:
                 out.append((d.call_open.text, "call_open"))
-            if self.format == "json" and not self.required:
+            if self._json_like and not self.required:
                 out.append((self._json_trigger, "json_trigger"))
         elif self._mode == "hermes":
             if d.call_close and d.call_close.token_id is None:
@@ -569,8 +586,8 @@ class OutputParser:
                     best = k
                     break
         if (self._mode == "content" and self._at_start and not buf.strip()
-                and ((self.format == "json" and self.required) or not self._reasoning_done)):
-            return len(buf)  # leading whitespace: reasoning may still open, or a required call follow
+                and ((self._json_like and self.required) or self.format == "pythonic" or not self._reasoning_done)):
+            return len(buf)  # leading whitespace: reasoning may still open, or a call follow
         return best
 
     def _ordinary_all(self, text: str) -> None:
@@ -594,7 +611,16 @@ class OutputParser:
             self._scan(text)
         elif mode == "json":
             return self._scan_json(text)
-        elif self.format == "json" and self.required and self._at_start and text.lstrip()[:1] in ("{", "["):
+        elif mode == "pythonic":
+            return self._scan_python(text)
+        elif self.format == "pythonic" and self._at_start and text.lstrip()[:1] == "[":
+            # a pythonic call list is the content: it starts the output (auto or required)
+            start = len(text) - len(text.lstrip())
+            self._emit("content", text[:start])
+            self._reasoning_done = True
+            self._start_call("pythonic", "")
+            return start + self._scan_python(text[start:])
+        elif self._json_like and self.required and self._at_start and text.lstrip()[:1] in ("{", "["):
             # tool_choice "required": the content is the call (or an array of calls).
             start = len(text) - len(text.lstrip())
             self._emit("content", text[:start])
@@ -648,8 +674,9 @@ class OutputParser:
         self._mode, self._opener, self._body = mode, opener, ""
         self._depth, self._in_str, self._esc = 0, False, False
         self._at_start = False
-        keys = ("name", "arguments") if mode == "hermes" else ("tool", "args")
-        self._scanner = _CallScanner(keys, len(self._result.tool_calls))
+        self._quote = ""  # pythonic: the quote of the string being read ("" outside strings)
+        keys = ("name", "arguments") if mode == "hermes" else self._keys
+        self._scanner = None if mode == "pythonic" else _CallScanner(keys, len(self._result.tool_calls))
 
     def _scan(self, text: str) -> None:
         sc = self._scanner
@@ -684,12 +711,44 @@ class OutputParser:
                     return i + 1
         return len(text)
 
+    def _scan_python(self, text: str) -> int:
+        """Feed text to the pythonic call list being read; returns the characters taken (up to
+        its closing bracket, where the list ends). Brackets inside Python strings (either
+        quote) do not count."""
+        for i, c in enumerate(text):
+            self._body += c
+            if self._quote:
+                if self._esc:
+                    self._esc = False
+                elif c == "\\":
+                    self._esc = True
+                elif c == self._quote:
+                    self._quote = ""
+            elif c in "\"'":
+                self._quote = c
+            elif c in "([{":
+                self._depth += 1
+            elif c in ")]}":
+                self._depth -= 1
+                if self._depth <= 0:
+                    self._end_call(self._body, "")
+                    return i + 1
+        return len(text)
+
     def _end_call(self, body: str, closer: str) -> None:
-        calls = _parse_calls(body, self._mode)
+        pythonic = self._mode == "pythonic"
+        calls = parse_pythonic(body) if pythonic else _parse_calls(body, self._mode, self._keys)
         raw = self._opener + body + closer
         self._mode, self._body, self._opener = "content", "", ""
         if calls is None:
             self._emit("content", raw)  # not a call of this format: the text stays content
+            return
+        if pythonic:
+            for call in calls:
+                if self.stream_calls:
+                    k = len(self._result.tool_calls)
+                    self._out += [Delta("call_name", call.name, index=k), Delta("call_args", call.arguments, index=k)]
+                self._add_call(call)
             return
         read = self._scanner.calls if self._scanner is not None else []
         for k, call in enumerate(calls):
@@ -732,12 +791,12 @@ def _compact(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _parse_calls(body: str, fmt: str) -> list[ToolCall] | None:
+def _parse_calls(body: str, fmt: str, keys: tuple[str, str] = ("tool", "args")) -> list[ToolCall] | None:
     try:
         value = _loads(body)
     except ValueError:
         return None
-    name_key, args_key = ("name", "arguments") if fmt == "hermes" else ("tool", "args")
+    name_key, args_key = ("name", "arguments") if fmt == "hermes" else keys
     items = value if isinstance(value, list) and fmt == "json" else [value]
     calls = []
     for item in items:
@@ -753,3 +812,88 @@ def _parse_calls(body: str, fmt: str) -> list[ToolCall] | None:
             return None
         calls.append(ToolCall(item[name_key], _compact(args)))
     return calls or None
+
+
+# -- pythonic calls ---------------------------------------------------------------------------
+
+_JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+
+
+def parse_pythonic(text: str) -> list[ToolCall] | None:
+    """`[f(a=1), g.h(b="x")]` -> ToolCalls, or None where `text` is not such a list. Parsed with
+    `ast.parse` and read node by node (as `ast.literal_eval` reads, never evaluated): a call of
+    a name or dotted name with keyword arguments only, each value a literal JSON can hold."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if not isinstance(tree.body, ast.List):
+        return None
+    src = text.strip()
+    calls = []
+    for item in tree.body.elts:
+        if not isinstance(item, ast.Call) or item.args:
+            return None
+        name = _dotted(item.func)
+        if name is None:
+            return None
+        members = {}
+        try:
+            for kw in item.keywords:
+                if kw.arg is None or kw.arg in members:  # **kwargs; a repeated keyword (a SyntaxError to Python)
+                    return None
+                members[kw.arg] = _py_json(kw.value, src)
+        except (ValueError, RecursionError):
+            return None
+        args = "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + v for k, v in members.items()) + "}"
+        calls.append(ToolCall(name, args))
+    return calls or None
+
+
+def _dotted(node) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return None if head is None else head + "." + node.attr
+    return None
+
+
+def _py_json(node, src: str) -> str:
+    """A Python literal's node as compact JSON text; ValueError for anything JSON cannot hold
+    (tuples, sets, bytes, complex numbers, names, calls, a lone surrogate)."""
+    if isinstance(node, ast.Constant):
+        v = node.value
+        if v is None or isinstance(v, bool):
+            return {None: "null", True: "true", False: "false"}[v]
+        if isinstance(v, str):
+            if any("\ud800" <= c <= "\udfff" for c in v):
+                raise ValueError("a lone surrogate")
+            return json.dumps(v, ensure_ascii=False)
+        if isinstance(v, (int, float)):
+            return _number(node, v, src)
+        raise ValueError(f"{type(v).__name__} is not JSON")
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)) and isinstance(
+            node.operand, ast.Constant) and type(node.operand.value) in (int, float):
+        v = node.operand.value
+        return _number(node, -v if isinstance(node.op, ast.USub) else v, src)
+    if isinstance(node, ast.List):
+        return "[" + ",".join(_py_json(x, src) for x in node.elts) + "]"
+    if isinstance(node, ast.Dict):
+        members = {}
+        for k, v in zip(node.keys, node.values):
+            if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+                raise ValueError("a dict key that is not a string")
+            members[k.value] = _py_json(v, src)
+        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + v for k, v in members.items()) + "}"
+    raise ValueError(f"{type(node).__name__} is not a literal")
+
+
+def _number(node, value, src: str) -> str:
+    """A number as written where JSON spells it alike (`1e999` stays `1e999`, not Infinity),
+    else its value (`0x1F`, `1_000`, `.5`)."""
+    seg = ast.get_source_segment(src, node)
+    if seg is not None and _JSON_NUMBER.fullmatch(seg):
+        return seg
+    out = json.dumps(value, allow_nan=False)  # ValueError for inf/nan
+    return out

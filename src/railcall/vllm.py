@@ -12,7 +12,8 @@ args hold only strings and numbers). A request without them is untouched. The sp
     read_only  build the grammar from the tools that do not mutate (read_only_view): a mutating
                tool's name is unspellable, not refused
     schema     a JSON Schema answer instead of tools (a response_format)
-    format     "json" ({"tool":…,"args":…}, the default) or "hermes" (<tool_call>{"name":…})
+    format     "json" ({"tool":…,"args":…}, the default), "openai" ({"name":…,"arguments":…}),
+               "hermes" (<tool_call>{"name":…}) or "pythonic" ([get_weather(city="Paris")])
     parallel   several calls in one turn (an array, or several Hermes blocks)
     mode       "required" (the default: the turn is the call), "auto" (free content; the call's
                opening starts the grammar) or "none"; reasoning, reasoning_budget: a reasoning

@@ -28,7 +28,10 @@ Nodes (all immutable):
                                    "except" (arg: a tuple of strings the value may not be), or
                                    "keys" (arg: (excluded names, ((pattern, must match), ...))):
                                    an object key outside the declared names, matching some
-                                   patterns and not others (patternProperties classes)
+                                   patterns and not others (patternProperties classes);
+                                   dialect "python": the same value set spelled as a Python
+                                   string literal in double quotes (the escapes JSON and Python
+                                   read alike: no `\/`; see railcall.grammar.pythonic)
     JsonArray(item, min_items, max_items, prefix)
                                    `prefix` items first (prefixItems), then `item` (None: none)
     JsonObject(properties, extras, max_extra)
@@ -124,6 +127,7 @@ class JsonPattern:
     arg: object  # the pattern (str) or the excluded values (tuple of str)
     min_len: int = 0
     max_len: int | None = None
+    dialect: str = "json"  # "json" | "python": which escapes spell the value (see the docstring)
 
 
 @dataclass(frozen=True)

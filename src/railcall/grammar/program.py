@@ -756,6 +756,10 @@ _JINT_BYTE_INDEX = [JInt._BYTES.find(bytes((b,))) for b in range(256)]  # a byte
 # inside a multi-byte UTF-8 character.
 P_CHAR, P_ESC, P_HEX, P_UTF8 = 0, 1, 2, 3
 _SIMPLE_ESCAPES = {0x22: 0x22, 0x5C: 0x5C, 0x2F: 0x2F, 0x62: 0x08, 0x66: 0x0C, 0x6E: 0x0A, 0x72: 0x0D, 0x74: 0x09}
+# A Python string literal reads every JSON escape alike but `\/` (Python keeps the backslash:
+# two characters, and a SyntaxWarning). \u escapes of surrogates are refused by JPat anyway
+# (JSON would pair them, Python would keep two lone surrogates): the rest coincide.
+_PY_ESCAPES = {k: v for k, v in _SIMPLE_ESCAPES.items() if k != 0x2F}
 _HEX = {ord(c): int(c, 16) for c in "0123456789abcdefABCDEF"}
 _UTF8_MIN = {2: 0x80, 3: 0x800, 4: 0x10000}
 
@@ -770,15 +774,16 @@ class JPat(Instr):
     an accepted value with a length in [min, max]: no dead ends.
     """
 
-    __slots__ = ("dfa", "min", "max", "margin", "_amask")
+    __slots__ = ("dfa", "min", "max", "margin", "_amask", "escapes")
 
-    def __init__(self, dfa, min_len: int, max_len: int, nxt: Instr):
+    def __init__(self, dfa, min_len: int, max_len: int, nxt: Instr, escapes: dict = _SIMPLE_ESCAPES):
         self.dfa = dfa
         self.min = min_len
         self.max = max_len
         self.next = nxt
         self.margin = 0  # set by the compiler: the vocabulary's longest token in bytes
         self._amask: dict = {}
+        self.escapes = escapes  # _PY_ESCAPES for a Python string literal (ir.JsonPattern dialect)
 
     def arrive(self, local, stack, out):
         out.add((self, (0, 0, P_CHAR, 0, 0) if local == 0 else local, stack))
@@ -819,7 +824,7 @@ class JPat(Instr):
                     return (k, n, P_UTF8, owed, bits) if lo <= hi and self._some(k, n, lo, hi) else None
             return None
         if sub == P_ESC:
-            cp = _SIMPLE_ESCAPES.get(b)
+            cp = self.escapes.get(b)
             if cp is not None:
                 return self._char(k, n, cp)
             if b == 0x75:
@@ -1333,7 +1338,7 @@ class _Compiler:
                     dfa = char_dfa(node.kind, node.arg, hi)
             if not dfa.fits(0, 0, node.min_len, hi):
                 raise GrammarError(f"no string matching {node.arg!r} has a length in [{node.min_len}, {hi}]")
-            body = JPat(dfa, node.min_len, hi, nxt)
+            body = JPat(dfa, node.min_len, hi, nxt, _PY_ESCAPES if node.dialect == "python" else _SIMPLE_ESCAPES)
             body.margin = self.shared.token_margin
             return self.compile(ir.Lit(b'"'), body)
         if isinstance(node, ir.JsonInteger):

@@ -12,9 +12,17 @@ Tool names share prefixes (`read_file`, `read_dir`), so the name is a Select: on
 names, followed by that tool's own argument grammar, and a name is committed only once its
 closing quote is written.
 
-Call formats are small classes (`CallFormat`): the seed's JSON wire format and the Hermes style
-`<tool_call>{"name":…,"arguments":…}</tool_call>` whose tags are matched as special tokens by id
-where the vocabulary has them.
+Call formats are small classes (`CallFormat`), registered by name in FORMATS:
+
+    json      {"tool":"get_weather","args":{"city":"Paris"}}        the seed's wire format (default)
+    openai    {"name":"get_weather","arguments":{"city":"Paris"}}   OpenAI's function-call object
+    hermes    <tool_call>{"name":…,"arguments":{…}}</tool_call>     tags as special tokens by id where
+                                                                    the vocabulary has them, else text
+    pythonic  [get_weather(city="Paris", days=3)]                   Python call syntax, arguments as
+                                                                    typed literals (grammar.pythonic)
+
+Every format reads back through `railcall.output.OutputParser(call_format=<name>)` into the same
+`ToolCall` (a name and the arguments as JSON text).
 """
 
 from __future__ import annotations
@@ -81,6 +89,19 @@ class CallFormat:
     def many(self, one: ir.Node, max_calls: int | None) -> ir.Node:
         raise NotImplementedError
 
+    def single(self, one: ir.Node) -> ir.Node:
+        """The whole output when there is one call (not parallel)."""
+        return one
+
+    def more_rules(self, one: ir.Node, max_calls: int | None) -> tuple:
+        """Rules `many` refers to (a recursive tail of further calls), if any."""
+        return ()
+
+    def args(self, node: ir.Node, rules: tuple, tool: "Tool") -> tuple:
+        """A tool's arguments as this format spells them, from its JSON argument IR: (node,
+        rules). JSON formats keep them as they are."""
+        return node, rules
+
 
 class JsonCall(CallFormat):
     """Seed 000's wire format: {"tool":"<name>","args":{...}}; parallel calls as a JSON array."""
@@ -95,6 +116,18 @@ class JsonCall(CallFormat):
 
     def many(self, one, max_calls):
         return ir.JsonArray(one, 1, max_calls)
+
+
+class OpenAICall(JsonCall):
+    """OpenAI's function-call object: {"name":"<name>","arguments":{...}}; parallel calls as a
+    JSON array. (The arguments are an object here, not the JSON-encoded string of the wire API:
+    the parser accepts both.)"""
+
+    name = "openai"
+
+    def call(self, choices):
+        return ir.Seq(ir.Lit(b'{"name":"'), ir.Select(tuple((k, ir.Seq(ir.Lit(b',"arguments":'), v)) for k, v in choices)),
+                      ir.Lit(b"}"))
 
 
 class HermesCall(CallFormat):
@@ -119,8 +152,53 @@ class HermesCall(CallFormat):
         rest = ir.Alt(ir.Seq(), ir.Seq(ir.Lit(b"\n"), ir.Ref("hermes_more")))
         return ir.Seq(one, rest) if max_calls != 1 else one
 
+    def more_rules(self, one, max_calls):
+        return (("hermes_more", self.many(one, max_calls)),) if max_calls != 1 else ()
 
-FORMATS = {"json": JsonCall, "hermes": HermesCall}
+
+class PythonicCall(CallFormat):
+    """A Python list of calls, `[get_weather(city="Paris", days=3)]`: keyword arguments in
+    declared order, optional ones skippable, values as Python literals that follow the JSON
+    Schema (see railcall.grammar.pythonic for what is supported and what is refused). Parallel
+    calls are further items of the list, separated by ", "; a single call is still a list."""
+
+    name = "pythonic"
+
+    def name_key(self, tool_name: str) -> bytes:
+        # the opening parenthesis ends the name (as JSON's closing quote does): no name key is
+        # a prefix of another, so a name is committed once it is written
+        from railcall.grammar.pythonic import check_name
+
+        check_name(tool_name)
+        return tool_name.encode() + b"("
+
+    def args(self, node, rules, tool):
+        from railcall.grammar.pythonic import kwargs_node, rules_node
+
+        return ir.Seq(kwargs_node(node, rules, tool.name), ir.Lit(b")")), rules_node(rules)
+
+    def call(self, choices):
+        return ir.Select(tuple(choices))
+
+    def single(self, one):
+        return ir.Seq(ir.Lit(b"["), one, ir.Lit(b"]"))
+
+    def many(self, one, max_calls):
+        if max_calls is None:
+            rest: ir.Node = ir.Ref("pythonic_more")
+        else:  # bounded: unrolled, no recursion (each Ref level is a frame in every thread)
+            rest = ir.Seq()
+            for _ in range(max_calls - 1):
+                rest = ir.Alt(ir.Seq(), ir.Seq(ir.Lit(b", "), one, rest))
+        return ir.Seq(ir.Lit(b"["), one, rest, ir.Lit(b"]"))
+
+    def more_rules(self, one, max_calls):
+        if max_calls is not None:
+            return ()
+        return (("pythonic_more", ir.Alt(ir.Seq(), ir.Seq(ir.Lit(b", "), one, ir.Ref("pythonic_more")))),)
+
+
+FORMATS = {"json": JsonCall, "openai": OpenAICall, "hermes": HermesCall, "pythonic": PythonicCall}
 
 
 class ToolGrammarBuilder:
@@ -130,6 +208,7 @@ class ToolGrammarBuilder:
     def __init__(self, options: SchemaOptions | None = None):
         self.options = options or SchemaOptions()
         self._args: dict[str, tuple] = {}
+        self._fmt_args: dict[tuple, tuple] = {}  # (format name, schema key) -> the format's spelling
 
     def args_ir(self, tool: Tool) -> tuple:
         key = tool.schema_key()
@@ -155,6 +234,17 @@ class ToolGrammarBuilder:
             hit = self._args[key] = (_prefix_rules(node, rules, tool.name))
         return hit
 
+    def format_args(self, tool: Tool, fmt: CallFormat) -> tuple:
+        """The tool's argument IR as `fmt` spells it (cached per format and schema)."""
+        if type(fmt).args is CallFormat.args:
+            return self.args_ir(tool)
+        key = (fmt.name, tool.schema_key())
+        hit = self._fmt_args.get(key)
+        if hit is None:
+            node, rules = self.args_ir(tool)
+            hit = self._fmt_args[key] = fmt.args(node, rules, tool)
+        return hit
+
     def grammar(self, tools: Sequence[Tool], fmt: CallFormat | str = "json", *, parallel: bool = False,
                 max_calls: int | None = None) -> ir.Grammar:
         if isinstance(fmt, str):
@@ -170,16 +260,15 @@ class ToolGrammarBuilder:
             raise GrammarError(f"duplicate tool names: {sorted(dup)}")
         choices, rules = [], []
         for t in tools:
-            node, trules = self.args_ir(t)
+            node, trules = self.format_args(t, fmt)
             choices.append((fmt.name_key(t.name), node))
             rules.extend(trules)
         one = fmt.call(tuple(choices))
         if parallel and max_calls != 1:
-            if isinstance(fmt, HermesCall):
-                rules.append(("hermes_more", fmt.many(one, max_calls)))
+            rules.extend(fmt.more_rules(one, max_calls))
             start = fmt.many(one, max_calls)
         else:
-            start = one
+            start = fmt.single(one)
         # The content key from the tools' schema keys: hashing the IR's repr would cost
         # milliseconds for a large table on every request.
         key = hashlib.sha256(json.dumps([repr(self.options), fmt.name, getattr(fmt, "open_tag", ""), getattr(fmt, "close_tag", ""),

@@ -74,6 +74,20 @@ class TransformersBackend:
         self._tokens.extend(tokens)
         return out
 
+    def branch_logits(self, branches):
+        """For each branch (a token list), the (len(branch), width) logits after each of its
+        tokens, run on the current sequence's KV; the sequence is left as it was (the cache is
+        cropped back after each branch). One forward pass per branch (railcall.routing's
+        scorer; a batched pass over the branches' trie is the planned replacement)."""
+        import torch
+
+        out = []
+        n = len(self._tokens)
+        for b in branches:
+            out.append(self._run(torch.tensor([list(b)], dtype=torch.long)))
+            self._cache.crop(n)
+        return out
+
     def _run(self, ids):
         import torch
 

@@ -1,0 +1,186 @@
+"""Tool choice by whole-name likelihood (`routing="scored"`).
+
+Under the grammar the model picks a tool name one token at a time, so the first token decides:
+a name whose first token is unlikely loses even where the model, asked about whole names, would
+prefer it (`lookup_price` against `list_items` when the model starts `l`...`ookup` badly but
+`list` well). Scored routing asks the whole question: where the matcher stands at the name
+position, every name the grammar still allows is scored by the log-probability of its complete
+token sequence, and the best (temperature 0) is written, or one is sampled from
+softmax(score / temperature).
+
+    score(name) = sum_i log p(t_i | prompt, output, t_<i)         the name's tokens
+                + log P(next byte is the terminator | ..., t_1..t_k)
+
+The last term is the mass of every token that starts with the byte ending the name (`"` for
+the JSON formats, `(` for pythonic), so `read` is not preferred to `read_file` just for being
+shorter. The name's tokens are its canonical tokenization alone (a tokenizer could have merged
+its last piece with the terminator: an approximation). Log-probabilities are the model's own
+(unmasked): the ranking is the model's judgement of whole names.
+
+Where the name position is: a matcher state whose every thread waits inside the names' trie
+(the Select the call format builds from the tool table; recognised by its keys, which are the
+format's name keys). States are cached per router. A state with other threads too (free text
+beside a call) is left to ordinary sampling.
+
+Cost, per call with N candidate names (the per-name scoring; `TransformersBackend.branch_logits`):
+N forward passes over each name's few tokens on the prompt's cached KV (the cache is cropped back
+after each), plus the usual pass that feeds the chosen name: on a CPU a pass over 2-5 tokens on
+SmolLM2-135M costs about what one decode step does, so a call costs about N more steps than
+greedy routing. A batched pass over the names' trie with the shared prefix's KV (one pass for
+all names) is the planned replacement; the scorer interface (`branches -> logits rows`) stays.
+Per request (a router keeps per-request state caches); built for one tool table and format.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+# branches (token lists) -> for each, the (len(branch), width) logits after each of its tokens
+Scorer = Callable[[list[list[int]]], list]
+
+
+class NameRouter:
+    """Chooses whole tool names at the name position (see the module docstring). Per request."""
+
+    def __init__(self, vocab, name_keys: dict[bytes, str], score: Scorer, *, temperature: float = 0.0):
+        self.vocab = vocab
+        self.keys = name_keys  # the format's name key (e.g. b'get_weather"') -> the tool name
+        self.score = score
+        self.temperature = temperature
+        self._selects: dict[int, tuple] = {}  # id(Select) -> (the Select, {trie node: [key, depth]...} or None)
+        self._at: dict[int, list | None] = {}  # matcher state -> its candidates (None: not a name position)
+        self._term_ids: dict[int, np.ndarray] = {}  # terminator byte -> ids of the tokens starting with it
+        self.routed = 0  # calls routed (for tests and traces)
+        self.passes = 0  # forward passes spent scoring
+
+    @classmethod
+    def for_tools(cls, vocab, tools: Sequence, fmt, score: Scorer, *, temperature: float = 0.0) -> "NameRouter":
+        """A router for the grammar `tool_grammar(tools, fmt)` builds."""
+        from railcall.grammar.tools import FORMATS
+
+        fmt = FORMATS[fmt]() if isinstance(fmt, str) else fmt
+        return cls(vocab, {fmt.name_key(t.name): t.name for t in tools}, score, temperature=temperature)
+
+    # -- where the name position is ------------------------------------------------------------
+    def candidates(self, matcher) -> list[tuple[str, bytes]] | None:
+        """(tool name, the bytes of its key still to write) for every name allowed here, or None
+        where the matcher is not at a name position."""
+        if matcher.is_error():
+            return None
+        s = matcher.state
+        if s in self._at:
+            return self._at[s]
+        out: list | None = []
+        for ins, loc, _ in matcher.g._sets[s]:
+            paths = self._name_paths(ins)
+            if paths is None:
+                out = None
+                break
+            for key, nodes in paths:
+                if loc in nodes:
+                    out.append((self.keys[key], key[nodes.index(loc):]))
+        if out is not None and len(out) < 2:
+            out = None  # one name left: the grammar forces it (fast-forward)
+        self._at[s] = out
+        return out
+
+    def _name_paths(self, ins):
+        """For a Select over name keys: [(key, [trie node before each byte])]; None otherwise."""
+        from railcall.grammar.program import Select
+
+        if type(ins) is not Select:
+            return None
+        hit = self._selects.get(id(ins))
+        if hit is None:
+            paths, stack = [], [(0, b"", [])]
+            while stack:
+                node, key, nodes = stack.pop()
+                if node in ins.terminal and node != 0:
+                    paths.append((key, nodes))
+                for b, child in ins.children[node].items():
+                    stack.append((child, key + bytes([b]), nodes + [node]))
+            ok = bool(paths) and all(k in self.keys for k, _ in paths)
+            hit = self._selects[id(ins)] = (ins, paths if ok else None)  # the Select kept: its id stays unique
+        return hit[1]
+
+    # -- scoring -------------------------------------------------------------------------------
+    def _tokens(self, data: bytes) -> list[int]:
+        v = self.vocab
+        enc = v._extra.get("encode")
+        if enc is not None and data:
+            try:
+                ids = list(enc(data.decode("utf-8")))
+                if v.decode(ids) == data:
+                    return ids
+            except UnicodeDecodeError:
+                pass
+        return v.greedy_tokenize(data) or []
+
+    def _terminator_ids(self, b: int) -> np.ndarray:
+        ids = self._term_ids.get(b)
+        if ids is None:
+            v = self.vocab
+            ids = self._term_ids[b] = np.array([i for i, t in enumerate(v.token_bytes)
+                                                if t[:1] == bytes([b]) and not v.is_special(i)], dtype=np.int64)
+        return ids
+
+    def _end_logp(self, logits, b: int) -> float:
+        import torch
+
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        ids = self._terminator_ids(b)
+        ids = ids[ids < logp.shape[-1]]
+        return float(torch.logsumexp(logp[torch.from_numpy(ids)], dim=0)) if len(ids) else float("-inf")
+
+    def route(self, matcher, logits, gen=None, budget: int | None = None):
+        """At a name position: (the tokens of the chosen name, their log-probabilities); None
+        elsewhere. `logits` are the (width,) logits of the next token; `budget` the tokens left.
+        The caller feeds the tokens (they are legal: each spells part of an allowed name)."""
+        import torch
+
+        cands = self.candidates(matcher)
+        if cands is None:
+            return None
+        names = [rest[:-1] for _, rest in cands]  # the name's bytes still to write, terminator apart
+        branches = [self._tokens(n) for n in names]
+        if budget is not None and max(len(b) + 1 for b in branches) > budget:
+            return None  # near the ceiling: the close logic decides, not the router
+        rows = self.score([b for b in branches if b])
+        self.passes += sum(1 for b in branches if b)
+        base = torch.log_softmax(logits.float(), dim=-1)
+        scores, per_token, it = [], [], iter(rows)
+        for (_, rest), toks in zip(cands, branches):
+            lps = []
+            if toks:
+                r = next(it)
+                lp = torch.log_softmax(r.float(), dim=-1)
+                lps = [float(base[toks[0]])] + [float(lp[i, t]) for i, t in enumerate(toks[1:])]
+                end = self._end_logp(r[-1], rest[-1])
+            else:
+                end = self._end_logp(logits, rest[-1])
+            per_token.append(lps)
+            scores.append(sum(lps) + end)
+        s = torch.tensor(scores, dtype=torch.float64)
+        if self.temperature > 0 and torch.isfinite(s).any():
+            k = int(torch.multinomial(torch.softmax(s / self.temperature, dim=0), 1, generator=gen))
+        else:
+            k = int(torch.argmax(s))
+        toks, lps = branches[k], per_token[k]
+        if any(n != names[k] and n.startswith(names[k]) for n in names):
+            # another allowed name goes on from this one: write the terminator too, or the
+            # model could still turn `read` into `read_file`
+            toks = toks + self._tokens(cands[k][1][-1:])
+            lps = lps + [0.0] * (len(toks) - len(lps))
+        self.routed += 1
+        return toks, lps
+
+
+def branch_scorer(backend) -> Scorer:
+    """The backend's branch scoring (`branch_logits`), or a clear error where it has none."""
+    fn = getattr(backend, "branch_logits", None)
+    if fn is None:
+        raise TypeError(f"{type(backend).__name__} cannot score branches (no branch_logits): scored routing "
+                        "needs a backend that can run tokens on a copy of its cache; use routing='greedy'")
+    return fn
