@@ -129,3 +129,13 @@ def test_completions_free_and_constrained(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="any", prompt=[10**9], max_tokens=2)
     assert e.value.body["param"] == "prompt"
+
+
+def test_a_cached_prefix_changes_nothing_but_the_prefill(client):
+    system = "You answer in one short sentence. " + " ".join(f"Fact {k}: the shop opens at {k % 12 + 1} o'clock." for k in range(30))
+    kw = dict(model="any", max_tokens=12, temperature=0, messages=[{"role": "system", "content": system},
+                                                                    {"role": "user", "content": "When does the shop open?"}])
+    first = client.chat.completions.create(**kw)
+    second = client.chat.completions.create(**kw)
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1 > 100
+    assert second.choices[0].message.content == first.choices[0].message.content

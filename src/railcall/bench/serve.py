@@ -238,19 +238,25 @@ def agent(url: str, steps: int = 4) -> dict:
     client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=900)
     messages = [{"role": "system", "content": _long_system(secrets.token_hex(4))},
                 {"role": "user", "content": "Look up the words 'refund', 'parcel', 'address' and 'invoice', one per call."}]
-    times = []
+    times, missing = [], 0
     for k in range(steps):
         t0 = time.perf_counter()
-        r = client.chat.completions.create(model="smollm2", messages=messages, tools=[LOOKUP], max_tokens=24, temperature=0,
+        r = client.chat.completions.create(model="smollm2", messages=messages, tools=[LOOKUP], max_tokens=32, temperature=0,
                                            tool_choice={"type": "function", "function": {"name": "lookup"}})
         times.append(time.perf_counter() - t0)
-        call = r.choices[0].message.tool_calls[0]
-        cid = call.id or f"call_{k}"
+        calls = r.choices[0].message.tool_calls or []
+        try:
+            arguments = json.dumps(json.loads(calls[0].function.arguments))
+        except (IndexError, ValueError):  # no call, or one cut by max_tokens: the episode goes on with a stand-in
+            missing += 1
+            arguments = json.dumps({"word": f"word {k}"})
+        cid = (calls[0].id if calls else None) or f"call_{k}"
         messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": cid, "type": "function", "function": {"name": "lookup", "arguments": call.function.arguments}}]})
+            {"id": cid, "type": "function", "function": {"name": "lookup", "arguments": arguments}}]})
         messages.append({"role": "tool", "tool_call_id": cid, "content": f"definition {k}: a word the shop uses often."})
     later = statistics.mean(times[1:])
-    return {"step_s": [round(t, 3) for t in times], "first_step_s": round(times[0], 3), "later_steps_mean_s": round(later, 3)}
+    return {"step_s": [round(t, 3) for t in times], "first_step_s": round(times[0], 3), "later_steps_mean_s": round(later, 3),
+            "steps_without_a_complete_call": missing}
 
 
 def run(out: Path, *, vllm_python: Path | None, levels=LEVELS, per_client: int = 2, threads: int | None = None,
@@ -284,8 +290,12 @@ def run(out: Path, *, vllm_python: Path | None, levels=LEVELS, per_client: int =
             entry["prefix"] = prefix(server.url)
             entry["agent"] = agent(server.url)
             results["servers"][name] = entry
+        except Exception as e:  # one server's failure is reported, and the others still run
+            results["servers"][name] = {"error": f"{type(e).__name__}: {e}"}
+            progress(f"{name}: failed: {type(e).__name__}: {e}")
         finally:
             server.stop()
+        (out / "serve.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "serve.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "serve.md").write_text(markdown(results))
     try:
@@ -301,6 +311,8 @@ def markdown(r: dict) -> str:
              "| server | clients | requests/s | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) | malformed | lost |",
              "|---|---|---|---|---|---|---|---|"]
     for name, e in r["servers"].items():
+        if "error" in e:
+            lines.append(f"| {name} | failed: {e['error']} | | | | | | |")
         for lv in e.get("levels", []):
             lines.append(f"| {name} | {lv['clients']} | {lv['requests_per_s']} | {lv['tokens_per_s']} | "
                          f"{lv['ttft_p50_s']} / {lv['ttft_p95_s']} | {lv['latency_p50_s']} / {lv['latency_p95_s']} | "
@@ -308,6 +320,8 @@ def markdown(r: dict) -> str:
     lines += ["", "| server | TTFT, 1,000-token prefix new / sent before (s) | ratio | agent step 1 / later steps (s) |",
               "|---|---|---|---|"]
     for name, e in r["servers"].items():
+        if "prefix" not in e:
+            continue
         p, a = e["prefix"], e["agent"]
         lines.append(f"| {name} | {p['uncached_ttft_s']} / {p['cached_ttft_s']} | {p['cached_over_uncached']} | "
                      f"{a['first_step_s']} / {a['later_steps_mean_s']} |")
