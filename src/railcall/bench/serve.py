@@ -18,7 +18,8 @@ official `openai` package, as a user's would be.
 
 A response is malformed when it is not OpenAI's shape, or when it ends for a reason other than
 the token limit with a call whose arguments do not parse. A call cut by max_tokens (finish
-"length") is well-formed: that is OpenAI's answer too.
+"length") is well-formed: that is OpenAI's answer too. A reply to a named tool that holds no call
+at all is counted apart ("no call": vLLM returns a call the limit cut as content).
 """
 
 from __future__ import annotations
@@ -150,8 +151,13 @@ def one(client, kw: dict, stream: bool) -> dict:
         parses = True
     except ValueError:
         parses = False
-    ok = name == "send_email" and usage is not None and (parses or finish == "length")
-    return {"seconds": seconds, "ttft": first, "tokens": usage or 0, "ok": ok, "finish": finish, "stream": stream}
+    # no call: the named tool was asked for and the reply holds none (vLLM returns a call cut by
+    # max_tokens as content); malformed: a call that is not the named tool, or whose arguments do
+    # not parse although nothing cut them, or a response without usage
+    called = name != ""
+    ok = (not called or (name == "send_email" and (parses or finish == "length"))) and usage is not None
+    return {"seconds": seconds, "ttft": first, "tokens": usage or 0, "ok": ok, "called": called, "finish": finish,
+            "stream": stream}
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -190,6 +196,7 @@ def level(url: str, clients: int, per_client: int) -> dict:
     ttft = [r["ttft"] for r in results if r["stream"] and r["ttft"] is not None]
     lat = [r["seconds"] for r in results]
     return {"clients": clients, "requests": len(results), "lost": lost, "malformed": sum(not r["ok"] for r in results),
+            "no_call": sum(not r["called"] for r in results),
             "wall_s": round(wall, 2), "requests_per_s": round(len(results) / wall, 3),
             "tokens_per_s": round(sum(r["tokens"] for r in results) / wall, 2),
             "ttft_p50_s": _round(_pct(ttft, 0.5)), "ttft_p95_s": _round(_pct(ttft, 0.95)),
@@ -308,15 +315,15 @@ def run(out: Path, *, vllm_python: Path | None, levels=LEVELS, per_client: int =
 def markdown(r: dict) -> str:
     lines = [f"# `railcall bench serve`: {r['model']}, {r.get('threads', r['cpus'])} of {r['cpus']} cores per server, "
              f"max_tokens {r['max_tokens']}", "",
-             "| server | clients | requests/s | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) | malformed | lost |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| server | clients | requests/s | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) | no call | malformed | lost |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, e in r["servers"].items():
         if "error" in e:
-            lines.append(f"| {name} | failed: {e['error']} | | | | | | |")
+            lines.append(f"| {name} | failed: {e['error']} | | | | | | | |")
         for lv in e.get("levels", []):
             lines.append(f"| {name} | {lv['clients']} | {lv['requests_per_s']} | {lv['tokens_per_s']} | "
                          f"{lv['ttft_p50_s']} / {lv['ttft_p95_s']} | {lv['latency_p50_s']} / {lv['latency_p95_s']} | "
-                         f"{lv['malformed']} | {lv['lost']} |")
+                         f"{lv.get('no_call', '—')} | {lv['malformed']} | {lv['lost']} |")
     lines += ["", "| server | TTFT, 1,000-token prefix new / sent before (s) | ratio | agent step 1 / later steps (s) |",
               "|---|---|---|---|"]
     for name, e in r["servers"].items():
