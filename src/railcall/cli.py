@@ -754,8 +754,8 @@ def eval_bfcl(
     batch: int = typer.Option(16, "--batch", help="Tasks decoded together (each gives one row per condition)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; 1 helps on a busy machine)."),
     tool_choice: Optional[str] = typer.Option(None, "--tool-choice", help="auto or required for every category (default: "
-                                              "required where every task has gold calls, else auto). The table's "
-                                              "'called' column is the share of replies with a call."),
+                                              "required where every task has gold calls, else auto). Under auto the "
+                                              "parse rate is the share of replies that make a call."),
 ) -> None:
     """Each BFCL task on the model with and without the grammar: parse rate, schema validity, AST accuracy."""
     from pathlib import Path

@@ -29,7 +29,6 @@ def summarise(records: list[dict], *, settings: dict, categories: list[str], lim
                 "n": n,
                 "parse_rate": sum(r["parse"] for r in rs) / n,
                 "valid_rate": sum(r["valid"] for r in rs) / n,
-                "call_rate": sum(bool(r.get("calls")) for r in rs) / n,
                 "ast_accuracy": sum(r["ast"] for r in rs) / n,
                 "tokens_mean": sum(r["tokens"] for r in rs) / n,
                 "seconds_mean": sum(r["seconds"] for r in rs) / n,
@@ -97,14 +96,14 @@ def table(summary: dict):
     from rich.table import Table
 
     t = Table(title="BFCL: without / with the grammar")
-    for col in ("category", "n", "parse rate", "schema-valid", "AST accuracy", "called", "tokens/task", "s/task"):
+    for col in ("category", "n", "parse rate", "schema-valid", "AST accuracy", "tokens/task", "s/task"):
         t.add_column(col, justify="left" if col == "category" else "right")
     for cat, per in summary["categories"].items():
         w, g = per.get("without_grammar", {}), per.get("with_grammar", {})
         pair = lambda k, f=_pct: f"{f(w.get(k)) if w else '—'} / {f(g.get(k)) if g else '—'}"  # noqa: E731
         num = lambda x: "—" if x is None else f"{x:.1f}"  # noqa: E731
         t.add_row(cat, str((g or w).get("n", 0)), pair("parse_rate"), pair("valid_rate"), pair("ast_accuracy"),
-                  pair("call_rate"), pair("tokens_mean", num), pair("seconds_mean", num))
+                  pair("tokens_mean", num), pair("seconds_mean", num))
     return t
 
 
