@@ -175,8 +175,9 @@ class Agent:
         history: list[tuple[str, str]] = []  # (call text, observation as the model is shown it)
         made: list[dict] = []  # the calls whose repeat is unspellable (Helps.no_repeats)
         found: list[str] = []  # what successful calls found (Helps.facts)
+        offer: list[str] = []  # the latest successful result: the text of the answer offered
         for i in range(self.max_steps):
-            rec = self._step(task, history, i, context, made, found)
+            rec = self._step(task, history, i, context, made, found, offer[0] if offer else None)
             rec["episode"] = self._episodes
             ep.steps.append(rec)
             self._write_trace(rec)
@@ -192,6 +193,9 @@ class Agent:
             made.append(call)
             if rec["ok"] and call["tool"] != ANSWER:
                 found.append(observation(call, rec["result"], True))
+                # a listing is offered as no answer: offered, SmolLM2 answered "What is in
+                # notes.txt?" with the folder's names instead of reading the file
+                offer[:] = [] if call["tool"] == "list_dir" else [rec["result"]]
             if rec["call"]["tool"] == ANSWER and rec["ok"]:
                 ep.answer, ep.success = rec["result"], True
                 break
@@ -200,7 +204,7 @@ class Agent:
         return ep
 
     def _step(self, task: str, history, index: int, context: Sequence[dict] = (), made: Sequence[dict] = (),
-              found: Sequence[str] = ()) -> dict:
+              found: Sequence[str] = (), offer: str | None = None) -> dict:
         t0 = time.perf_counter()
         v = self.view()
         if self.helps.no_repeats and made:
@@ -218,7 +222,7 @@ class Agent:
         for text, obs in history:
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]
         if self.helps.facts and history:
-            messages[-1] = {"role": "user", "content": messages[-1]["content"] + "\n\n" + facts_turn(task, found)}
+            messages[-1] = {"role": "user", "content": messages[-1]["content"] + "\n\n" + facts_turn(task, found, offer)}
         g = generate(self.model.backend, self.model.vocab, self.model.render(messages, v.tools), Matcher(compiled),
                      self.params)
         rec.update(text=g.text, tokens=len(g.tokens), legal=[s.legal for s in g.steps],

@@ -179,13 +179,22 @@ def observation(call: dict, result: str, short: bool) -> str:
     return f"{tool} gave: {body}"
 
 
-def facts_turn(task: str, found: Sequence[str]) -> str:
-    """The last turn with `facts`: the task again, what the episode found, and `answer` offered."""
+def facts_turn(task: str, found: Sequence[str], offer: str | None = None) -> str:
+    """The last turn with `facts`: the task again, what the episode found, and `answer` offered
+    as a ready call whose text is `offer` (the latest result): a 135M model copies a call from
+    its context far more readily than it composes one. (A line of the tools here as well, next
+    to where the model writes, made SmolLM2 call the first tool listed in 11 tasks of 11.)"""
     lines = [f"The task: {task}"]
     if found:
         lines.append("Found so far:")
         lines += [f"- {_cut(f, FACT_LIMIT)}" for f in found[-FACTS_SHOWN:]]
-    lines.append("If that is enough for the task, call answer with the reply; otherwise call another tool.")
+    if offer:
+        ready = json.dumps({"tool": "answer", "args": {"text": _cut(" ".join(offer.split()), FACT_LIMIT)}},
+                           separators=(",", ":"), ensure_ascii=False)
+        lines.append(f"If that answers the task, reply with: {ready}")
+        lines.append("Otherwise call another tool.")
+    else:
+        lines.append("If that is enough for the task, call answer with the reply; otherwise call another tool.")
     return "\n".join(lines)
 
 
