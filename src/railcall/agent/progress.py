@@ -142,15 +142,14 @@ def complement(values: Sequence[str]) -> str:
 
 
 def _lit(ch: str) -> str:
-    """One character as a pattern literal: letters and digits as they are, the rest as \\uHHHH
-    (a surrogate pair for one beyond the BMP), so no character is read as syntax."""
+    """One character as a pattern literal: ASCII letters and digits as they are, the rest of the
+    BMP as \\uHHHH, so no character is read as syntax; a character beyond the BMP as itself (the
+    regex runs on code points: a surrogate pair \\ud83c\\udf89 would be two of them, matching no
+    character, and no such character is syntax)."""
     if ch.isascii() and ch.isalnum():
         return ch
     cp = ord(ch)
-    if cp <= 0xFFFF:
-        return f"\\u{cp:04x}"
-    cp -= 0x10000
-    return f"\\u{0xD800 + (cp >> 10):04x}\\u{0xDC00 + (cp & 0x3FF):04x}"
+    return f"\\u{cp:04x}" if cp <= 0xFFFF else ch
 
 
 # -- short_results and facts: observations a small model can use -------------------------------
