@@ -87,12 +87,17 @@ def test_with_the_option_off_a_repeat_is_spellable(tmp_path):
 
 def test_observations_and_the_facts_turn(tmp_path):
     renders = []
-    a = make(tmp_path, [call("read_file", path="notes.txt"), call("answer", text="Thursday")], renders)
+    a = make(tmp_path, [call("list_dir", path="."), call("read_file", path="notes.txt"), call("answer", text="Thu")],
+             renders)
     a.run("When is the meeting?")
-    last = renders[1][-1]["content"]
+    assert renders[1][-1]["content"].startswith("The folder . holds: docs/, notes.txt")
+    assert "reply with" not in renders[1][-1]["content"]  # a listing alone is not offered as the answer
+    last = renders[2][-1]["content"]
     assert last.startswith("notes.txt says: Meeting on Thursday.")
     assert "The task: When is the meeting?" in last
-    assert 'reply with: {"tool":"answer","args":{"text":"Meeting on Thursday."}}' in last
+    # the answer offered holds every fact gathered, listing included, once one is not a listing
+    assert ('reply with: {"tool":"answer","args":{"text":"The folder . holds: docs/, notes.txt '
+            'notes.txt says: Meeting on Thursday."}}') in last
     renders.clear()
     a = make(tmp_path, [call("read_file", path="notes.txt"), call("answer", text="x")], renders, helps=Helps.none())
     a.run("When is the meeting?")

@@ -4,6 +4,7 @@ every task, a do-nothing agent none, nothing outside a workspace changes, and th
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from agentkit import ScriptedBackend, byte_vocab
@@ -122,3 +123,17 @@ def test_ablation_runs_each_option_off(tmp_path, monkeypatch):
     assert list(rows) == ["defaults", "without no_repeats", "without short_results", "without facts"]
     assert all(s["success_rate"] == 1.0 for s in rows.values())
     assert "| without facts | 1/1 | 100% |" in (tmp_path / "ablation.md").read_text()
+
+
+def test_the_readme_agent_examples_are_suite_tasks():
+    """Each `railcall agent "..."` line of the README is a task of the suite, with its policy
+    (so the rate printed beside them is measured on exactly these)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    examples = re.findall(r'^railcall agent "([^"]+)" (.*)$', readme, re.M)
+    assert examples
+    tasks = {t.task: t for t in TASKS}
+    for text, flags in examples:
+        assert text in tasks, text
+        assert ("--read-only" in flags) is tasks[text].read_only, text

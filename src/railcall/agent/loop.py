@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 from railcall.agent.builtins import ANSWER, MemoryStore, workspace_tools
 from railcall.agent.files import Workspace, sweep_temp
 from railcall.agent.policy import Approver, Decision, Policy, View, view
-from railcall.agent.progress import Helps, facts_turn, observation, without_repeats
+from railcall.agent.progress import FACTS_SHOWN, Helps, facts_turn, observation, without_repeats
 from railcall.agent.skills import RUN, SkillError, SkillStore
 from railcall.agent.table import ToolTable
 from railcall.atomic import mend_last_line
@@ -175,7 +175,7 @@ class Agent:
         history: list[tuple[str, str]] = []  # (call text, observation as the model is shown it)
         made: list[dict] = []  # the calls whose repeat is unspellable (Helps.no_repeats)
         found: list[str] = []  # what successful calls found (Helps.facts)
-        offer: list[str] = []  # the latest successful result: the text of the answer offered
+        offer: list[str] = []  # the text of the answer offered: the facts gathered (Helps.facts)
         for i in range(self.max_steps):
             rec = self._step(task, history, i, context, made, found, offer[0] if offer else None)
             rec["episode"] = self._episodes
@@ -193,9 +193,13 @@ class Agent:
             made.append(call)
             if rec["ok"] and call["tool"] != ANSWER:
                 found.append(observation(call, rec["result"], True))
-                # a listing is offered as no answer: offered, SmolLM2 answered "What is in
-                # notes.txt?" with the folder's names instead of reading the file
-                offer[:] = [] if call["tool"] == "list_dir" else [rec["result"]]
+                # The answer offered holds the facts gathered, not only the latest: offered the
+                # latest result alone, SmolLM2 answered "What is in notes.txt?" with todo.md's
+                # lines after reading both files (3 of 39 suite tasks lost that way). Nothing is
+                # offered while the episode has only listed folders: offered a listing, it
+                # answered with the folder's names instead of reading the file.
+                if call["tool"] != "list_dir" or offer:
+                    offer[:] = [" ".join(found[-FACTS_SHOWN:])]
             if rec["call"]["tool"] == ANSWER and rec["ok"]:
                 ep.answer, ep.success = rec["result"], True
                 break

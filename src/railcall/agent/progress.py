@@ -25,6 +25,7 @@ from railcall.grammar.tools import Tool
 SHORT_LIMIT = 500  # characters of an observation with short_results: SmolLM2 loses the task past ~1k
 FACT_LIMIT = 200  # characters of each fact in the facts turn
 FACTS_SHOWN = 4  # the latest facts; older ones are still in the history above
+OFFER_LIMIT = 300  # characters of the answer offered (up to FACTS_SHOWN facts): ~75 tokens to copy
 # A free-text value longer than this is not excluded: its complement pattern has ~n^2/2
 # characters and the regex compiler's NFA grows with it (48: 1.2k alternatives' worth, <30 ms).
 COMPLEMENT_LIMIT = 48
@@ -180,7 +181,7 @@ def observation(call: dict, result: str, short: bool) -> str:
 
 def facts_turn(task: str, found: Sequence[str], offer: str | None = None) -> str:
     """The last turn with `facts`: the task again, what the episode found, and `answer` offered
-    as a ready call whose text is `offer` (the latest result): a 135M model copies a call from
+    as a ready call whose text is `offer` (the facts gathered): a 135M model copies a call from
     its context far more readily than it composes one. (A line of the tools here as well, next
     to where the model writes, made SmolLM2 call the first tool listed in 11 tasks of 11.)"""
     lines = [f"The task: {task}"]
@@ -188,7 +189,7 @@ def facts_turn(task: str, found: Sequence[str], offer: str | None = None) -> str
         lines.append("Found so far:")
         lines += [f"- {_cut(f, FACT_LIMIT)}" for f in found[-FACTS_SHOWN:]]
     if offer:
-        ready = json.dumps({"tool": "answer", "args": {"text": _cut(" ".join(offer.split()), FACT_LIMIT)}},
+        ready = json.dumps({"tool": "answer", "args": {"text": _cut(" ".join(offer.split()), OFFER_LIMIT)}},
                            separators=(",", ":"), ensure_ascii=False)
         lines.append(f"If that answers the task, reply with: {ready}")
         lines.append("Otherwise call another tool.")
