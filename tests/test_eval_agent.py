@@ -96,7 +96,9 @@ def test_a_write_outside_the_task_or_the_workspace_fails_the_check(tmp_path):
 def test_eval_agent_command_writes_the_report_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "_agent_model", lambda model: perfect)
     out = tmp_path / "out"
-    r = runner.invoke(cli.app, ["eval", "agent", "--tasks", "readme-notes,compute-prices", "--out", str(out)])
+    # --max-tokens 128: the scripted vocabulary has one byte per token
+    r = runner.invoke(cli.app, ["eval", "agent", "--tasks", "readme-notes,compute-prices", "--out", str(out),
+                                "--max-tokens", "128"])
     assert r.exit_code == 0, r.output
     assert "2/2 solved (100%)" in r.output
     summary = json.loads((out / "summary.json").read_text())
@@ -110,8 +112,9 @@ def test_eval_agent_command_writes_the_report_and_resumes(tmp_path, monkeypatch)
                                 str(out), "--resume", "--max-tokens", "128"])
     assert r.exit_code == 0 and r.output.count("solved in") == 1 and "3/3 solved" in r.output
     # other options under --resume: refused, not mixed
-    r = runner.invoke(cli.app, ["eval", "agent", "--out", str(out), "--resume", "--off", "facts"])
-    assert r.exit_code == 2 and "other options" in r.output
+    for other in (["--off", "facts", "--max-tokens", "128"], ["--max-steps", "3", "--max-tokens", "128"], []):
+        r = runner.invoke(cli.app, ["eval", "agent", "--out", str(out), "--resume", *other])
+        assert r.exit_code == 2 and "other options" in r.output
     r = runner.invoke(cli.app, ["eval", "agent", "--tasks", "nope", "--out", str(out)])
     assert r.exit_code == 2 and "unknown task" in r.output
     r = runner.invoke(cli.app, ["eval", "agent", "--off", "speed", "--out", str(out)])

@@ -94,7 +94,7 @@ def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int
     from railcall.agent.loop import AgentModel
     from railcall.atomic import atomic_write
     from railcall.decode import SamplingParams
-    from railcall.eval.runner import read_results, set_aside
+    from railcall.eval.runner import read_results, read_run, set_aside
 
     log = log or (lambda m: None)
     helps = helps or Helps()
@@ -104,9 +104,11 @@ def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int
     settings = {"helps": {n: getattr(helps, n) for n in Helps.names()}, "max_steps": max_steps,
                 "max_tokens": max_tokens}
     results_path, run_path = out / "results.jsonl", out / "run.json"
-    if resume and run_path.is_file() and json.loads(run_path.read_text()).get("settings", {}).get("helps") \
-            != settings["helps"]:
-        raise ValueError(f"{out} holds a run with other options ({run_path}); use another --out, or drop --resume")
+    if resume and run_path.is_file():
+        before = {k: v for k, v in read_run(run_path)["settings"].items() if k != "model"}
+        if before != settings:
+            raise ValueError(f"{out} holds a run with other options ({run_path}: {json.dumps(before)}); "
+                             "use another --out, or drop --resume")
     if not resume and results_path.exists():
         kept = set_aside(out)
         log(f"started afresh; the previous results are in {kept}" if kept else "started afresh")
