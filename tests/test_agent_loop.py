@@ -10,6 +10,7 @@ from agentkit import scripted_model
 from railcall.agent.builtins import calc
 from railcall.agent.loop import Agent
 from railcall.agent.policy import Approver, Policy
+from railcall.agent.progress import Helps
 from railcall.decode import SamplingParams
 
 
@@ -129,7 +130,9 @@ def test_a_skill_added_mid_episode_is_runnable_on_the_next_step(tmp_path):
 
 def test_step_limit_and_memory(tmp_path):
     renders = []
-    a = make(tmp_path, [call("remember", text="milk")] * 5, renders, max_steps=3, policy=Policy(approve="auto"))
+    # the same call three times: spellable only with the repeat exclusion off (Helps.none)
+    a = make(tmp_path, [call("remember", text="milk")] * 5, renders, max_steps=3, policy=Policy(approve="auto"),
+             helps=Helps.none())
     ep = a.run("remember milk")
     assert len(ep.steps) == 3 and not ep.success and a.memory.items() == ["milk"] * 3
     assert "Notes saved with remember" not in renders[0][0]["content"] and '- "milk"' in renders[1][0]["content"]

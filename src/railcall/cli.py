@@ -734,7 +734,7 @@ def data_where() -> None:
             console.print(f"{name}: missing: {e}", markup=False, highlight=False)
 
 
-eval_app = typer.Typer(help="Evaluation: BFCL tasks and the seed 000 ablation, with and without the grammar.",
+eval_app = typer.Typer(help="Evaluation: BFCL tasks, the agent task suite, and the seed 000 ablation.",
                        no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
 
@@ -834,6 +834,64 @@ def eval_multi_turn(
                       f"{s['steps_mean']:.1f}", f"{s['seconds_mean']:.0f}")
     console.print(table)
     console.print(f"wrote {out}/results.jsonl and summary.json", markup=False)
+
+
+@eval_app.command("agent")
+def eval_agent(
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task ids (default: the whole suite; --list shows them)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N tasks."),
+    off: Optional[str] = typer.Option(None, "--off", help="Progress options to turn off, comma-separated: no_repeats, short_results, facts."),
+    ablation: bool = typer.Option(False, "--ablation", help="Run with the defaults and with each option off (each in OUT/<options>/; OUT/ablation.md)."),
+    out: str = typer.Option("eval-out/agent", "--out", help="The folder for results.jsonl, summary.json, report.md, traces/ and work/."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks."),
+    max_steps: int = typer.Option(6, "--max-steps", help="Step limit per task."),
+    max_tokens: int = typer.Option(64, "--max-tokens", help="Token ceiling per call."),
+    model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    list_tasks: bool = typer.Option(False, "--list", help="Print the suite's tasks and exit."),
+) -> None:
+    """The agent task suite: each task in a fresh workspace, its outcome checked; success rate, steps, time, traces."""
+    from pathlib import Path
+
+    from railcall.agent.progress import Helps
+    from railcall.eval import agent as agent_eval
+    from railcall.eval.agent_tasks import by_id, describe
+
+    if list_tasks:
+        print(describe())
+        return
+    try:
+        ids = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+        by_id(ids, limit)  # an unknown id is reported before the model loads
+        helps = Helps.off(*[n.strip() for n in off.split(",") if n.strip()]) if off else Helps()
+        if limit is not None and limit < 1 or max_steps < 1 or max_tokens < 1:
+            raise ValueError("--limit, --max-steps and --max-tokens must be at least 1")
+        loaded = _agent_model(model)
+    except (RailcallError, ValueError) as e:
+        _fail(e)
+        return
+
+    def progress(i, n, rec):
+        if rec is not None:
+            console.print(f"[{i}/{n}] {rec['id']}: {'solved' if rec['ok'] else 'not solved'} in {rec['steps']} steps, "
+                          f"{rec['seconds']:.1f} s" + ("" if rec["ok"] else f" ({'; '.join(rec['problems'])})"),
+                          markup=False, highlight=False)
+
+    kw = dict(model=loaded, tasks=ids, limit=limit, max_steps=max_steps, max_tokens=max_tokens, resume=resume,
+              progress=progress, log=lambda m: console.print(m, style="dim", markup=False))
+    try:
+        if ablation:
+            rows = agent_eval.ablation(Path(out), **kw)
+            for label, s in rows.items():
+                console.print(f"{label}: {s['solved']}/{s['n']} solved ({100 * (s['success_rate'] or 0):.0f}%), "
+                              f"{s['steps_mean']} steps and {s['seconds_mean']} s per task", markup=False)
+            console.print(f"wrote {out}/ablation.md", markup=False)
+            return
+        s = agent_eval.run(Path(out), helps=helps, **kw)
+    except (RailcallError, ValueError) as e:
+        _fail(e)
+        return
+    console.print(f"{s['solved']}/{s['n']} solved ({100 * (s['success_rate'] or 0):.0f}%), {s['steps_mean']} steps and "
+                  f"{s['seconds_mean']} s per task; wrote {out}/summary.json and report.md", markup=False)
 
 
 @eval_app.command("report")

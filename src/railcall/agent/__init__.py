@@ -6,6 +6,7 @@
     files.py      Workspace: paths confined to the sandbox; atomic writes
     builtins.py   list_dir, read_file, write_file, calc, remember, run, answer
     skills.py     SkillStore: episodes compiled into content-addressed skills, checked at load
+    progress.py   Helps: what helps a small model progress (repeats unspellable, short results, facts)
     loop.py       Agent: the episode loop and its JSON-lines trace
 
 See docs/agent.md.

@@ -2,6 +2,7 @@
 
     for each step (at most max_steps):
         view      = policy view of the live table, right now      (policy.view)
+                    minus the calls this episode made already     (progress.without_repeats)
         grammar   = tool_grammar(view.tools) x vocabulary          (cached per view content)
         call      = generate(model, prompt, Matcher(grammar))      (always a call the view allows)
         decision  = approval gate, for a mutating call             (Approver)
@@ -9,6 +10,10 @@
         trace     <- one JSON line: view, mask at the tool-name position, legal counts per token,
                      call, approval, result
     an `answer` call ends the episode; a successful one is compiled into a skill
+
+The observations and the last turn are written for a small model (`progress`: short results,
+the facts found so far with `answer` offered); each of the three helps is an option (`Helps`)
+measured on the task suite (`railcall eval agent`).
 
 The prompt and the grammar are rebuilt from the table at every step, so a tool (or a file, or a
 skill) added between two steps is offered and spellable on the next one, and one removed is
@@ -30,6 +35,7 @@ from typing import Callable, Sequence
 from railcall.agent.builtins import ANSWER, MemoryStore, workspace_tools
 from railcall.agent.files import Workspace, sweep_temp
 from railcall.agent.policy import Approver, Decision, Policy, View, view
+from railcall.agent.progress import FACTS_SHOWN, Helps, facts_turn, observation, without_repeats
 from railcall.agent.skills import RUN, SkillError, SkillStore
 from railcall.agent.table import ToolTable
 from railcall.atomic import mend_last_line
@@ -121,8 +127,10 @@ class Agent:
     def __init__(self, table: ToolTable, model: AgentModel | None, *, policy: Policy | None = None,
                  approver: Approver | None = None, skills: SkillStore | None = None,
                  memory: MemoryStore | None = None, params: SamplingParams | None = None, max_steps: int = 6,
-                 trace: str | Path | None = None, learn: bool = True, on_step: Callable[[dict], None] | None = None):
+                 trace: str | Path | None = None, learn: bool = True, on_step: Callable[[dict], None] | None = None,
+                 helps: Helps | None = None):
         self.table, self.model = table, model
+        self.helps = helps or Helps()
         self.policy = policy or Policy()
         self.approver = approver or Approver()
         self.skills, self.memory = skills, memory
@@ -164,9 +172,12 @@ class Agent:
             raise ValueError("this agent has no model; pass an AgentModel to run episodes")
         self._episodes += 1
         ep = Episode(task)
-        history: list[tuple[str, str]] = []  # (call text, observation)
+        history: list[tuple[str, str]] = []  # (call text, observation as the model is shown it)
+        made: list[dict] = []  # the calls whose repeat is unspellable (Helps.no_repeats)
+        found: list[str] = []  # what successful calls found (Helps.facts)
+        offer: list[str] = []  # the text of the answer offered: the facts gathered (Helps.facts)
         for i in range(self.max_steps):
-            rec = self._step(task, history, i, context)
+            rec = self._step(task, history, i, context, made, found, offer[0] if offer else None)
             rec["episode"] = self._episodes
             ep.steps.append(rec)
             self._write_trace(rec)
@@ -174,7 +185,21 @@ class Agent:
                 self.on_step(rec)
             if rec.get("call") is None:
                 break
-            history.append((rec["text"], rec["result"]))
+            call = rec["call"]
+            history.append((rec["text"], observation(call, rec["result"], self.helps.short_results)))
+            entry = self.table.entry(call["tool"]) if call["tool"] in self.table else None
+            if rec["ok"] and entry is not None and entry.tool.mutates:
+                made.clear()  # the workspace changed: an earlier read may now find something new
+            made.append(call)
+            if rec["ok"] and call["tool"] != ANSWER:
+                found.append(observation(call, rec["result"], True))
+                # The answer offered holds the facts gathered, not only the latest: offered the
+                # latest result alone, SmolLM2 answered "What is in notes.txt?" with todo.md's
+                # lines after reading both files (3 of 39 suite tasks lost that way). Nothing is
+                # offered while the episode has only listed folders: offered a listing, it
+                # answered with the folder's names instead of reading the file.
+                if call["tool"] != "list_dir" or offer:
+                    offer[:] = [" ".join(found[-FACTS_SHOWN:])]
             if rec["call"]["tool"] == ANSWER and rec["ok"]:
                 ep.answer, ep.success = rec["result"], True
                 break
@@ -182,9 +207,13 @@ class Agent:
             ep.skill = self._learn(ep)
         return ep
 
-    def _step(self, task: str, history, index: int, context: Sequence[dict] = ()) -> dict:
+    def _step(self, task: str, history, index: int, context: Sequence[dict] = (), made: Sequence[dict] = (),
+              found: Sequence[str] = (), offer: str | None = None) -> dict:
         t0 = time.perf_counter()
         v = self.view()
+        if self.helps.no_repeats and made:
+            tools, gone = without_repeats(v.tools, made)
+            v = View(tools, v.policy, v.table_version, {**v.left_out, **gone})
         rec: dict = {"step": index + 1, "task": task, "policy": self.policy.name, "table_version": v.table_version,
                      "view": v.names, "left_out": v.left_out}
         if not v.tools:
@@ -195,7 +224,9 @@ class Agent:
         messages = [{"role": "system", "content": system_prompt(v.tools, self.memory.items() if self.memory else ())},
                     *context, {"role": "user", "content": task}]
         for text, obs in history:
-            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"Result: {obs}"}]
+            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]
+        if self.helps.facts and history:
+            messages[-1] = {"role": "user", "content": messages[-1]["content"] + "\n\n" + facts_turn(task, found, offer)}
         g = generate(self.model.backend, self.model.vocab, self.model.render(messages, v.tools), Matcher(compiled),
                      self.params)
         rec.update(text=g.text, tokens=len(g.tokens), legal=[s.legal for s in g.steps],

@@ -1,0 +1,119 @@
+"""The progress options: a call already made in the episode is unspellable (policy as grammar),
+observations written short, the facts turn with `answer` offered."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+from agentkit import scripted_model
+
+from railcall.agent.loop import Agent
+from railcall.agent.policy import Policy, View
+from railcall.decode import SamplingParams
+from railcall.agent.progress import Helps, complement, facts_turn, observation, without_repeats
+from railcall.grammar.tools import Tool
+
+
+def call(tool, **args) -> str:
+    return json.dumps({"tool": tool, "args": args}, separators=(",", ":"))
+
+
+def make(tmp_path, replies, renders=None, **kw):
+    (tmp_path / "notes.txt").write_text("Meeting on Thursday.")
+    (tmp_path / "docs").mkdir(exist_ok=True)
+    (tmp_path / "docs" / "plan.md").write_text("plan")
+    return Agent.for_workspace(tmp_path, scripted_model(replies, renders), trace=tmp_path / "trace.jsonl", **kw)
+
+
+CALC = Tool("calc", "Arithmetic.", {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]})
+
+
+def test_a_repeated_read_is_unspellable_and_the_model_is_steered_off_it(tmp_path):
+    a = make(tmp_path, [call("read_file", path="notes.txt")] * 3, max_steps=3)
+    ep = a.run("read notes")
+    paths = [c["args"].get("path") for c in ep.calls if c["tool"] == "read_file"]
+    assert paths[0] == "notes.txt" and paths.count("notes.txt") == 1  # the repeat could not be written
+    step2 = ep.steps[1]
+    assert step2["view"] and "read_file" in step2["view"]
+    # the second step's view: the path enum lost notes.txt; its grammar refuses the repeat
+    v = a.view()
+    tools, gone = without_repeats(v.tools, [{"tool": "read_file", "args": {"path": "notes.txt"}}])
+    view = View(tools, v.policy, v.table_version, gone)
+    assert "do not fit" in view.check({"tool": "read_file", "args": {"path": "notes.txt"}})
+    assert view.check({"tool": "read_file", "args": {"path": "docs/plan.md"}}) == ""
+    # every path read: read_file is left out, so its name is unspellable too
+    tools, gone = without_repeats(v.tools, [{"tool": "read_file", "args": {"path": p}} for p in a.workspace.files()])
+    assert "read_file" not in [t.name for t in tools] and "called already" in gone["read_file"]
+
+
+def test_a_repeated_free_text_call_is_unspellable_but_its_neighbours_are_not():
+    tools, _ = without_repeats([CALC], [{"tool": "calc", "args": {"expr": "buy milk"}},
+                                        {"tool": "calc", "args": {"expr": "17*23"}}, {"tool": "calc", "args": {"expr": "🎉!"}}])
+    v = View(tools, Policy(), 0, {})
+    for expr, ok in [("buy milk", False), ("17*23", False), ("buy mil", True), ("buy milk,", True),
+                     ("17*2", True), ("17*234", True), ("6*7", True), ("bu\u202ey", True), ("🎉", True), ("🎉!", False), ("🎉!!", True)]:
+        assert (v.check({"tool": "calc", "args": {"expr": expr}}) == "") is ok, expr
+
+
+def test_the_complement_pattern_matches_exactly_the_other_strings():
+    rng = random.Random(0)
+    alphabet = "ab1*. é\n\"\\"  # BMP: Python's re reads \\uHHHH as ECMA does (a non-BMP one: the grammar test above)
+    for _ in range(200):
+        values = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 3))]
+        pattern = re.compile(complement(values))  # the subset is Python-compatible: \\uHHHH, (?:), [\\s\\S]
+        probes = values + [v[:k] for v in values for k in range(len(v))] + [v + c for v in values for c in "ab"]
+        probes += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 7))) for _ in range(30)]
+        for s in probes:
+            assert (pattern.fullmatch(s) is not None) is (s not in values), (values, s)
+
+
+def test_a_successful_write_makes_earlier_reads_spellable_again(tmp_path):
+    replies = [call("read_file", path="notes.txt"), call("write_file", path="notes.txt", text="Moved to Friday."),
+               call("read_file", path="notes.txt"), call("answer", text="Friday")]
+    a = make(tmp_path, replies, policy=Policy(approve="auto"), max_steps=4,
+             params=SamplingParams(max_tokens=128))  # one byte per token
+    ep = a.run("move the meeting and check")
+    assert [c["args"].get("path") for c in ep.calls[:3]] == ["notes.txt"] * 3
+    assert ep.steps[2]["result"] == "Moved to Friday." and ep.answer == "Friday"
+
+
+def test_with_the_option_off_a_repeat_is_spellable(tmp_path):
+    a = make(tmp_path, [call("read_file", path="notes.txt")] * 2, max_steps=2, helps=Helps.off("no_repeats"))
+    ep = a.run("read notes")
+    assert [c["args"]["path"] for c in ep.calls] == ["notes.txt", "notes.txt"]
+
+
+def test_observations_and_the_facts_turn(tmp_path):
+    renders = []
+    a = make(tmp_path, [call("list_dir", path="."), call("read_file", path="notes.txt"), call("answer", text="Thu")],
+             renders)
+    a.run("When is the meeting?")
+    assert renders[1][-1]["content"].startswith("The folder . holds: docs/, notes.txt")
+    assert "reply with" not in renders[1][-1]["content"]  # a listing alone is not offered as the answer
+    last = renders[2][-1]["content"]
+    assert last.startswith("notes.txt says: Meeting on Thursday.")
+    assert "The task: When is the meeting?" in last
+    # the answer offered holds every fact gathered, listing included, once one is not a listing
+    assert ('reply with: {"tool":"answer","args":{"text":"The folder . holds: docs/, notes.txt '
+            'notes.txt says: Meeting on Thursday."}}') in last
+    renders.clear()
+    a = make(tmp_path, [call("read_file", path="notes.txt"), call("answer", text="x")], renders, helps=Helps.none())
+    a.run("When is the meeting?")
+    assert renders[1][-1]["content"] == "Result: Meeting on Thursday."
+    # a listing is no answer to offer; an error says to do something else
+    assert "reply with" not in facts_turn("t", ["The folder . holds: a.txt"], None)
+    assert observation({"tool": "calc", "args": {"expr": "x"}}, "error: bad", True).startswith("error: bad (that call")
+    assert observation({"tool": "calc", "args": {"expr": "6*7"}}, "42", True) == "6*7 = 42"
+    assert len(observation({"tool": "read_file", "args": {"path": "a"}}, "x" * 5000, True)) < 600
+
+
+def test_helps_options():
+    assert Helps().label() == "defaults" and Helps.off("facts").label() == "without facts"
+    try:
+        Helps.off("speed")
+    except ValueError as e:
+        assert "unknown option" in str(e) and "no_repeats" in str(e)
+    else:
+        raise AssertionError("an unknown option was accepted")
