@@ -172,3 +172,14 @@ def test_a_symlink_loop_in_the_workspace_does_not_stop_the_agent(tmp_path):
     assert ep.success and ep.steps[0]["result"] == "Meeting on Thursday."
     assert a.workspace.files() == ["notes.txt", "trace.jsonl", "docs/plan.md"]
     assert a.table.entry("list_dir").call({"path": "."}) == "a, b, docs/, loop, notes.txt, trace.jsonl"
+
+
+def test_a_call_cut_by_the_token_limit_never_runs(tmp_path):
+    """The grammar closes a call max_tokens cut (its values filled in with "?"); the agent runs
+    no such call: the step is an error observation and the file is not written."""
+    long = call("write_file", path="out.txt", text="x" * 200)
+    a = make(tmp_path, [long, long], params=SamplingParams(max_tokens=40), max_steps=2,
+             approver=Approver("auto"))
+    ep = a.run("write a long file")
+    assert all(s["cut"] and not s["ok"] and "was not run" in s["result"] for s in ep.steps)
+    assert not (tmp_path / "out.txt").exists()

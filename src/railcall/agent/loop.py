@@ -78,7 +78,9 @@ class AgentModel:
             ids = out["input_ids"] if hasattr(out, "keys") else out
             return list(ids[0] if ids and isinstance(ids[0], list) else ids)
 
-        return cls(TransformersBackend(lm.model), vocab, render, lm.name)
+        # The KV of the previous step is kept: the next step's prompt is the same system prompt,
+        # tools and history plus one call and its observation, so only those are run again.
+        return cls(TransformersBackend(lm.model, reuse_prefix=True), vocab, render, lm.name)
 
 
 def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = ()) -> str:
@@ -237,6 +239,13 @@ class Agent:
             rec.update(call=None, ok=False, result=f"error: the output is not a call ({g.grammar_error or 'cut'})")
             return rec
         rec["call"] = call
+        if g.cut:
+            # max_tokens cut the call and the grammar closed it: its values may be filled in
+            # ("?"), so it is never run; the model sees why and may write a shorter one.
+            rec.update(ok=False, seconds=round(time.perf_counter() - t0, 3),
+                       result=f"error: the call was cut at {self.params.max_tokens} tokens and was not run; "
+                              "write a shorter call")
+            return rec
         decision, result, ok, program = self.dispatch(call, v)
         rec.update(approval={"mode": decision.mode, "approved": decision.approved, "reason": decision.reason},
                    result=result[:OBSERVATION_LIMIT], ok=ok, program=program, seconds=round(time.perf_counter() - t0, 3))
