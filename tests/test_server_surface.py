@@ -139,3 +139,20 @@ def test_a_cached_prefix_changes_nothing_but_the_prefill(client):
     second = client.chat.completions.create(**kw)
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1 > 100
     assert second.choices[0].message.content == first.choices[0].message.content
+
+
+def test_a_client_gone_mid_upload_is_one_log_line(srv, caplog):
+    import logging
+    import socket
+    import time
+
+    host, port = srv.url.removeprefix("http://").split(":")
+    with caplog.at_level(logging.INFO):
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: 5000\r\n\r\n{\"messages\":")
+            time.sleep(0.3)
+        time.sleep(1.0)  # the server notices the closed connection
+    gone = [r for r in caplog.records if "went away while sending" in r.getMessage()]
+    tracebacks = [r for r in caplog.records if r.exc_info or "Exception in ASGI application" in r.getMessage()]
+    assert len(gone) == 1 and not tracebacks
