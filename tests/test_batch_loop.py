@@ -155,3 +155,20 @@ def test_a_failing_row_ends_alone(lm, vocab):
     while loop.busy:
         ended += loop.step()
     assert b in ended and b.finish_reason == "length" and len(b.out) == 5
+
+
+def test_branch_logits_leave_the_sequence_as_it_was(lm, vocab):
+    """Scored routing's scorer: each branch runs on the sequence's KV, which is cropped back."""
+    p = prompt(20, 9)
+    backend = TransformersBackend(lm)
+    backend.start(p)
+    branches = [[5, 6, 7], [8], [9, 10]]
+    got = backend.branch_logits(branches)
+    after = backend.feed([11])[-1]
+    for b, rows in zip(branches, got):
+        ref = TransformersBackend(lm)
+        ref.start(p)
+        assert torch.allclose(rows, ref.feed(b), atol=1e-4)
+    ref = TransformersBackend(lm)
+    ref.start(p)
+    assert torch.allclose(after, ref.feed([11])[-1], atol=1e-4)  # the sequence went on as if no branch ran

@@ -85,7 +85,8 @@ class TransformersBackend:
         n = len(self._tokens)
         for b in branches:
             out.append(self._run(torch.tensor([list(b)], dtype=torch.long)))
-            self._cache.crop(n)
+            self._cache.crop(-len(b))  # transformers' crop takes the count to drop, negative
+        assert self._cache.get_seq_length() == n
         return out
 
     def _run(self, ids):
