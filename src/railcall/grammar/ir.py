@@ -31,7 +31,7 @@ Nodes (all immutable):
                                    patterns and not others (patternProperties classes);
                                    dialect "python": the same value set spelled as a Python
                                    string literal in double quotes (the escapes JSON and Python
-                                   read alike: no `\/`; see railcall.grammar.pythonic)
+                                   read alike: no `\\/`; see railcall.grammar.pythonic)
     JsonArray(item, min_items, max_items, prefix)
                                    `prefix` items first (prefixItems), then `item` (None: none)
     JsonObject(properties, extras, max_extra)
