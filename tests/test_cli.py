@@ -67,3 +67,15 @@ def test_an_error_message_keeps_its_brackets(capsys):
     with pytest.raises(typer.Exit):
         cli._fail(RuntimeError("the server needs its extra: pip install 'railcall[serve]'"))
     assert "pip install 'railcall[serve]'" in capsys.readouterr().out
+
+
+def test_help_shows_flags_as_flags():
+    """A flag is `--quick`, not `--quick <bool>`, and bracketed help text is printed as written."""
+    from typer.testing import CliRunner
+
+    from railcall.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "--help"])
+    assert r.exit_code == 0 and "--quick" in r.output and "<bool>" not in r.output
+    r = CliRunner().invoke(app, ["serve", "--help"])
+    assert "--max-rows <int>" in r.output and "<bool>" not in r.output

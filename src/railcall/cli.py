@@ -17,7 +17,12 @@ from railcall import __version__
 from railcall.errors import PolicyError, RailcallError
 from railcall.matcher import MAX_STRING
 
+# Plain help (click's layout): rich's panels printed a flag's type as `<bool>` and read brackets in
+# help text as markup.
+PLAIN = dict(rich_markup_mode=None)
+
 app = typer.Typer(
+    **PLAIN,
     name="railcall",
     help="Grammar-constrained tool calling: malformed or forbidden calls are unreachable, not rejected.",
     no_args_is_help=True,
@@ -197,7 +202,7 @@ def demo(
     console.print(table)
 
 
-bench_app = typer.Typer(help="Benchmarks: the engine beside llguidance, xgrammar and outlines-core (this command); "
+bench_app = typer.Typer(**PLAIN, help="Benchmarks: the engine beside llguidance, xgrammar and outlines-core (this command); "
                         "`bench serve`: the server beside vLLM's.", no_args_is_help=False)
 app.add_typer(bench_app, name="bench")
 
@@ -663,7 +668,7 @@ def chat(
             continue
         _show_episode(a.run(line))
 
-skills_app = typer.Typer(help="The agent's stored skills: approve one railcall did not learn itself.",
+skills_app = typer.Typer(**PLAIN, help="The agent's stored skills: approve one railcall did not learn itself.",
                          no_args_is_help=True)
 app.add_typer(skills_app, name="skills")
 
@@ -696,7 +701,7 @@ def skills_approve(
                   highlight=False)
 
 
-data_app = typer.Typer(help="Third-party data from pinned packages: BFCL (bfcl-eval), the JSON-Schema-Test-Suite and the schema corpora.",
+data_app = typer.Typer(**PLAIN, help="Third-party data from pinned packages: BFCL (bfcl-eval), the JSON-Schema-Test-Suite and the schema corpora.",
                        no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
@@ -734,7 +739,7 @@ def data_where() -> None:
             console.print(f"{name}: missing: {e}", markup=False, highlight=False)
 
 
-eval_app = typer.Typer(help="Evaluation: BFCL tasks, the agent task suite, and the seed 000 ablation.",
+eval_app = typer.Typer(**PLAIN, help="Evaluation: BFCL tasks, the agent task suite, and the seed 000 ablation.",
                        no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
 
