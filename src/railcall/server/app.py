@@ -120,50 +120,39 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
                                status=404, type="not_found_error", param="model", code="model_not_found")
         return {"id": served.name, "object": "model", "created": 0, "owned_by": "railcall"}
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(auth)],
-              responses={400: {"description": "bad request"}, 413: {"description": "body too large"},
-                         429: {"description": "queue full"}, 503: {"description": "engine not running"}})
-    async def chat_completions(request: Request):
+    async def serve_request(request: Request, model, build, prefix: str, text: bool):
+        """Both endpoints: read and validate the body, plan it off the event loop, queue it, and
+        answer whole or as a stream (`text`: a text completion's shape)."""
         body = await _read_body(request, request.app.state.max_body)
-        req = _parse(body)
+        req = _parse(body, model)
 
         def plan_it() -> Plan:
             with plan_lock:
-                return build_plan(served, req)
+                return build(served, req)
 
         plan = await run_in_threadpool(plan_it)
         job = engine.submit(plan, asyncio.get_running_loop())
         asms = [Assembler(served, plan) for _ in range(plan.n)]
-        cid = "chatcmpl-" + secrets.token_hex(12)
+        cid = prefix + secrets.token_hex(12)
         job.rid = cid
         created = int(time.time())
         if plan.stream:
-            return StreamingResponse(_stream(job, asms, plan, cid, created, served.name), media_type="text/event-stream",
+            return StreamingResponse(_stream(job, asms, plan, cid, created, served.name, text=text),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(await _complete(request, job, asms, plan, cid, created, served.name))
+        return JSONResponse(await _complete(request, job, asms, plan, cid, created, served.name, text=text))
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(auth)],
+              responses={400: {"description": "bad request"}, 413: {"description": "body too large"},
+                         429: {"description": "queue full"}, 503: {"description": "engine not running"}})
+    async def chat_completions(request: Request):
+        return await serve_request(request, ChatCompletionRequest, build_plan, "chatcmpl-", text=False)
 
     @app.post("/v1/completions", dependencies=[Depends(auth)],
               responses={400: {"description": "bad request"}, 429: {"description": "queue full"}})
     async def completions(request: Request):
         """A prompt in, text out (no chat template): free, or under response_format / guided_*."""
-        body = await _read_body(request, request.app.state.max_body)
-        req = _parse(body, CompletionRequest)
-
-        def plan_it() -> Plan:
-            with plan_lock:
-                return build_completion_plan(served, req)
-
-        plan = await run_in_threadpool(plan_it)
-        job = engine.submit(plan, asyncio.get_running_loop())
-        asms = [Assembler(served, plan) for _ in range(plan.n)]
-        cid = "cmpl-" + secrets.token_hex(12)
-        job.rid = cid
-        created = int(time.time())
-        if plan.stream:
-            return StreamingResponse(_stream(job, asms, plan, cid, created, served.name, text=True),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(await _complete(request, job, asms, plan, cid, created, served.name, text=True))
+        return await serve_request(request, CompletionRequest, build_completion_plan, "cmpl-", text=True)
 
     @app.get("/metrics")
     async def metrics():
