@@ -11,7 +11,7 @@ from railcall.agent.builtins import calc
 from railcall.agent.loop import Agent
 from railcall.agent.policy import Approver, Policy
 from railcall.agent.progress import Helps
-from railcall.decode import SamplingParams
+from railcall.runtime.decode import SamplingParams
 
 
 def call(tool, **args) -> str:

@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.model
 
 from railcall.agent import Agent, AgentModel, Policy
-from railcall.decode import SamplingParams
+from railcall.runtime.decode import SamplingParams
 
 TASKS = [
     "Save the text 'buy milk' to shopping.txt.",

@@ -11,7 +11,7 @@ from agentkit import scripted_model
 
 from railcall.agent.loop import Agent
 from railcall.agent.policy import Policy, View
-from railcall.decode import SamplingParams
+from railcall.runtime.decode import SamplingParams
 from railcall.agent.progress import Helps, complement, facts_turn, observation, without_repeats
 from railcall.grammar.tools import Tool
 

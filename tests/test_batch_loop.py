@@ -1,4 +1,4 @@
-"""railcall.batch: the continuous-batching loop and the prefix cache, on a tiny random Llama.
+"""railcall.runtime.batch: the continuous-batching loop and the prefix cache, on a tiny random Llama.
 
 The model is a real transformers LlamaForCausalLM (2 layers, 64 wide, random weights, seeded), so
 every KV path -- left pads, right pads, rows joining and leaving, a cached prefix, a cropped
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import byte_level_vocab
-from railcall.batch import BatchLoop, PrefixCache, decode_stream
-from railcall.decode import Row, SamplingParams, generate
+from railcall.runtime.batch import BatchLoop, PrefixCache, decode_stream
+from railcall.runtime.decode import Row, SamplingParams, generate
 from railcall.grammar.tools import Tool, tool_grammar
 from railcall.matcher import Matcher, compiled_grammar
 from railcall.models.backend import TransformersBackend

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from railcall.bitmask import allocate_bitmask, unpack_bitmask
-from railcall.decode import SamplingParams, generate
+from railcall.runtime.decode import SamplingParams, generate
 from railcall.errors import GrammarError, RequestError, SchemaError
-from railcall.grammar import ir, program
+from railcall.grammar import instructions, ir, program
 from railcall.grammar.schema import schema_grammar
 from railcall.grammar.tools import Tool, tool_grammar
 from railcall.matcher import Matcher, clear_caches, compiled_grammar
@@ -159,7 +159,8 @@ def nested_lists(depth_needed: int):
 def test_nesting_stops_being_offered_where_it_could_not_be_finished(bytes_vocab, monkeypatch):
     """Going as deep as the grammar allows, every step still has a legal way on, and the deep
     item is offered only while its references fit under the limit."""
-    monkeypatch.setattr(program, "MAX_DEPTH", 6)
+    for module in (instructions, program):  # the limit is read where threads move and where the compiler checks
+        monkeypatch.setattr(module, "MAX_DEPTH", 6)
     clear_caches(bytes_vocab)
     try:
         m = Matcher(compiled_grammar(nested_lists(3), bytes_vocab))
@@ -217,7 +218,8 @@ def test_random_recursive_grammars_never_reach_a_dead_end(bytes_vocab, monkeypat
     g = ir.Grammar(ir.Ref("r0"), tuple(
         (f"r{i}", ir.Alt(*[ir.Seq(*[part(p, i, j) for j, p in enumerate(alt)]) for alt in alts]))
         for i, alts in enumerate(rules)))
-    monkeypatch.setattr(program, "MAX_DEPTH", limit)
+    for module in (instructions, program):  # the limit is read where threads move and where the compiler checks
+        monkeypatch.setattr(module, "MAX_DEPTH", limit)
     clear_caches(bytes_vocab)
     try:
         try:
@@ -247,9 +249,11 @@ def lowered_limit(vocab, monkeypatch):
     chain = tuple((f"r{i}", ir.Seq(ir.Lit(b"["), ir.Ref(f"r{i + 1}"), ir.Lit(b"]"))) for i in range(40))
     g = ir.Grammar(ir.Seq(ir.Lit(b"a"), ir.Ref("r0")), chain + (("r40", ir.Lit(b"x")),))
     clear_caches(vocab)
-    monkeypatch.setattr(program, "MAX_DEPTH", 64)
+    for module in (instructions, program):  # the limit is read where threads move and where the compiler checks
+        monkeypatch.setattr(module, "MAX_DEPTH", 64)
     compiled = compiled_grammar(g, vocab)
-    monkeypatch.setattr(program, "MAX_DEPTH", 32)
+    for module in (instructions, program):  # the limit is read where threads move and where the compiler checks
+        monkeypatch.setattr(module, "MAX_DEPTH", 32)
     return compiled
 
 

@@ -8,7 +8,7 @@ import pytest
 
 pytestmark = pytest.mark.model
 
-from railcall.decode import SamplingParams, generate
+from railcall.runtime.decode import SamplingParams, generate
 from railcall.demo import DEMO_TOOLS, parse_call
 from railcall.grammar.tools import tool_grammar
 from railcall.matcher import Matcher, compiled_grammar
@@ -18,7 +18,7 @@ from railcall.matcher import Matcher, compiled_grammar
 def setup():
     from railcall.models.backend import TransformersBackend
     from railcall.models.store import load_model
-    from railcall.prompt import chat_prompt_ids
+    from railcall.runtime.prompt import chat_prompt_ids
     from railcall.vocab import Vocabulary
 
     lm = load_model()
@@ -57,7 +57,7 @@ def test_logits_processor_matches_own_loop(setup):
     import torch
     from transformers import LogitsProcessorList
 
-    from railcall.hf import RailcallLogitsProcessor
+    from railcall.integrations.hf import RailcallLogitsProcessor
 
     lm, vocab, compiled, backend, prompt = setup
     own = generate(backend, vocab, prompt, Matcher(compiled), SamplingParams(max_tokens=40), fast_forward=False)

@@ -27,8 +27,8 @@ def lm_vocab():
 def test_batched_greedy_equals_the_one_row_loop(lm_vocab):
     """Two BFCL tasks, each free and under the grammar; at most 3 rows live, so rows join a
     running batch (left-padded caches) and leave it (row selection) while others decode."""
-    from railcall.batch import decode_stream, generate_batch
-    from railcall.decode import SamplingParams, generate
+    from railcall.runtime.batch import decode_stream, generate_batch
+    from railcall.runtime.decode import SamplingParams, generate
     from railcall.eval import bfcl
     from railcall.eval.runner import make_matcher
     from railcall.models.backend import TransformersBackend

@@ -13,7 +13,7 @@ import pytest
 from agentkit import scripted_model
 
 from railcall.data import bfcl_data
-from railcall.decode import SamplingParams
+from railcall.runtime.decode import SamplingParams
 from railcall.eval import multi_turn as mt
 
 DATA = bfcl_data()

@@ -154,7 +154,7 @@ def test_a_fresh_run_never_replaces_an_earlier_ones_results(tmp_path, monkeypatc
     (N counting up); an interrupted rerun that wrote nothing leaves no empty backup behind."""
     import types
 
-    import railcall.batch
+    import railcall.runtime.batch
     from railcall.models import store
 
     lm = types.SimpleNamespace(tokenizer=smollm2_tokenizer, name="stub",
@@ -165,7 +165,7 @@ def test_a_fresh_run_never_replaces_an_earlier_ones_results(tmp_path, monkeypatc
         raise KeyboardInterrupt
         yield
 
-    monkeypatch.setattr(railcall.batch, "decode_stream", interrupted)
+    monkeypatch.setattr(railcall.runtime.batch, "decode_stream", interrupted)
 
     def rerun():
         with pytest.raises(KeyboardInterrupt):

@@ -36,7 +36,7 @@ import llguidance.hf
 
 from railcall.bench.workloads import peer_schema
 from railcall.bitmask import allocate_bitmask, unpack_bitmask
-from railcall.grammar import program
+from railcall.grammar import numbers, program
 from railcall.grammar.tools import tool_grammar
 from railcall.matcher import CompiledGrammar, Matcher
 
@@ -135,7 +135,8 @@ def run_differential(vocab, ll_tok, seed: int, steps_target: int, text_added=fro
 
 @pytest.fixture()
 def uncapped_numbers(monkeypatch):
-    monkeypatch.setattr(program, "MAX_NUMBER_CHARS", 400)
+    for module in (numbers, program):  # read where numbers step and where the compiler checks bounds
+        monkeypatch.setattr(module, "MAX_NUMBER_CHARS", 400)
 
 
 def test_escape_filter():

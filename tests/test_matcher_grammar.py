@@ -188,7 +188,7 @@ def test_a_trie_knows_how_many_nodes_lie_below_each_node():
     built; the content key of a trie position asks for it)."""
     import random
 
-    from railcall.grammar.program import Select
+    from railcall.grammar.instructions import Select
 
     rng = random.Random(4)
     keys = sorted({"".join(rng.choice("abc_") for _ in range(rng.randint(1, 7))).encode() for _ in range(300)})

@@ -388,7 +388,7 @@ def test_token_reach_and_next_bytes_match_brute_force():
 def test_a_trie_node_with_one_key_left_is_a_literal():
     """`Select.chain`: below a node where one key alone remains, its bytes and continuation; not
     where a shorter key ends on the way or the trie still branches."""
-    from railcall.grammar.program import Accept, Select
+    from railcall.grammar.instructions import Accept, Select
 
     end = Accept()
     sel = Select([(b"read", end), (b"read_file", end), (b"run", end)])
@@ -554,7 +554,7 @@ def test_an_integer_key_stays_small_where_tokens_hold_long_runs_of_digits(monkey
     """A bounded integer is keyed by the digits a token can reach, ten branches a level; with a
     vocabulary whose tokens hold seven digits that tree would have ten million leaves, so the
     key falls back to the instruction, and the masks stay exact."""
-    from railcall.grammar.program import JInt
+    from railcall.grammar.numbers import JInt
 
     steps = count_calls(monkeypatch, JInt, "_next")
     v = Vocabulary.from_pieces([bytes([b]) for b in range(32, 127)] + ["0000000", "1234567", "99"], specials=["<end>"], stop=["<end>"])
@@ -577,7 +577,9 @@ def test_allowed_bytes_are_what_a_step_accepts():
     import gc
     from decimal import Decimal
 
-    from railcall.grammar.program import N_SUB, Accept, JDec, JInt, JNum, JStr, Lit
+    from railcall.grammar.instructions import Accept, Lit
+    from railcall.grammar.numbers import JDec, JInt, JNum
+    from railcall.grammar.strings import N_SUB, JStr
 
     end = Accept()
     for _ in range(20):  # a freed instruction's id, reused by one with other bounds, shares nothing
@@ -819,7 +821,9 @@ def test_a_text_is_accepted_through_literals_as_a_byte_walk_accepts_it(seed):
     without a state per byte) agrees with the byte walk for every state random walks meet, on
     the texts tokens spell after a quote, on the tails of the grammar's own literals and keys,
     and on random bytes (quotes, escapes, a two-byte character, number characters)."""
-    from railcall.grammar.program import JInt, JNum, JStr, Lit, Select
+    from railcall.grammar.instructions import Lit, Select
+    from railcall.grammar.numbers import JInt, JNum
+    from railcall.grammar.strings import JStr
     from railcall.matcher import DEAD, quote_rests
 
     rng = random.Random(seed)
@@ -880,7 +884,7 @@ def test_tokens_that_run_into_a_trie_of_values_match_the_byte_oracle(monkeypatch
     value's end and go on into an optional key or the object's end (`ed"}`, `e","`) by look-ups
     along each literal, not token by token; the masks along random walks are still exactly the
     oracle's."""
-    from railcall.grammar.program import Lit
+    from railcall.grammar.instructions import Lit
 
     prefixes, into_literals = [], []
 
@@ -914,7 +918,9 @@ def _position_start(g: CompiledGrammar, s: int) -> bool:
     """Whether state `s` is one thread at a place `prewarm` keys and masks: a literal at its
     first byte, a string just inside its quote, a trie at its root, a number before its first
     digit (at most one frame of recursion deep)."""
-    from railcall.grammar.program import JInt, JNum, JStr, Lit, Select
+    from railcall.grammar.instructions import Lit, Select
+    from railcall.grammar.numbers import JInt, JNum
+    from railcall.grammar.strings import JStr
 
     threads = g._sets[s]
     if len(threads) != 1:
@@ -1114,7 +1120,8 @@ def test_a_bounded_integer_takes_exactly_the_prefixes_of_its_values():
     and digits, up to four characters) is taken exactly when some in-range integer starts with
     it, and the integer may end exactly where the prefix is such a value. Bounds of either sign,
     open on either side, one value, and spans that cross a power of ten."""
-    from railcall.grammar.program import Accept, JInt
+    from railcall.grammar.instructions import Accept
+    from railcall.grammar.numbers import JInt
 
     window = 10**5  # an open side, cut far beyond the prefixes tried
     for lo, hi in [(0, 9), (-5, 5), (-100, -7), (3, 3), (None, 40), (-40, None), (10, 99), (150, 2100),

@@ -3,7 +3,7 @@
 import pytest
 
 from railcall.demo import DEMO_TOOLS
-from railcall.prompt import chat_prompt_ids, has_native_tools, system_prompt
+from railcall.runtime.prompt import chat_prompt_ids, has_native_tools, system_prompt
 
 
 class FakeTokenizer:

@@ -1,4 +1,4 @@
-"""The region matcher inside railcall.decode.generate, on SmolLM2's real tokenizer.
+"""The region matcher inside railcall.runtime.decode.generate, on SmolLM2's real tokenizer.
 
 The backend is a test double, said plainly: a scripted backend whose logits put the highest
 score on the next token of a given script, so greedy decoding emits exactly those ids wherever
@@ -15,9 +15,9 @@ import torch
 
 from output_script import detokenize
 from railcall import compiled_grammar, schema_grammar
-from railcall.decode import SamplingParams, generate
-from railcall.output import Delimiters, OutputParser
-from railcall.regions import answer_matcher
+from railcall.runtime.decode import SamplingParams, generate
+from railcall.runtime.output import Delimiters, OutputParser
+from railcall.runtime.regions import answer_matcher
 
 
 class ScriptedBackend:

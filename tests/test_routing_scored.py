@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from railcall.decode import SamplingParams, generate
+from railcall.runtime.decode import SamplingParams, generate
 from railcall.grammar.tools import Tool, tool_grammar
 from railcall.matcher import CompiledGrammar, Matcher
-from railcall.output import Delimiters, OutputParser
-from railcall.routing import NameRouter, branch_scorer
+from railcall.runtime.output import Delimiters, OutputParser
+from railcall.runtime.routing import NameRouter, branch_scorer
 from railcall.vocab import Vocabulary
 
 END = "<|end|>"

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from railcall.decode import SamplingParams, Step, generate
+from railcall.runtime.decode import SamplingParams, Step, generate
 from railcall.grammar.tools import Tool, tool_grammar
 from railcall.matcher import Matcher, compiled_grammar
-from railcall.output import Delimiters
+from railcall.runtime.output import Delimiters
 from railcall.server.output import Assembler
 
 from output_script import ScriptedIds
@@ -187,7 +187,7 @@ def test_assembler_reasoning_then_content_on_think_tokens(bytes_vocab):
 
 def auto_run(reply: str, stop: tuple):
     from agentkit import ScriptedBackend, byte_vocab
-    from railcall.regions import answer_matcher
+    from railcall.runtime.regions import answer_matcher
 
     vocab = byte_vocab()
     tools = [Tool("f", "", {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})]
@@ -227,7 +227,7 @@ PARTIAL_BEFORE_A_TOKEN = [
 def test_assembler_delimiter_token_after_an_incomplete_character(bytes_vocab, name, where, expect):
     """The grammar allows any text token before a delimiter token, a lone lead byte of a UTF-8
     character included; that byte is text before the token, and the delimiter still counts."""
-    from railcall.regions import answer_matcher
+    from railcall.runtime.regions import answer_matcher
 
     v = bytes_vocab
     d = Delimiters.from_vocab(v)

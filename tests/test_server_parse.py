@@ -56,7 +56,7 @@ def test_a_seed_outside_int64_is_a_400(seed):
 
 def test_the_hf_processor_refuses_more_rows_than_it_has_matchers(bytes_vocab):
     from railcall.grammar.tools import Tool, tool_grammar
-    from railcall.hf import RailcallLogitsProcessor
+    from railcall.integrations.hf import RailcallLogitsProcessor
     from railcall.matcher import compiled_grammar
 
     cg = compiled_grammar(tool_grammar([Tool("f", "", {"type": "object", "properties": {}})]), bytes_vocab)

@@ -12,10 +12,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from railcall.decode import SamplingParams, Step, generate
+from railcall.runtime.decode import SamplingParams, Step, generate
 from railcall.grammar.tools import Tool, tool_grammar
 from railcall.matcher import Matcher, compiled_grammar
-from railcall.output import Delimiters, OutputParser
+from railcall.runtime.output import Delimiters, OutputParser
 from railcall.server.output import Assembler
 
 TOOLS = [Tool("send_email", "", {"type": "object", "properties": {

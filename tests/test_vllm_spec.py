@@ -38,10 +38,10 @@ def plugin(monkeypatch):
                       "vllm.v1.sample.logits_processor": lp,
                       "vllm.v1.sample.logits_processor.interface": iface}.items():
         monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.delitem(sys.modules, "railcall.vllm", raising=False)
-    mod = importlib.import_module("railcall.vllm")
+    monkeypatch.delitem(sys.modules, "railcall.integrations.vllm", raising=False)
+    mod = importlib.import_module("railcall.integrations.vllm")
     yield mod
-    sys.modules.pop("railcall.vllm", None)
+    sys.modules.pop("railcall.integrations.vllm", None)
 
 
 def params(spec) -> SamplingParams:
@@ -77,7 +77,7 @@ def test_a_grammar_that_fails_in_the_engine_step_ends_that_request_only(plugin, 
     ok = proc._new_request(params({"schema": {"type": "integer"}}), [])
     monkeypatch.setattr(plugin, "compiled_grammar", fails)
     plugin._SPECS.clear()
-    with caplog.at_level("ERROR", logger="railcall.vllm"):
+    with caplog.at_level("ERROR", logger="railcall.integrations.vllm"):
         bad = proc._new_request(params({"schema": {"type": "boolean"}}), [])
     assert "could not be built" in caplog.text and "matches nothing" in caplog.text
     bm = allocate_bitmask(bytes_vocab.logits_width, batch=2)
@@ -122,7 +122,7 @@ def test_reasoning_then_the_answer_on_qwen2_ids(plugin, qwen2_tokenizer, qwen2_f
     vLLM's model config names it."""
     import torch
 
-    from railcall.output import Delimiters, OutputParser
+    from railcall.runtime.output import Delimiters, OutputParser
     from output_script import detokenize
 
     enc = lambda text: qwen2_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731

@@ -24,8 +24,8 @@ from railcall.errors import GrammarError, MatcherError, ModelError, RailcallErro
 from railcall.grammar.schema import SchemaOptions, schema_grammar
 from railcall.grammar.tools import Tool, read_only_view, tool_grammar
 from railcall.matcher import CompiledGrammar, Matcher, compiled_grammar
-from railcall.output import Delimiters, OutputParser
-from railcall.regions import answer_matcher
+from railcall.runtime.output import Delimiters, OutputParser
+from railcall.runtime.regions import answer_matcher
 from railcall.vocab import Vocabulary
 
 __all__ = [

@@ -85,7 +85,7 @@ def info(
     _check_model_arg(model, "railcall info")
     lm, vocab = _load(model)
     _facts(lm, vocab)
-    from railcall.decode import SamplingParams, generate
+    from railcall.runtime.decode import SamplingParams, generate
     from railcall.models.backend import TransformersBackend
 
     ids = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
@@ -525,7 +525,7 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
     from pathlib import Path
 
     from railcall.agent import Agent, Approver, Policy, load_policies
-    from railcall.decode import SamplingParams
+    from railcall.runtime.decode import SamplingParams
     from railcall.errors import GrammarError
 
     if approve is not None and approve not in ("ask", "auto", "deny"):

@@ -110,12 +110,12 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
     `starting(i, n, task)` is called as task i of n starts, `log(record)` as it ends (the record
     holds its wall time, `seconds`): a task takes a few seconds on 2 idle cores, and on a busy
     machine minutes, so the screen says which one is running."""
-    from railcall.decode import SamplingParams, generate
+    from railcall.runtime.decode import SamplingParams, generate
     from railcall.grammar.tools import tool_grammar
     from railcall.matcher import Matcher, compiled_grammar
     from railcall.models.backend import TransformersBackend
     from railcall.models.store import load_model
-    from railcall.prompt import chat_prompt_ids
+    from railcall.runtime.prompt import chat_prompt_ids
     from railcall.vocab import Vocabulary
 
     lm = load_model(model)

@@ -24,15 +24,15 @@ the Cython version, the compiler's settings and the ABI; a build recompiles the 
 fingerprint changed, and certifies nothing it has not loaded once in a fresh interpreter.
 
 Declarations. The matcher's hot classes have a .pxd beside their .py (matcher/keys, completion,
-automaton, entries, matcher): read by the compiler only, it says nothing about what the code
-does, only how it is laid out. The automaton and its two bases become one extension type whose
-fields are C fields, and its hot methods (and the mask entries' helpers, and a Matcher's
-per-token verbs) call each other directly (cpdef) rather than by name: on SmolLM2's vocabulary
-with 128 tools that took a fifth of the instructions off the slowest first masks, a third off
-the median one and an eighth off compile + prewarm. The .py stays the
-one place behaviour is written, and RAILCALL_PURE=1 runs it as it is. A module built against
-another's declarations (the automaton extends its bases' types) has a source hash that covers
-theirs (`source_hash`), so an edit of either rebuilds both, and it runs compiled only where they
+transitions, legal, automaton, entries, matcher): read by the compiler only, it says nothing
+about what the code does, only how it is laid out. The automaton and its four bases become one
+extension type whose fields are C fields, and its hot methods (and the mask entries' helpers, and
+a Matcher's per-token verbs) call each other directly (cpdef) rather than by name: on SmolLM2's
+vocabulary with 128 tools that took a fifth of the instructions off the slowest first masks, a
+third off the median one and an eighth off compile + prewarm. The .py stays the one place
+behaviour is written, and RAILCALL_PURE=1 runs it as it is. A module built against another's
+declarations (the automaton extends its bases' types) has a source hash that covers theirs
+(`source_hash`), so an edit of either rebuilds both, and it runs compiled only where they
 do (an extension type cannot extend a class loaded from source).
 """
 
@@ -58,18 +58,23 @@ from typing import Callable
 # The compiled modules. Package __init__ files are not compiled (nothing runs in them per step).
 MODULES = (
     "railcall.vocab",
-    "railcall.regions",
+    "railcall.runtime.regions",
+    "railcall.grammar.instructions",
     "railcall.grammar.ir",
+    "railcall.grammar.numbers",
     "railcall.grammar.program",
     "railcall.grammar.regex",
     "railcall.grammar.schema",
+    "railcall.grammar.strings",
     "railcall.grammar.tools",
     "railcall.matcher.automaton",
     "railcall.matcher.completion",
     "railcall.matcher.entries",
     "railcall.matcher.indexes",
     "railcall.matcher.keys",
+    "railcall.matcher.legal",
     "railcall.matcher.matcher",
+    "railcall.matcher.transitions",
 )
 SRC = Path(__file__).resolve().parent.parent  # the folder holding the railcall package
 # What this interpreter's extensions end in (".cpython-312-x86_64-linux-gnu.so"): names the build

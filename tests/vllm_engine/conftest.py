@@ -38,7 +38,7 @@ def reference(batch):
     from scenario import MAX_TOKENS
 
     from railcall import Matcher, Vocabulary, compiled_grammar, schema_grammar, tool_grammar
-    from railcall.decode import SamplingParams, generate
+    from railcall.runtime.decode import SamplingParams, generate
     from railcall.models.backend import TransformersBackend
     from railcall.models.store import load_model
 
@@ -62,7 +62,7 @@ def reference(batch):
 def llm(folder, reference):
     from vllm import LLM
 
-    from railcall.vllm import RailcallLogitsProcessor
+    from railcall.integrations.vllm import RailcallLogitsProcessor
 
     engine = LLM(model=folder, logits_processors=[RailcallLogitsProcessor], **ENGINE_ARGS)
     yield engine

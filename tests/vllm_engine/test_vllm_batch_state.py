@@ -12,7 +12,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate
 from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 
-from railcall.vllm import RailcallLogitsProcessor, railcall_args
+from railcall.integrations.vllm import RailcallLogitsProcessor, railcall_args
 from scenario import MATH, WEATHER, openai_tools
 
 WIDTH = 49152

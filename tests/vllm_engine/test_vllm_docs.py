@@ -1,5 +1,5 @@
 """docs/vllm.md's example runs (its ```python vllm block), and so does the documented server
-(`--logits-processors railcall.vllm:RailcallLogitsProcessor`) with a request that carries its
+(`--logits-processors railcall.integrations.vllm:RailcallLogitsProcessor`) with a request that carries its
 spec in `vllm_xargs`."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_vllm_serve_with_the_processor(folder, tmp_path):
     log = open(tmp_path / "serve.log", "w")
     server = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
-         "--logits-processors", "railcall.vllm:RailcallLogitsProcessor",
+         "--logits-processors", "railcall.integrations.vllm:RailcallLogitsProcessor",
          "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", "1024",
          "--dtype", "float32", "--max-num-seqs", "4"],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -1,4 +1,4 @@
-"""railcall's vLLM tool parser (railcall.vllm_tools): the spec adjust_request builds from an OpenAI
+"""railcall's vLLM tool parser (railcall.integrations.vllm_tools): the spec adjust_request builds from an OpenAI
 request, the parser on text (whole and streamed; streamed pieces add up to the whole), and, end to
 end, vLLM's own OpenAI server with the plugin answering the official openai client with
 `tool_calls` that validate against their schemas."""
@@ -40,7 +40,7 @@ def _request(**kw):
 
 
 def _parser():
-    from railcall.vllm_tools import RailcallToolParser
+    from railcall.integrations.vllm_tools import RailcallToolParser
 
     return RailcallToolParser(None)
 
@@ -55,7 +55,7 @@ def _parser():
     ("auto", True, "auto", ["get_weather", "create_event"], None),
 ])
 def test_adjust_request_writes_the_spec(choice, parallel, mode, names, par):
-    from railcall.vllm import RailcallLogitsProcessor
+    from railcall.integrations.vllm import RailcallLogitsProcessor
 
     req = _parser().adjust_request(_request(tool_choice=choice, parallel_tool_calls=parallel))
     spec = json.loads(req.vllm_xargs["railcall"])
@@ -130,12 +130,12 @@ def test_streamed_pieces_add_up_to_the_whole(choice, text, step):
 
 
 def test_the_plugin_registers_by_module_path():
-    """`--tool-parser-plugin railcall.vllm_tools` imports the module; `--tool-call-parser railcall`
+    """`--tool-parser-plugin railcall.integrations.vllm_tools` imports the module; `--tool-call-parser railcall`
     then finds the parser."""
     from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
 
-    ToolParserManager.import_tool_parser("railcall.vllm_tools")
-    from railcall.vllm_tools import RailcallToolParser
+    ToolParserManager.import_tool_parser("railcall.integrations.vllm_tools")
+    from railcall.integrations.vllm_tools import RailcallToolParser
 
     assert ToolParserManager.get_tool_parser("railcall") is RailcallToolParser
 
@@ -153,15 +153,15 @@ def _free_port() -> int:
 def server(folder, tmp_path_factory):
     """vLLM's OpenAI server with railcall's processor, parser and chat template -- the command
     docs/vllm.md gives -- in a process group of its own, ended with the module."""
-    from railcall.vllm_tools import chat_template_path
+    from railcall.integrations.vllm_tools import chat_template_path
 
     port = _free_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
-         "--logits-processors", "railcall.vllm:RailcallLogitsProcessor",
-         "--tool-parser-plugin", "railcall.vllm_tools", "--tool-call-parser", "railcall",
+         "--logits-processors", "railcall.integrations.vllm:RailcallLogitsProcessor",
+         "--tool-parser-plugin", "railcall.integrations.vllm_tools", "--tool-call-parser", "railcall",
          "--enable-auto-tool-choice", "--chat-template", str(chat_template_path()),
          "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", "2048",
          "--dtype", "float32", "--max-num-seqs", "4"],
@@ -224,7 +224,7 @@ def test_the_server_shows_the_model_its_tools(server):
     instruction (what railcall's own server writes), token for token."""
     from transformers import AutoTokenizer
 
-    from railcall.vllm_tools import chat_template_path
+    from railcall.integrations.vllm_tools import chat_template_path
 
     url, model = server
     messages = [{"role": "user", "content": ASK}]

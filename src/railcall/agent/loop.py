@@ -39,7 +39,7 @@ from railcall.agent.progress import FACTS_SHOWN, Helps, facts_turn, observation,
 from railcall.agent.skills import RUN, SkillError, SkillStore
 from railcall.agent.table import ToolTable
 from railcall.atomic import mend_last_line
-from railcall.decode import SamplingParams, generate
+from railcall.runtime.decode import SamplingParams, generate
 from railcall.grammar.tools import Tool
 from railcall.matcher import Matcher, compiled_grammar
 
@@ -62,7 +62,7 @@ class AgentModel:
         """The embedded SmolLM2 (or `model`: a .gguf or a Hugging Face folder), from the cache."""
         from railcall.models.backend import TransformersBackend
         from railcall.models.store import load_model
-        from railcall.prompt import has_native_tools
+        from railcall.runtime.prompt import has_native_tools
         from railcall.vocab import Vocabulary
 
         lm = load_model(model)

@@ -54,13 +54,13 @@ def model_runs(data: Path, quick: bool, samples_file: Path, wls) -> dict:
     also walks model-written calls; (2) end to end, the demo tasks without and with the grammar:
     time per generated token both ways and the share of tokens fed by fast-forward without a
     forward pass of their own."""
-    from railcall.decode import SamplingParams, generate
+    from railcall.runtime.decode import SamplingParams, generate
     from railcall.demo import DEMO_TOOLS, TASKS
     from railcall.grammar.tools import tool_grammar
     from railcall.matcher import Matcher, compiled_grammar
     from railcall.models.backend import TransformersBackend
     from railcall.models.store import load_model
-    from railcall.prompt import chat_prompt_ids
+    from railcall.runtime.prompt import chat_prompt_ids
     from railcall.vocab import Vocabulary
 
     lm = load_model()

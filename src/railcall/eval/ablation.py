@@ -15,14 +15,14 @@ import random
 
 def run(*, n: int = 30, seed: int = 0, temperature: float = 0.8, max_tokens: int = 48, model: str | None = None,
         batch: int = 32) -> dict:
-    from railcall.batch import generate_batch
-    from railcall.decode import SamplingParams
+    from railcall.runtime.batch import generate_batch
+    from railcall.runtime.decode import SamplingParams
     from railcall.demo import DEMO_TOOLS, TASKS, parse_call
     from railcall.eval.checker import parse_calls
     from railcall.grammar.tools import tool_grammar
     from railcall.matcher import Matcher, compiled_grammar
     from railcall.models.store import load_model
-    from railcall.prompt import chat_prompt_ids
+    from railcall.runtime.prompt import chat_prompt_ids
     from railcall.vocab import Vocabulary
 
     if n < 1:

@@ -93,7 +93,7 @@ def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int
     `resume` skips what is done. Returns and writes the summary and report.md."""
     from railcall.agent.loop import AgentModel
     from railcall.atomic import atomic_write
-    from railcall.decode import SamplingParams
+    from railcall.runtime.decode import SamplingParams
     from railcall.eval.runner import read_results, read_run, set_aside
 
     log = log or (lambda m: None)

@@ -30,7 +30,7 @@ from typing import Sequence
 
 from railcall.grammar.bfcl import bfcl_tools
 from railcall.grammar.tools import Tool
-from railcall.prompt import has_native_tools
+from railcall.runtime.prompt import has_native_tools
 
 # The categories railcall was first measured on (their figures in the README go back furthest).
 SHARED_CATEGORIES = ["simple_python", "multiple", "parallel", "live_simple"]

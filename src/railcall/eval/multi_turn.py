@@ -181,7 +181,7 @@ def run(categories: Sequence[str], out: Path, *, data: Path | None = None, limit
     from railcall.agent.loop import AgentModel
     from railcall.atomic import atomic_write
     from railcall.data import bfcl_data
-    from railcall.decode import SamplingParams
+    from railcall.runtime.decode import SamplingParams
     from railcall.eval.results import read_results, set_aside
 
     log = log or (lambda m: None)

@@ -15,7 +15,7 @@ does not start with { or [, or a complete JSON value is followed by more text); 
 no verdict, only the time spent, and its token count is then the tokens up to that point.
 
 Tasks are decoded `batch` at a time (both conditions: twice as many rows), new ones joining as
-others end (`railcall.batch.decode_stream`), in file order, a window of `batch` tasks from each
+others end (`railcall.runtime.batch.decode_stream`), in file order, a window of `batch` tasks from each
 category in turn: an interrupted run holds the first N tasks of every category. Results: one JSON line per (task, condition) in
 `results.jsonl`, a task's lines appended and flushed once both are in, so an interrupted run
 loses only the tasks in flight; `resume=True` skips what is there (a torn last line is mended
@@ -71,18 +71,18 @@ def make_matcher(tools, vocab, mode: str):
     compiled = compiled_grammar(call_grammar(tools), vocab)
     if mode == "required":
         return Matcher(compiled)
-    from railcall.output import Delimiters
-    from railcall.regions import answer_matcher
+    from railcall.runtime.output import Delimiters
+    from railcall.runtime.regions import answer_matcher
 
     # "auto": free content until the wire format's trigger ({"tool":"), then a call under the
-    # grammar, then content again (railcall.regions); no reasoning region, no tool-call tags.
+    # grammar, then content again (railcall.runtime.regions); no reasoning region, no tool-call tags.
     return answer_matcher(vocab, compiled, Delimiters.from_vocab(vocab, reasoning=None, tool_call=None), mode=mode)
 
 
 def auto_calls(vocab, tokens) -> list[dict] | None:
     """The calls a reply decoded under tool_choice "auto" makes, as the runtime's output parser
     reads them (text around them is content); None when it makes none."""
-    from railcall.output import Delimiters, OutputParser
+    from railcall.runtime.output import Delimiters, OutputParser
 
     parser = OutputParser(Delimiters.from_vocab(vocab, reasoning=None, tool_call=None), call_format="json",
                           tool_choice="auto", stop_ids=vocab.stop_ids)
@@ -118,8 +118,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
              resume: bool = False, tool_choice: str | None = None, threads: int | None = None,
              progress: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Run the categories; returns the summary (also written to `out`/summary.json)."""
-    from railcall.batch import decode_stream
-    from railcall.decode import SamplingParams
+    from railcall.runtime.batch import decode_stream
+    from railcall.runtime.decode import SamplingParams
     from railcall.eval import report
     from railcall.models.store import load_model
     from railcall.vocab import Vocabulary

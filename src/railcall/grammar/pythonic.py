@@ -20,7 +20,7 @@ a pattern over the decoded value, the same automaton JSON uses, minus the `\\/` 
 `pattern`, `format`, `minLength` and `maxLength` hold as in JSON. A plain string without a
 pattern costs a little more per token than a JSON one (the generic pattern automaton instead of
 the specialised string body; its masks are cached per state like any other) and is capped at
-program.PATTERN_MAX_LEN characters.
+strings.PATTERN_MAX_LEN characters.
 
 The arguments object itself becomes keyword arguments: `name=value` in declared order,
 separated by ", ". An optional argument may be skipped (the model decides); a required one may

@@ -4,7 +4,7 @@ JSON Schema patterns are ECMA-262 regexes matched by *search*: `abc` means "cont
 anchored with `^`/`$`. This module parses the subset of that syntax a regular language can hold
 and compiles it into a `CharDFA`: a deterministic automaton over Unicode code points whose
 transitions are stored as sorted intervals (a negated class is two intervals, not a million
-entries). The byte machine (`program.JPat`) runs a `CharDFA` inside a JSON string, decoding
+entries). The byte machine (`strings.JPat`) runs a `CharDFA` inside a JSON string, decoding
 escapes and UTF-8 as it goes, so the pattern constrains the string's *value*, not its spelling.
 
 Supported: literals and escapes (`\\d \\w \\s` and their negations, `\\n \\t \\r \\f \\v \\0`,

@@ -751,7 +751,7 @@ def _int_bounds(schema: dict, pointer: str) -> tuple[int | None, int | None]:
     if ilo is not None and ihi is not None and ilo > ihi:
         raise SchemaError(f"no integer lies between the bounds ({ilo} > {ihi})", pointer=pointer, keyword="minimum",
                           empty=True)
-    from railcall.grammar.program import JINT_MAX, MAX_NUMBER_CHARS
+    from railcall.grammar.numbers import JINT_MAX, MAX_NUMBER_CHARS
 
     # Integers are written with at most 23 digits (the number length cap): a bound past that
     # leaves nothing to write.
@@ -932,7 +932,7 @@ def _extra_classes(ctx: _Ctx, declared: tuple, pprops: dict, ap, pnames, pointer
             key: ir.Node = ir.JsonString(0, None)
         else:
             try:
-                from railcall.grammar.program import char_dfa
+                from railcall.grammar.strings import char_dfa
 
                 if not char_dfa("keys", spec, 256).fits(0, 0, lo, 256 if hi is None else hi):
                     continue
@@ -992,7 +992,7 @@ def _distinct_member(ctx: _Ctx, extras: tuple, slot: int, need: int) -> ir.Node:
     a class that has no length of this slot's residue leave the class out of the slot; where no
     class has one (keys of a single length), the schema is refused as unsupported."""
     cycle = f"^(?:[\\s\\S]{{{need}}})*[\\s\\S]{{{(slot + 1) % need}}}$"
-    from railcall.grammar.program import char_dfa
+    from railcall.grammar.strings import char_dfa
 
     members = []
     for key, value in extras:

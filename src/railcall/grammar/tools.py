@@ -21,7 +21,7 @@ Call formats are small classes (`CallFormat`), registered by name in FORMATS:
     pythonic  [get_weather(city="Paris", days=3)]                   Python call syntax, arguments as
                                                                     typed literals (grammar.pythonic)
 
-Every format reads back through `railcall.output.OutputParser(call_format=<name>)` into the same
+Every format reads back through `railcall.runtime.output.OutputParser(call_format=<name>)` into the same
 `ToolCall` (a name and the arguments as JSON text).
 """
 

@@ -1,16 +1,20 @@
 """CompiledGrammar (shared) and Matcher (per request): token masks from a byte grammar.
 
 Modules, in the order a mask is made:
-- `automaton`: the DFA over thread sets, its transitions, masks and precomputation (`Automaton`);
-- `keys`: content keys, which let states of any grammar share a mask (`ContentKeys`, its first base);
+- `automaton`: the DFA over thread sets with its masks and precomputation (`Automaton`), one
+  class built from four layers, each a module:
+  - `keys`: content keys, which let states of any grammar share a mask (`ContentKeys`);
+  - `completion`: forced tokens and the forced finish (`Completions`);
+  - `transitions`: states interned from thread sets, byte and special-token transitions, the
+    walk of the token trie (`Transitions`);
+  - `legal`: the tokens one thread may take, walked through the indexes (`LegalTokens`);
 - `entries`: mask entries and the per-vocabulary caches that hold them;
 - `indexes`: per-vocabulary indexes (tokens inside JSON strings and numbers, token reach);
-- `completion`: forced tokens and the forced finish (`Completions`, the automaton's other base);
 - `matcher`: `CompiledGrammar`, `Matcher` and the LRU of compiled grammars.
 
 Lifecycles:
 - `Automaton` is built once per vocabulary (and string cap) and shared by every grammar on it:
-  a lazily built DFA over thread sets (see grammar.program), its transition table, per-state
+  a lazily built DFA over thread sets (see grammar.instructions), its transition table, per-state
   masks and token transitions. Thread sets mean the same thing in every grammar (instructions
   are continuation-passing and shared), so grammars that share tools share their states.
   Masks are also cached per vocabulary by a content key (`MaskCache`).
@@ -38,10 +42,11 @@ How a mask is computed (once per cache key, then a lookup and a copy):
   case of it; states of different tools, tables and grammars with the same key share too.
 """
 
-from railcall.matcher.automaton import DEAD, UNBUILT, Automaton
+from railcall.matcher.automaton import Automaton
 from railcall.matcher.entries import MaskCache, entry_dense, entry_ids, vocab_cache
 from railcall.matcher.indexes import fill_stops, number_margin, prepare_vocabulary, quote_rests
 from railcall.matcher.matcher import MAX_STRING, CompiledGrammar, Matcher, clear_caches, compiled_grammar
+from railcall.matcher.transitions import DEAD, UNBUILT
 
 __all__ = [
     "DEAD", "MAX_STRING", "UNBUILT", "Automaton", "CompiledGrammar", "MaskCache", "Matcher", "clear_caches",

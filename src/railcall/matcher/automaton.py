@@ -1,42 +1,42 @@
-"""The DFA over thread sets, its transitions and its masks: one per vocabulary (and string cap),
-shared by every grammar compiled for it."""
+"""The automaton: the DFA over thread sets with its masks and precomputation, one per vocabulary
+(and string cap), shared by every grammar compiled for it. Its layers are its base classes:
+`keys`, `completion`, `transitions`, `legal`."""
 
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left, bisect_right
 
 import numpy as np
 
 from railcall.bitmask import bitmask_words, unpack_bitmask
-from railcall.grammar.program import _JI, _JN, EXIT, MAX_NUMBER_CHARS, N_SUB, NUM_BYTES, JInt, JNum, JStr, Lit, Select
-from railcall.matcher.completion import Completions
+from railcall.grammar.instructions import Lit, Select
+from railcall.grammar.numbers import JInt, JNum
+from railcall.grammar.strings import N_SUB, JStr
 from railcall.matcher.entries import _Bits, entry_dense, entry_ids, _union, vocab_cache
-from railcall.matcher.indexes import (
-    _JSTR_REACH, JStrIndex, jnum_index, jstr_after_prefix, jstr_exit_groups, jstr_exit_rests, jstr_index,
-    jstr_inside, number_margin, ONE_BYTE, prefix_reach, _prefix_upper, sorted_ids_list, special_flags,
-)
-from railcall.matcher.keys import _JINT_SUB, KEY_BUDGET, _jstr_clamps, _stack_key
+from railcall.matcher.indexes import _JSTR_REACH, jstr_exit_groups, jstr_index, prefix_reach, special_flags
+from railcall.matcher.keys import KEY_BUDGET, _jstr_clamps, _stack_key
+from railcall.matcher.legal import LegalTokens
+from railcall.matcher.transitions import UNBUILT
 from railcall.vocab import Vocabulary
 
-UNBUILT = -2  # a transition not computed yet
-DEAD = -1
 # The most positions `prewarm` visits. A table of 128 tools has ~1,400; nested arrays with
 # minItems multiply them (a frame per item count: 300 x 300 gave 180,000 positions and 2.6 s).
 # Past this, prewarm stops and the rest stays lazy: ~0.1 s of work at most on SmolLM2's vocabulary.
 PREWARM_POSITIONS = 8_192
 
 
-class Automaton(Completions):
+class Automaton(LegalTokens):
     """The DFA over thread sets, its transitions and masks, shared by every grammar compiled for
     one vocabulary (and string cap). Instructions are continuation-passing and shared between
     grammars (grammar.program.Fragments), so a thread set means the same thing whichever grammar
     reached it: a table that keeps most of its tools after a live change finds their states,
     transitions and masks already built. Thread-safe for concurrent matchers (state growth is
     serialised by a lock). Replaced by a fresh one for new grammars once it holds
-    AUTOMATON_STATES states; grammars compiled before keep theirs. Its content keys are in
-    `keys.ContentKeys`, its forced tokens and finish searches in `completion.Completions`, its
-    bases. Compiled, it is an extension type (automaton.pxd): its fields are C fields and its
+    AUTOMATON_STATES states; grammars compiled before keep theirs. Its layers are its bases, each
+    in its module: content keys (`keys.ContentKeys`), forced tokens and finish searches
+    (`completion.Completions`), states and transitions (`transitions.Transitions`), the tokens
+    one thread may take (`legal.LegalTokens`); this class adds the masks and the precomputation.
+    Compiled, it is an extension type (automaton.pxd): its fields are C fields and its
     methods call each other directly, so its methods cannot be replaced on the class (tests
     spy on a subclass)."""
 
@@ -84,78 +84,6 @@ class Automaton(Completions):
         # what precompute walked already (by any grammar): states, and the mask keys expanded
         self._walked: set[int] = set()
         self._walked_keys: set = set()
-
-    # -- the DFA --------------------------------------------------------------------------------
-
-    def _intern(self, threads: frozenset) -> int:
-        s = self._ids.get(threads)
-        if s is not None:
-            return s
-        with self._lock:
-            s = self._ids.get(threads)
-            if s is not None:
-                return s
-            s = len(self._sets)
-            if s >= self._table.shape[0]:
-                grow = np.full((self._table.shape[0], 256), UNBUILT, dtype=np.int32)
-                self._table = np.concatenate([self._table, grow])
-            self._sets.append(threads)
-            if len(threads) == 1:  # most states: no generator to run
-                for t in threads:
-                    acc = only = t[0].accepting
-            else:
-                flags = [t[0].accepting for t in threads]
-                acc = any(flags)
-                only = acc and all(flags)
-            self._accepting.append(acc)
-            self._only_accept.append(only)
-            self._specials.append(None)
-            self._first.append(None)
-            self._row_init.append(False)
-            self._state_mask.append(None)
-            self._token_next.append({})
-            self._ids[threads] = s
-            return s
-
-    def step(self, s: int, b: int) -> int:
-        """The state after byte `b` from state `s` (DEAD if illegal)."""
-        r = int(self._table[s, b])
-        if r != UNBUILT:
-            return r
-        out: set = set()
-        for ins, loc, st in self._sets[s]:
-            ins.step(loc, st, b, out)
-        r = self._intern(frozenset(out)) if out else DEAD
-        with self._lock:  # _intern may swap in a grown table: a write to the old one would be lost
-            self._table[s, b] = r
-        return r
-
-    def specials(self, s: int) -> dict[int, int]:
-        """Special token id -> next state, for the special tokens state `s` accepts."""
-        sp = self._specials[s]
-        if sp is None:
-            by_id: dict[int, set] = {}
-            for ins, loc, st in self._sets[s]:
-                tid = ins.special(loc)
-                if tid is not None:
-                    ins.next.arrive(0, st, by_id.setdefault(tid, set()))
-            sp = {tid: self._intern(frozenset(out)) for tid, out in by_id.items() if out}
-            self._specials[s] = sp
-        return sp
-
-    def first_bytes(self, s: int) -> np.ndarray:
-        """(256,) bool: bytes that some thread of `s` accepts next (a superset of legal bytes
-        only in that a byte may still lead to a dead end for every token)."""
-        m = self._first[s]
-        if m is None:
-            m = np.zeros(256, dtype=bool)
-            for ins, loc, _ in self._sets[s]:
-                m |= ins.allowed(loc)
-            self._first[s] = m
-        return m
-
-    def is_accepting(self, s: int) -> bool:
-        return self._accepting[s]
 
     def _coarse_key(self, s: int):
         """A key equal for states with equal futures (the same instructions at positions that
@@ -259,169 +187,6 @@ class Automaton(Completions):
         if self._accepting[s]:
             bits.add(self.stop_ids)
         return bits
-
-    def _init_row(self, s: int) -> None:
-        """Mark every byte no thread of `s` accepts as DEAD in one vectorised write, so that the
-        walk only ever computes real transitions in Python (one per live byte, not 256)."""
-        if not self._row_init[s]:
-            dead = ~self.first_bytes(s)
-            with self._lock:
-                self._table[s, dead] = DEAD
-            self._row_init[s] = True
-
-    def _delta(self, cur: np.ndarray, b: np.ndarray) -> np.ndarray:
-        flat = cur.astype(np.int64) * 256 + b
-        nxt = self._table.reshape(-1)[flat]
-        miss = nxt == UNBUILT
-        if miss.any():
-            pairs = set(flat[miss].tolist())
-            for st in {p >> 8 for p in pairs}:
-                self._init_row(st)
-            built = {}
-            table = self._table.reshape(-1)
-            for p in sorted(pairs):
-                if table[p] == UNBUILT:
-                    built[p] = self.step(p >> 8, p & 255)
-                    table = self._table.reshape(-1)
-            nxt = self._table.reshape(-1)[flat]
-            lost = np.flatnonzero(nxt == UNBUILT)
-            if lost.size:  # never read a transition back as "unbuilt": use what step returned
-                nxt[lost] = [built.get(p) if p in built else self.step(p >> 8, p & 255) for p in flat[lost].tolist()]
-        return nxt
-
-    def _walk_from(self, s: int) -> np.ndarray:
-        """Text tokens legal from `s`, by a vectorised walk starting at their first byte."""
-        v = self.vocab
-        order, offsets = v.first_byte_index
-        fb = np.flatnonzero(self.first_bytes(s))
-        if fb.size == 0:
-            return np.zeros(0, dtype=np.int64)
-        if fb.size <= 32:
-            idx = np.concatenate([order[offsets[b] : offsets[b + 1]] for b in fb.tolist()])
-        else:
-            idx = order[offsets[fb[0]] : offsets[fb[-1] + 1]]
-        return self._walk(idx.astype(np.int64), np.zeros(idx.size, dtype=np.int64), np.full(idx.size, s, dtype=np.int64))
-
-    def _walk(self, idx: np.ndarray, pos: np.ndarray, cur: np.ndarray) -> np.ndarray:
-        """Walk tokens `idx`, each from its byte offset `pos` in state `cur`; return those that
-        end alive. Shapes: all (k,) int64."""
-        if idx.size <= 48:
-            # a few tokens: one by one in Python costs less than numpy's per-call overhead, and
-            # through literals and tries without a state per byte (`_accepts`)
-            tb, memo = self.vocab.token_bytes, {}
-            return np.array([t for t, p, s in zip(idx.tolist(), pos.tolist(), cur.tolist()) if self._accepts(s, tb[t], p, memo)],
-                            dtype=np.int64)
-        v = self.vocab
-        lens = v.lengths
-        B = v.byte_matrix
-        legal = []
-        while idx.size:
-            b = B[pos, idx]
-            cur = self._delta(cur, b)
-            ok = cur >= 0
-            idx, pos, cur = idx[ok], pos[ok] + 1, cur[ok]
-            done = lens[idx] == pos
-            if done.any():
-                legal.append(idx[done])
-                keep = ~done
-                idx, pos, cur = idx[keep], pos[keep], cur[keep]
-        return np.concatenate(legal) if legal else np.zeros(0, dtype=np.int64)
-
-    def _walk_bytes(self, s: int, data: bytes, start: int, memo: dict) -> int:
-        """The state after `data[start:]` from `s` (DEAD if illegal), memoised in `memo`."""
-        if start == len(data):
-            return s
-        key = (s, data[start:])
-        n = memo.get(key)
-        if n is None:
-            n = s
-            for b in key[1]:
-                n = self.step(n, b)
-                if n < 0:
-                    break
-            memo[key] = n
-        return n
-
-    def _accepts(self, s: int, data: bytes, start: int, memo: dict) -> bool:
-        """Whether state `s` (alive) takes `data[start:]` and stays alive: `_walk_bytes`, but
-        through literals, tries and strings by comparing bytes (a string: its own byte automaton,
-        counting characters) instead of making a state per byte. Threads
-        run independently, so the state takes the text when one of its threads does. A text
-        after a string's quote mostly runs into a literal (`,"city":`, `"}}`), a token past a
-        literal's end into a trie of keys or values, and the states a byte walk made there were
-        most of a first mask's cost. Memoised in `memo`."""
-        if start == len(data):
-            return True
-        key = (s, data, start)
-        hit = memo.get(key)
-        if hit is not None:
-            return hit
-        threads = self._sets[s]
-        ok = False
-        if len(threads) == 1 and type(next(iter(threads))[0]) not in (Lit, Select, JStr, JNum, JInt):
-            ok = self._walk_bytes(s, data, start, memo) >= 0
-        else:
-            for t in threads:
-                if self._thread_accepts(t, data, start, memo):
-                    ok = True
-                    break
-        memo[key] = ok
-        return ok
-
-    def _thread_accepts(self, t: tuple, data: bytes, start: int, memo: dict) -> bool:
-        """`_accepts` for one thread `t` of a state (`start` < len(data))."""
-        ins, loc, st = t
-        kind = type(ins)
-        if kind is Lit:
-            rest = ins.data[loc:]
-            if len(rest) > len(data) - start:
-                return rest.startswith(data[start:])
-            if not data.startswith(rest, start):
-                return False
-            x = self._after(ins.next, st)  # all of it, and maybe more after it
-            return x >= 0 and self._accepts(x, data, start + len(rest), memo)
-        if kind is Select:
-            kids, term = ins.children, ins.terminal
-            node = loc
-            for i in range(start, len(data)):
-                node = kids[node].get(data[i])
-                if node is None:
-                    return False
-                cont = term.get(node)
-                if cont is not None:  # a key ends here: what follows it may take the rest
-                    x = self._after(cont, st)
-                    if x >= 0 and self._accepts(x, data, i + 1, memo):
-                        return True
-                    if not kids[node]:
-                        return False
-            return True  # the text ends inside the trie, on a path to some key
-        if kind is JStr:  # JStr.step, byte by byte, without a state per count
-            sub, count, hi = loc & 31, loc >> 5, ins.max
-            for i in range(start, len(data)):
-                b = data[i]
-                nxt = _JN[sub][b]
-                if nxt >= 0:
-                    count += _JI[sub][b]
-                    if count > hi:
-                        return False
-                    sub = nxt
-                elif nxt == EXIT and count >= ins.min:  # closed: what follows takes the rest
-                    x = self._after(ins.next, st)
-                    return x >= 0 and self._accepts(x, data, i + 1, memo)
-                else:
-                    return False
-            return True
-        if kind is JNum or kind is JInt:  # their own step, byte by byte, without a state per digit
-            for i in range(start, len(data)):
-                loc = ins._next(loc, data[i])
-                if loc is None:
-                    return False
-                if i + 1 < len(data) and ins.ends(loc):  # as `arrive`: what follows may take the rest
-                    x = self._after(ins.next, st)
-                    if x >= 0 and self._accepts(x, data, i + 1, memo):
-                        return True
-            return True
-        return self._walk_bytes(self._intern(frozenset([t])), data, start, memo) >= 0
 
     # -- precomputation -------------------------------------------------------------------------
 
@@ -633,316 +398,6 @@ class Automaton(Completions):
                 todo.extend(kids[n].values())
         return out
 
-    def _after(self, ins, st) -> int:
-        """The state entered at instruction `ins` with stack `st` (DEAD if none); memoised (the
-        offsets of one literal, the states of one string, all ask for the same one)."""
-        key = (ins, st)
-        r = self._after_memo.get(key)
-        if r is None:
-            out: set = set()
-            ins.arrive(0, st, out)
-            r = self._after_memo[key] = self._intern(frozenset(out)) if out else DEAD
-        return r
-
-    def _prefix_tokens(self, p: bytes, x: int, bits: "_Bits", exact_ok: bool = True) -> bool:
-        """Mark the tokens that are exactly `p` (if `exact_ok`), and the longer tokens starting
-        with `p` whose rest is legal from state `x` (the state after `p`; DEAD if nothing may
-        follow). False if no token starts with `p`, so no longer prefix needs looking at."""
-        v = self.vocab
-        sb, sid = v.sorted_index
-        a = bisect_left(sb, p)
-        if a == len(sb) or not sb[a].startswith(p):
-            return False
-        upper = _prefix_upper(p)
-        b = bisect_left(sb, upper, a) if upper is not None else len(sb)
-        e = a
-        n = len(p)
-        while e < b and len(sb[e]) == n:  # equal tokens sort first within the range
-            e += 1
-        if exact_ok and e > a:
-            bits.add(sorted_ids_list(v)[a:e])
-        if e < b and x >= 0:
-            threads = self._sets[x]
-            ins = next(iter(threads))[0] if len(threads) == 1 else None
-            if all([type(t[0]) is Lit for t in threads]):
-                # What follows is a literal, or several (an optional key or the object's end):
-                # chain through each with look-ups instead of a walk (a tool name's closing
-                # quote followed by `,"args":{"path":"`, say); the legal tokens are the union.
-                lookup, dups = v.lookup.get, v.duplicates
-                for ins, off, st in threads:
-                    q = p + ins.data[off:]
-                    j = self._token_lcp(q)  # no token goes on past q[:j]
-                    ids = []
-                    for k in range(n + 1, min(j, len(q) - 1) + 1):  # tokens spelling a proper prefix
-                        t = lookup(q[:k])
-                        if t is not None:
-                            ids.append(t)
-                            if dups:
-                                ids.extend(dups.get(q[:k], ()))
-                    bits.add(ids)
-                    if j == len(q):  # tokens spelling all of it, and maybe more
-                        x2 = self._after(ins.next, st)
-                        self._prefix_tokens(q, x2, bits, exact_ok=x2 >= 0)
-            elif type(ins) is JStr:
-                # What follows is a string body (`"`, `":"`, `["` end in its opening quote): the
-                # tokens' remainders classified once per vocabulary, no state per count.
-                bits.add(self._into_string(p, *next(iter(threads))))
-            elif type(ins) is Select:
-                # What follows is a trie (an enum's values after `":"`): walked from its node
-                # with `p` spelled, look-ups as for a trie of its own, no walk per token.
-                (ins, node, st), = threads
-                self._select_legal(ins, node, st, bits, p)
-            else:
-                ids = sid[e:b]
-                # only those whose next byte `x` accepts can go on: one gather drops the rest
-                # (after a call's last `}`, all of them) before any is walked
-                ids = ids[self.first_bytes(x)[v.byte_matrix[n, ids]]]
-                if ids.size:
-                    bits.add(self._walk(ids, np.full(ids.size, n, dtype=np.int64), np.full(ids.size, x, dtype=np.int64)))
-        return True
-
-    def _into_string(self, p: bytes, ins: JStr, loc: int, st) -> np.ndarray:
-        """The tokens longer than `p` that spell it and go on legally into string `ins` at `loc`:
-        those that stay inside within the room left, and those that close it with the characters
-        it owes and go on legally after the quote (each distinct text after it walked once)."""
-        idx = jstr_after_prefix(self.vocab, p, loc & 31)
-        count = loc >> 5
-        room = ins.max - count
-        legal = [idx.inside_ids[idx.inside_chars <= room]]
-        ok = (idx.exit_chars <= room) & (idx.exit_chars >= ins.min - count)
-        if ok.any():
-            x = self._after(ins.next, st)
-            if x >= 0:
-                tb, memo = self.vocab.token_bytes, {}
-                ids, pos = idx.exit_ids[ok].tolist(), idx.exit_pos[ok].tolist()
-                legal.append(np.array([t for t, q in zip(ids, pos) if self._accepts(x, tb[t], q, memo)],
-                                      dtype=np.int64))
-        return np.concatenate(legal)
-
-    def _rest_legal(self, rest: bytes, nxt, st, bits: "_Bits") -> None:
-        """A literal's remaining text `rest`, then instruction `nxt`: the tokens that spell a
-        prefix of it, and those that spell all of it and go on legally. Look-ups and binary
-        searches over the sorted vocabulary, no scan."""
-        v = self.vocab
-        lookup, dups = v.lookup, v.duplicates
-        ids = []
-        j = self._token_lcp(rest)  # no token goes past the longest prefix tokens start with
-        for k in range(1, min(j, len(rest) - 1) + 1):  # tokens spelling a proper prefix
-            t = lookup.get(rest[:k])
-            if t is not None:
-                ids.append(t)
-                if dups:
-                    ids.extend(dups.get(rest[:k], ()))
-        bits.add(ids)
-        if j == len(rest):  # tokens spelling all of it, and maybe more
-            x = self._after(nxt, st)
-            self._prefix_tokens(rest, x, bits, exact_ok=x >= 0)
-
-    def _select_legal(self, ins: Select, node: int, st, bits: "_Bits", prefix: bytes = b"") -> None:
-        """A trie of keys: walk the trie, pruning a branch as soon as no token starts with its
-        bytes (a memoised look-up per prefix, shared by every trie on the vocabulary); a token
-        is looked up by its bytes, and only where a key ends are the tokens that run on into
-        what follows walked. With `prefix`: the tokens that spell it and then go on into the
-        trie (`prefix` itself is not one of them)."""
-        v = self.vocab
-        # bound look-ups: each a direct call, no method found by name per branch
-        lookup, reach, term = v.lookup.get, self._reach.get, ins.terminal.get
-        dups, kids = v.duplicates, ins.children
-        ids = []
-        todo = [(node, prefix)]
-        while todo:
-            n, acc = todo.pop()
-            short = len(acc) < 3  # its branches' prefixes are short: `_ext` is one look-up
-            for byte, child in kids[n].items():
-                p = acc + ONE_BYTE[byte]
-                if short:
-                    e = reach(p, -1)
-                    if e < 0:
-                        continue  # no token starts with p
-                    e -= len(p)
-                else:
-                    e = self._ext(p)
-                    if e < 0:
-                        continue
-                cont = term(child)
-                x = self._after(cont, st) if cont is not None else DEAD
-                more = bool(kids[child])
-                if more or x >= 0:  # a token that is exactly p
-                    t = lookup(p)
-                    if t is not None:
-                        ids.append(t)
-                        if dups:
-                            ids.extend(dups.get(p, ()))
-                if e > 0:
-                    if x >= 0:  # tokens that run past the key's end into what follows
-                        self._prefix_tokens(p, x, bits, exact_ok=False)
-                    if more:
-                        todo.append((child, p))
-        bits.add(ids)
-
-    def _jnum_legal(self, ins: JNum, loc: int, st, bits: np.ndarray) -> bool:
-        """A number: the tokens that stay inside it, and those that end it in a final substate
-        and go on legally after it. False (use the generic walk) when what follows the number
-        could itself start with a number character, where the split is ambiguous."""
-        x = self._after(ins.next, st)
-        if x >= 0 and (self.first_bytes(x) & NUM_BYTES).any():
-            return False
-        n, sub = loc >> 4, loc & 15
-        idx = jnum_index(self.vocab, sub, ins.integer)
-        room = MAX_NUMBER_CHARS - n
-        ids, pos = idx.exit_ids, idx.exit_pos
-        if room >= number_margin(self.vocab):  # far from the length cap: every token fits
-            bits.add(idx.inside_ids)
-        else:
-            bits.add(idx.inside_ids[idx.inside_len <= room])
-            ok = pos <= room
-            ids, pos = ids[ok], pos[ok]
-        if x < 0:
-            return True
-        if ids.size:
-            bits.add(self._walk(ids, pos, np.full(ids.size, x, dtype=np.int64)))
-        return True
-
-    def _jint_legal(self, ins: JInt, loc, st, bits: "_Bits") -> bool:
-        """A bounded integer: the tokens made of number bytes that it accepts, one by one (the
-        few that an integer automaton accepts at all, from the per-vocabulary number index),
-        and those that end it within its bounds and go on legally. False (use the generic walk)
-        where what follows could itself start with a number character."""
-        x = self._after(ins.next, st)
-        if x >= 0 and (self.first_bytes(x) & NUM_BYTES).any():
-            return False
-        stage = loc[0]
-        idx = jnum_index(self.vocab, _JINT_SUB[stage], True)
-        tb, step = self.vocab.token_bytes, ins._next
-        bits.add([t for t in idx.inside_ids.tolist() if _jint_run(step, loc, tb[t]) is not None])
-        if x < 0 or not idx.exit_ids.size:
-            return True
-        ids, pos = [], []
-        for t, p in zip(idx.exit_ids.tolist(), idx.exit_pos.tolist()):
-            at = _jint_run(step, loc, tb[t][:p])
-            if at is not None and ins.ends(at):
-                ids.append(t)
-                pos.append(p)
-        if ids:
-            bits.add(self._walk(np.array(ids, dtype=np.int64), np.array(pos, dtype=np.int64),
-                                np.full(len(ids), x, dtype=np.int64)))
-        return True
-
-    def _jstr_entry(self, ins: JStr, loc: int, st) -> tuple:
-        """A string body's mask entry, from two cached parts: the tokens that stay inside
-        (per vocabulary, substate and room left) and the tokens that close the string and go on
-        legally after it (per substate, continuation, characters still owed and room left).
-        The two sets are disjoint, so the count is a sum."""
-        count, sub = loc >> 5, loc & 31
-        v = self.vocab
-        room = ins.max - count
-        inside, n_in = jstr_inside(v, sub, self.words, room)
-        x = self._after(ins.next, st)
-        if x < 0:
-            return inside, n_in, None, None
-        need, roomc = min(max(0, ins.min - count), v.max_token_len + 1), min(room, v.max_token_len)
-        after = self._quote_key(ins.next, st)  # what a closing token reaches
-        key = ("jexits", sub, after, need, roomc)
-        hit = self._masks.get(key)
-        if hit is None:
-            idx = jstr_index(v, sub)
-            ok = (idx.exit_chars >= need) & (idx.exit_chars <= roomc)
-            ids = idx.exit_ids[ok & self._exits_after(sub, x, idx, after)]
-            bits = _Bits(self.words)
-            bits.add(ids)
-            hit = (bits.packed() if ids.size else None, int(ids.size))
-            self._masks.put(key, hit)
-        if hit[0] is None:
-            return inside, n_in, None, None
-        return inside | hit[0], n_in + hit[1], None, None
-
-    def _exits_after(self, sub: int, x: int, idx: "JStrIndex", after: int) -> np.ndarray:
-        """Which string-closing tokens (from substate `sub`) go on legally in state `x` after the
-        closing quote. Independent of the string's count and of which string it was, so it is
-        cached per vocabulary by (substate, `after`: the content key of `x` as far as a closing
-        token reaches): every string followed by the same few bytes (`"}}`, `","`) shares one
-        walk."""
-        key = ("exits", sub, after)
-        hit = self._masks.get(key)
-        if hit is not None:
-            return hit[0]
-        threads = self._sets[x]
-        if all([type(t[0]) is Lit for t in threads]):
-            # Literals only (one, or several where an optional property may follow: `,"b":`
-            # or `}`): threads run independently, so a text after the quote is legal exactly
-            # when one literal takes it. One binary search each, no walk over the texts.
-            legal = None
-            for t in threads:
-                part = self._exits_into_literal(sub, t, idx)
-                legal = part if legal is None else np.logical_or(legal, part, out=legal)
-        else:
-            legal = self._exits_by_rest(sub, x, idx)
-        self._masks.put(key, (legal,))
-        return legal
-
-    def _exits_by_rest(self, sub: int, x: int, idx: "JStrIndex") -> np.ndarray:
-        """The string-closing tokens whose text after the quote state `x` accepts: each distinct
-        text walked once (they are short: see `quote_rests`), and only those that start with a
-        byte `x` accepts."""
-        keys, order = jstr_exit_rests(self.vocab, sub)
-        legal = np.zeros(idx.exit_ids.size, dtype=bool)
-        legal[order[self._accepted_texts(x, keys)]] = True
-        return legal
-
-    def _accepted_texts(self, x: int, keys: list[bytes]) -> list[int]:
-        """The indices of the sorted texts `keys` that state `x` (alive) accepts: b"" always;
-        each distinct text walked once, and only those that start with a byte `x` accepts."""
-        hits = list(range(bisect_right(keys, b"")))
-        memo: dict = {}
-        for byte in np.flatnonzero(self.first_bytes(x)).tolist():
-            a = bisect_left(keys, bytes((byte,)))
-            b = bisect_left(keys, bytes((byte + 1,)), a) if byte < 255 else len(keys)
-            self._accepted_run(x, keys, a, b, 0, memo, hits)
-        return hits
-
-    def _accepted_run(self, x: int, keys: list[bytes], a: int, b: int, start: int, memo: dict,
-                      hits: list[int]) -> None:
-        """Append to `hits` the indices in [a, b) of the sorted texts `keys` that state `x` takes
-        from byte `start` on; equal texts sort together, so each distinct one is checked once."""
-        prev, ok = None, False
-        for i in range(a, b):
-            text = keys[i]
-            if text != prev:
-                prev = text
-                ok = self._accepts(x, text, start, memo)
-            if ok:
-                hits.append(i)
-
-    def _exits_into_literal(self, sub: int, thread, idx: "JStrIndex") -> np.ndarray:
-        """The string-closing tokens legal when a literal follows the quote (`","text":"`, `"}}`:
-        nearly always): those whose text after the quote is a prefix of the literal, found by
-        binary search over the remainders sorted once per vocabulary, plus the few that run past
-        the literal's end, walked from there. No walk over all closing tokens."""
-        ins, off, st = thread
-        lit = ins.data[off:]
-        keys, order = jstr_exit_rests(self.vocab, sub)
-        legal = np.zeros(idx.exit_ids.size, dtype=bool)
-        for k in range(min(len(lit), self.vocab.max_token_len + 1)):  # proper prefixes, empty included
-            p = lit[:k]
-            a = bisect_left(keys, p)
-            if a == len(keys) or not keys[a].startswith(p):
-                break  # no remainder starts with p: none is a longer prefix either
-            b = bisect_right(keys, p, a)
-            if a < b:
-                legal[order[a:b]] = True
-        a = bisect_left(keys, lit)
-        b = bisect_left(keys, _prefix_upper(lit)) if _prefix_upper(lit) is not None else len(keys)
-        if a < b:
-            x2 = self._after(ins.next, st)
-            if x2 >= 0:
-                # the texts that spell all of the literal: legal if what they add past its end
-                # is, from there (exactly the literal: _accepts takes the empty rest)
-                hits: list[int] = []
-                self._accepted_run(x2, keys, a, b, len(lit), {}, hits)
-                if hits:
-                    legal[order[hits]] = True
-        return legal
-
 
 def _walked(threads) -> bool:
     """Whether some thread consumes text by a step per byte (not a special token, not the end):
@@ -951,14 +406,3 @@ def _walked(threads) -> bool:
         if ins.consumes and not ins.accepting and ins.special(loc) is None:
             return True
     return False
-
-
-def _jint_run(step, loc, data: bytes):
-    """A bounded integer's local after `data` from `loc` (`step`: its `_next`), None where a
-    byte is not allowed."""
-    at = loc
-    for b in data:
-        at = step(at, b)
-        if at is None:
-            return None
-    return at

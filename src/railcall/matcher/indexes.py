@@ -12,7 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from railcall.bitmask import pack_ids
-from railcall.grammar.program import EXIT, JSTR_INC, JSTR_NEXT, N_SUB, NUM_FINAL, NUM_NEXT
+from railcall.grammar.numbers import NUM_FINAL, NUM_NEXT
+from railcall.grammar.strings import EXIT, JSTR_INC, JSTR_NEXT, N_SUB
 from railcall.vocab import Vocabulary
 
 

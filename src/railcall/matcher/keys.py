@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from railcall.grammar.program import INT, MAX_NUMBER_CHARS, NEG, NUM_BYTES, S0, ZERO, JInt, JNum, JStr, Lit, Select
+from railcall.grammar.instructions import Lit, Select
+from railcall.grammar.numbers import INT, MAX_NUMBER_CHARS, NEG, NUM_BYTES, S0, ZERO, JInt, JNum
+from railcall.grammar.strings import JStr
 from railcall.matcher.indexes import (
     _common_prefix, jnum_ext, number_margin, ONE_BYTE, quote_reach, quote_rests, quote_rests_after, quote_rests_within,
     rests_reach, sorted_lengths,

@@ -11,11 +11,14 @@ import numpy as np
 from railcall.bitmask import allocate_bitmask, unpack_bitmask
 from railcall.errors import MatcherError
 from railcall.grammar import ir
-from railcall.grammar.program import Fragments, JStr, Lit, compile_grammar
-from railcall.matcher.automaton import UNBUILT, Automaton
+from railcall.grammar.instructions import Lit
+from railcall.grammar.program import Fragments, compile_grammar
+from railcall.grammar.strings import JStr
+from railcall.matcher.automaton import Automaton
 from railcall.matcher.entries import vocab_cache
 from railcall.matcher.indexes import fill_stops, jstr_moves, number_margin
 from railcall.matcher.keys import _jstr_clamps
+from railcall.matcher.transitions import UNBUILT
 from railcall.vocab import Vocabulary, single_token
 
 TOKEN_NEXT_LIMIT = 1 << 20  # (state, token) -> state entries kept for consume_token's fast path
@@ -26,7 +29,7 @@ MAX_STRING = 256  # by default, the most characters of a string whose schema giv
 class TagIds:
     """Tag text -> the token id a grammar's `ir.Special` matches (`get`, all the compiler asks).
     A special token's own id; else the one ordinary token that spells the tag, resolved as
-    `railcall.output.Delimiters` does (Qwen's `<think>` and `<tool_call>` are added tokens that
+    `railcall.runtime.output.Delimiters` does (Qwen's `<think>` and `<tool_call>` are added tokens that
     are not special): the grammar then takes that token alone there, as the output parser counts
     that token alone, and a tag spelled in pieces is no tag for either. No such token: None, and
     the tag is matched as text. Built per compile; what it reads is cached per vocabulary (Gemma

@@ -77,7 +77,7 @@ class TransformersBackend:
     def branch_logits(self, branches):
         """For each branch (a token list), the (len(branch), width) logits after each of its
         tokens, run on the current sequence's KV; the sequence is left as it was (the cache is
-        cropped back after each branch). One forward pass per branch (railcall.routing's
+        cropped back after each branch). One forward pass per branch (railcall.runtime.routing's
         scorer; a batched pass over the branches' trie is the planned replacement)."""
         import torch
 

@@ -486,7 +486,7 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
     requests decoded together; `prefix_cache_bytes`: the prefix cache's budget (0: off)."""
     import uvicorn
 
-    from railcall.batch import PrefixCache
+    from railcall.runtime.batch import PrefixCache
 
     if not log.handlers:  # one line per request (and per client gone mid-upload) on stderr
         handler = logging.StreamHandler()

@@ -6,7 +6,7 @@
     job.push --loop.call_soon_threadsafe--> the request's asyncio.Queue --> response / SSE stream
 
 One model per process (`ServedModel`, built once) and one worker thread running a
-`railcall.batch.BatchLoop` (continuous batching): every request is a row with its own matcher,
+`railcall.runtime.batch.BatchLoop` (continuous batching): every request is a row with its own matcher,
 sampling settings, stop rules, cancellation and stream, and all rows in flight share one forward
 pass per step (up to `max_rows`; further requests wait their turn in arrival order). The
 `PrefixCache` keeps the KV of finished requests, so a prompt that starts like an earlier one (the
@@ -24,8 +24,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from railcall.batch import BatchLoop
-from railcall.decode import Row
+from railcall.runtime.batch import BatchLoop
+from railcall.runtime.decode import Row
 from railcall.errors import RequestError
 from railcall.server.model import ServedModel
 from railcall.server.plan import Plan

@@ -11,7 +11,7 @@ import json
 
 from railcall.errors import RequestError
 from railcall.grammar.tools import Tool
-from railcall.prompt import describe_tools
+from railcall.runtime.prompt import describe_tools
 from railcall.server.schemas import ChatCompletionRequest, guided
 
 # ---------------------------------------------------------------------------------------------

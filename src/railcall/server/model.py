@@ -4,11 +4,11 @@ prompt ids."""
 
 from __future__ import annotations
 
-from railcall.batch import OneRowBatch, PrefixCache, TransformersBatch
+from railcall.runtime.batch import OneRowBatch, PrefixCache, TransformersBatch
 from railcall.errors import RequestError
 from railcall.matcher import MAX_STRING
-from railcall.output import Delimiters
-from railcall.prompt import has_native_tools
+from railcall.runtime.output import Delimiters
+from railcall.runtime.prompt import has_native_tools
 from railcall.server.messages import messages_for_template
 from railcall.vocab import single_token
 

@@ -7,7 +7,7 @@ without its call, arguments that are not JSON), a tool or response schema railca
 longer than the context. Runs on a worker thread of the server (grammar compilation and the chat
 template are CPU work), never on the event loop.
 
-How tool_choice maps to the regions of the turn (`railcall.regions.answer_matcher`; a
+How tool_choice maps to the regions of the turn (`railcall.runtime.regions.answer_matcher`; a
 reasoning region comes first on models whose think delimiters are single tokens):
 
     none      free text, or the response_format grammar ("required" region) when one is given
@@ -24,13 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from railcall.decode import SamplingParams
+from railcall.runtime.decode import SamplingParams
 from railcall.errors import GrammarError, MatcherError, RequestError, SchemaError
 from railcall.grammar import ir
 from railcall.grammar.schema import SchemaOptions, schema_to_ir
 from railcall.grammar.tools import Tool, ToolGrammarBuilder
 from railcall.matcher import MAX_STRING, CompiledGrammar, Matcher, compiled_grammar
-from railcall.regions import answer_matcher
+from railcall.runtime.regions import answer_matcher
 from railcall.server.schemas import ChatCompletionRequest, guided
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -33,7 +33,7 @@ from __future__ import annotations
 import collections
 from typing import Callable, Iterable, Iterator, Sequence
 
-from railcall.decode import Generation, Row, SamplingParams
+from railcall.runtime.decode import Generation, Row, SamplingParams
 
 
 class TransformersBatch:

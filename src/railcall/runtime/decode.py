@@ -7,7 +7,7 @@ temperature, top-k, top-p) sees the model's own judgement restricted to what the
 
 One loop body for every caller. `Row.advance(logits)` is one step of one sequence: it is given
 the logits after the sequence's last token and returns the tokens to feed next ([] once the row
-has ended). `generate` drives one Row over a single-sequence backend; `railcall.batch.BatchLoop`
+has ended). `generate` drives one Row over a single-sequence backend; `railcall.runtime.batch.BatchLoop`
 drives many over one batched forward pass (the server, `railcall eval`). Whatever a row does --
 fast-forward, stop strings, penalties, the token ceiling -- it does the same in both.
 
@@ -22,7 +22,7 @@ fast-forward, stop strings, penalties, the token ceiling -- it does the same in 
   output must never be executed as the model's call. "close": the same steering, never past
   `max_tokens` (a close that does not fit leaves the output cut). "leave": no steering, no
   completion; the output ends where the ceiling cut it (OpenAI's behaviour, the server's default).
-- Routing (`Row(router=...)`, `generate(..., router=...)`): with a `railcall.routing.NameRouter`
+- Routing (`Row(router=...)`, `generate(..., router=...)`): with a `railcall.runtime.routing.NameRouter`
   the tool name is chosen whole, by the log-probability of each allowed name's complete token
   sequence (`routing="scored"`), instead of token by token from the first one (the default,
   greedy routing). The chosen name's tokens are fed together, as forced ones are; their steps
@@ -173,7 +173,7 @@ class Row:
         self.params = p = params or SamplingParams()
         self.fast_forward = fast_forward
         self.on_step, self.cancelled, self.decided = on_step, cancelled, decided
-        self.router = router  # railcall.routing.NameRouter: whole-name tool choice (None: token by token)
+        self.router = router  # railcall.runtime.routing.NameRouter: whole-name tool choice (None: token by token)
         seed = p.seed if seed is None else seed
         self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
         self.stops = set(vocab.stop_ids)
@@ -374,7 +374,7 @@ def generate(backend, vocab, prompt: Sequence[int], matcher=None, params: Sampli
     """Generate from `prompt` on a single-sequence backend (`start`/`feed`); constrained by
     `matcher` if given (see the module docstring). With `batch_forced=False` forced tokens are
     fed one pass at a time (the reference path for fast-forward). `router`: a
-    `railcall.routing.NameRouter` for scored routing (its scorer runs on this backend)."""
+    `railcall.runtime.routing.NameRouter` for scored routing (its scorer runs on this backend)."""
     row = Row(vocab, matcher, params, fast_forward=fast_forward, on_step=on_step, cancelled=cancelled, router=router)
     logits = backend.start(prompt)
     row.prompt_cached = int(getattr(backend, "last_cached", 0) or 0)

@@ -1,16 +1,16 @@
 """railcall's calls as OpenAI `tool_calls` from vLLM's own OpenAI server: a vLLM tool parser.
 
     python -m vllm.entrypoints.openai.api_server --model MODEL \\
-        --logits-processors railcall.vllm:RailcallLogitsProcessor \\
-        --tool-parser-plugin railcall.vllm_tools --tool-call-parser railcall \\
-        --enable-auto-tool-choice --chat-template PATH_OF(railcall/vllm_tools_template.jinja)
+        --logits-processors railcall.integrations.vllm:RailcallLogitsProcessor \\
+        --tool-parser-plugin railcall.integrations.vllm_tools --tool-call-parser railcall \\
+        --enable-auto-tool-choice --chat-template PATH_OF(railcall/integrations/vllm_tools_template.jinja)
 
 (see docs/vllm.md, "OpenAI-native"). Two vLLM hooks, both on the API server's side:
 
 - `adjust_request(request)`: vLLM calls it per chat request, after the chat template has rendered
   the prompt and before the request becomes SamplingParams. It turns the request's `tools`,
   `tool_choice` (auto / required / a named function; "none" is left alone) and
-  `parallel_tool_calls` into railcall's spec (the one railcall.vllm documents) and writes it, as
+  `parallel_tool_calls` into railcall's spec (the one railcall.integrations.vllm documents) and writes it, as
   JSON text, into `request.vllm_xargs["railcall"]`; vLLM copies vllm_xargs into the
   SamplingParams' extra args, where the logits processor (loaded with --logits-processors, in
   the engine worker) finds it. vLLM's own structured outputs are not set for the tools: the
@@ -53,8 +53,8 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.tool_parsers.abstract_tool_parser import ToolParser, ToolParserManager
 
-from railcall.output import Delimiters, OutputParser
-from railcall.vllm import EXTRA_ARGS_KEY
+from railcall.runtime.output import Delimiters, OutputParser
+from railcall.integrations.vllm import EXTRA_ARGS_KEY
 
 PARSER_NAME = "railcall"
 TEMPLATE = Path(__file__).with_name("vllm_tools_template.jinja")

@@ -5,7 +5,7 @@ Two pieces, with different lifecycles:
 - `Delimiters` (once per model): the model contract's reasoning open/close and tool-call
   open/close strings, each resolved against the vocabulary to the one token that spells it, or
   to None when no such token exists. The output parser and the grammar regions
-  (`railcall.regions`) read the same object, so they can never disagree on what ends reasoning.
+  (`railcall.runtime.regions`) read the same object, so they can never disagree on what ends reasoning.
 - `OutputParser` (once per request): fed one generated token at a time, as its id and then its
   text, it returns deltas and, at the end, a `ParsedOutput`.
 
@@ -32,7 +32,7 @@ Call formats (railcall.grammar.tools):
   starts with `{` or `[` is scanned as one JSON value (an object, or an array of objects for
   parallel calls). With "auto", the trigger text `{"tool":"` anywhere in content starts a call,
   which ends where its JSON object closes; further triggers are further calls. These are the
-  same texts `railcall.regions` hands to the call grammar, so grammar and parser agree.
+  same texts `railcall.runtime.regions` hands to the call grammar, so grammar and parser agree.
 - OpenAI-style `{"name":…,"arguments":{…}}`: read as the JSON wire format, with its own keys
   and trigger text `{"name":"`.
 - Pythonic, `[get_weather(city="Paris", days=3)]`: content that starts with `[` (after

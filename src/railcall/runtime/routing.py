@@ -88,7 +88,7 @@ class NameRouter:
 
     def _name_paths(self, ins):
         """For a Select over name keys: [(key, [trie node before each byte])]; None otherwise."""
-        from railcall.grammar.program import Select
+        from railcall.grammar.instructions import Select
 
         if type(ins) is not Select:
             return None

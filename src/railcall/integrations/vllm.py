@@ -1,6 +1,6 @@
 """railcall inside vLLM: a V1-engine logits processor that runs one railcall matcher per request.
 
-    vllm serve MODEL --logits-processors railcall.vllm:RailcallLogitsProcessor
+    vllm serve MODEL --logits-processors railcall.integrations.vllm:RailcallLogitsProcessor
     LLM(model=..., logits_processors=[RailcallLogitsProcessor])
 
 A request opts in through its SamplingParams' extra args (`extra_args={"railcall": spec}` with
@@ -49,7 +49,7 @@ stop_token_ids). railcall's Vocabulary may know more end-of-turn tokens (SmolLM2
 token, only the ones vLLM stops on are offered -- otherwise a model that picks <|endoftext|>
 would run on to max_tokens with nothing legal to write.
 
-The token budget: railcall's own loop (railcall.decode.generate) completes a call cut by
+The token budget: railcall's own loop (railcall.runtime.decode.generate) completes a call cut by
 max_tokens after the fact with Matcher.finish(); vLLM ends a request at max_tokens, so here the
 shortest completion is forced while it still fits (a few tokens before the budget runs out, see
 _Request._finish_plan). The output then parses and validates, with finish_reason "length" -- and
@@ -85,7 +85,7 @@ from railcall.grammar.program import compile_grammar
 from railcall.matcher import MAX_STRING, Matcher, compiled_grammar, fill_stops
 from railcall.vocab import Vocabulary
 
-log = logging.getLogger("railcall.vllm")
+log = logging.getLogger("railcall.integrations.vllm")
 
 EXTRA_ARGS_KEY = "railcall"
 MODES = ("required", "auto", "none")
@@ -385,8 +385,8 @@ class RailcallLogitsProcessor(LogitsProcessor):
             if spec.mode == "required" and not spec.reasoning:
                 matcher = Matcher(compiled)
             else:
-                from railcall.output import Delimiters
-                from railcall.regions import answer_matcher
+                from railcall.runtime.output import Delimiters
+                from railcall.runtime.regions import answer_matcher
 
                 matcher = answer_matcher(vocab, compiled, Delimiters.from_vocab(vocab), mode=spec.mode,
                                          reasoning=spec.reasoning, reasoning_budget=spec.reasoning_budget)

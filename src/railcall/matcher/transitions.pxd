@@ -1,0 +1,19 @@
+# Compile-time declarations for transitions.py (see keys.pxd): Transitions extends Completions;
+# its methods are called directly, from here and from the layers above (legal, automaton).
+
+from railcall.matcher.completion cimport Completions
+
+cdef class Transitions(Completions):
+    cpdef object _intern(self, object threads)
+    cpdef object step(self, object s, object b)
+    cpdef object specials(self, object s)
+    cpdef object first_bytes(self, object s)
+    cpdef object is_accepting(self, object s)
+    cpdef object _init_row(self, object s)
+    cpdef object _delta(self, object cur, object b)
+    cpdef object _walk_from(self, object s)
+    cpdef object _walk(self, object idx, object pos, object cur)
+    cpdef object _walk_bytes(self, object s, object data, object start, object memo)
+    cpdef object _accepts(self, object s, object data, object start, object memo)
+    cpdef object _thread_accepts(self, object t, object data, object start, object memo)
+    cpdef object _after(self, object ins, object st)

@@ -1,0 +1,267 @@
+"""The DFA over thread sets: states interned from the threads they hold, their byte and special-
+token transitions, and the walk of the vocabulary's token trie that decides which token texts a
+state accepts. A layer of the automaton (`automaton.Automaton`), above its content keys and
+completions."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from railcall.grammar.instructions import Lit, Select
+from railcall.grammar.numbers import JInt, JNum
+from railcall.grammar.strings import _JI, _JN, EXIT, JStr
+from railcall.matcher.completion import Completions
+
+UNBUILT = -2  # a transition not computed yet
+DEAD = -1
+
+
+class Transitions(Completions):
+    """States, transitions and the token walk of the automaton (see `automaton.Automaton`, the one
+    class built from these layers; its fields are declared in keys.pxd)."""
+
+    # -- the DFA --------------------------------------------------------------------------------
+
+    def _intern(self, threads: frozenset) -> int:
+        s = self._ids.get(threads)
+        if s is not None:
+            return s
+        with self._lock:
+            s = self._ids.get(threads)
+            if s is not None:
+                return s
+            s = len(self._sets)
+            if s >= self._table.shape[0]:
+                grow = np.full((self._table.shape[0], 256), UNBUILT, dtype=np.int32)
+                self._table = np.concatenate([self._table, grow])
+            self._sets.append(threads)
+            if len(threads) == 1:  # most states: no generator to run
+                for t in threads:
+                    acc = only = t[0].accepting
+            else:
+                flags = [t[0].accepting for t in threads]
+                acc = any(flags)
+                only = acc and all(flags)
+            self._accepting.append(acc)
+            self._only_accept.append(only)
+            self._specials.append(None)
+            self._first.append(None)
+            self._row_init.append(False)
+            self._state_mask.append(None)
+            self._token_next.append({})
+            self._ids[threads] = s
+            return s
+
+    def step(self, s: int, b: int) -> int:
+        """The state after byte `b` from state `s` (DEAD if illegal)."""
+        r = int(self._table[s, b])
+        if r != UNBUILT:
+            return r
+        out: set = set()
+        for ins, loc, st in self._sets[s]:
+            ins.step(loc, st, b, out)
+        r = self._intern(frozenset(out)) if out else DEAD
+        with self._lock:  # _intern may swap in a grown table: a write to the old one would be lost
+            self._table[s, b] = r
+        return r
+
+    def specials(self, s: int) -> dict[int, int]:
+        """Special token id -> next state, for the special tokens state `s` accepts."""
+        sp = self._specials[s]
+        if sp is None:
+            by_id: dict[int, set] = {}
+            for ins, loc, st in self._sets[s]:
+                tid = ins.special(loc)
+                if tid is not None:
+                    ins.next.arrive(0, st, by_id.setdefault(tid, set()))
+            sp = {tid: self._intern(frozenset(out)) for tid, out in by_id.items() if out}
+            self._specials[s] = sp
+        return sp
+
+    def first_bytes(self, s: int) -> np.ndarray:
+        """(256,) bool: bytes that some thread of `s` accepts next (a superset of legal bytes
+        only in that a byte may still lead to a dead end for every token)."""
+        m = self._first[s]
+        if m is None:
+            m = np.zeros(256, dtype=bool)
+            for ins, loc, _ in self._sets[s]:
+                m |= ins.allowed(loc)
+            self._first[s] = m
+        return m
+
+    def is_accepting(self, s: int) -> bool:
+        return self._accepting[s]
+
+    def _init_row(self, s: int) -> None:
+        """Mark every byte no thread of `s` accepts as DEAD in one vectorised write, so that the
+        walk only ever computes real transitions in Python (one per live byte, not 256)."""
+        if not self._row_init[s]:
+            dead = ~self.first_bytes(s)
+            with self._lock:
+                self._table[s, dead] = DEAD
+            self._row_init[s] = True
+
+    def _delta(self, cur: np.ndarray, b: np.ndarray) -> np.ndarray:
+        flat = cur.astype(np.int64) * 256 + b
+        nxt = self._table.reshape(-1)[flat]
+        miss = nxt == UNBUILT
+        if miss.any():
+            pairs = set(flat[miss].tolist())
+            for st in {p >> 8 for p in pairs}:
+                self._init_row(st)
+            built = {}
+            table = self._table.reshape(-1)
+            for p in sorted(pairs):
+                if table[p] == UNBUILT:
+                    built[p] = self.step(p >> 8, p & 255)
+                    table = self._table.reshape(-1)
+            nxt = self._table.reshape(-1)[flat]
+            lost = np.flatnonzero(nxt == UNBUILT)
+            if lost.size:  # never read a transition back as "unbuilt": use what step returned
+                nxt[lost] = [built.get(p) if p in built else self.step(p >> 8, p & 255) for p in flat[lost].tolist()]
+        return nxt
+
+    def _walk_from(self, s: int) -> np.ndarray:
+        """Text tokens legal from `s`, by a vectorised walk starting at their first byte."""
+        v = self.vocab
+        order, offsets = v.first_byte_index
+        fb = np.flatnonzero(self.first_bytes(s))
+        if fb.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if fb.size <= 32:
+            idx = np.concatenate([order[offsets[b] : offsets[b + 1]] for b in fb.tolist()])
+        else:
+            idx = order[offsets[fb[0]] : offsets[fb[-1] + 1]]
+        return self._walk(idx.astype(np.int64), np.zeros(idx.size, dtype=np.int64), np.full(idx.size, s, dtype=np.int64))
+
+    def _walk(self, idx: np.ndarray, pos: np.ndarray, cur: np.ndarray) -> np.ndarray:
+        """Walk tokens `idx`, each from its byte offset `pos` in state `cur`; return those that
+        end alive. Shapes: all (k,) int64."""
+        if idx.size <= 48:
+            # a few tokens: one by one in Python costs less than numpy's per-call overhead, and
+            # through literals and tries without a state per byte (`_accepts`)
+            tb, memo = self.vocab.token_bytes, {}
+            return np.array([t for t, p, s in zip(idx.tolist(), pos.tolist(), cur.tolist()) if self._accepts(s, tb[t], p, memo)],
+                            dtype=np.int64)
+        v = self.vocab
+        lens = v.lengths
+        B = v.byte_matrix
+        legal = []
+        while idx.size:
+            b = B[pos, idx]
+            cur = self._delta(cur, b)
+            ok = cur >= 0
+            idx, pos, cur = idx[ok], pos[ok] + 1, cur[ok]
+            done = lens[idx] == pos
+            if done.any():
+                legal.append(idx[done])
+                keep = ~done
+                idx, pos, cur = idx[keep], pos[keep], cur[keep]
+        return np.concatenate(legal) if legal else np.zeros(0, dtype=np.int64)
+
+    def _walk_bytes(self, s: int, data: bytes, start: int, memo: dict) -> int:
+        """The state after `data[start:]` from `s` (DEAD if illegal), memoised in `memo`."""
+        if start == len(data):
+            return s
+        key = (s, data[start:])
+        n = memo.get(key)
+        if n is None:
+            n = s
+            for b in key[1]:
+                n = self.step(n, b)
+                if n < 0:
+                    break
+            memo[key] = n
+        return n
+
+    def _accepts(self, s: int, data: bytes, start: int, memo: dict) -> bool:
+        """Whether state `s` (alive) takes `data[start:]` and stays alive: `_walk_bytes`, but
+        through literals, tries and strings by comparing bytes (a string: its own byte automaton,
+        counting characters) instead of making a state per byte. Threads
+        run independently, so the state takes the text when one of its threads does. A text
+        after a string's quote mostly runs into a literal (`,"city":`, `"}}`), a token past a
+        literal's end into a trie of keys or values, and the states a byte walk made there were
+        most of a first mask's cost. Memoised in `memo`."""
+        if start == len(data):
+            return True
+        key = (s, data, start)
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        threads = self._sets[s]
+        ok = False
+        if len(threads) == 1 and type(next(iter(threads))[0]) not in (Lit, Select, JStr, JNum, JInt):
+            ok = self._walk_bytes(s, data, start, memo) >= 0
+        else:
+            for t in threads:
+                if self._thread_accepts(t, data, start, memo):
+                    ok = True
+                    break
+        memo[key] = ok
+        return ok
+
+    def _thread_accepts(self, t: tuple, data: bytes, start: int, memo: dict) -> bool:
+        """`_accepts` for one thread `t` of a state (`start` < len(data))."""
+        ins, loc, st = t
+        kind = type(ins)
+        if kind is Lit:
+            rest = ins.data[loc:]
+            if len(rest) > len(data) - start:
+                return rest.startswith(data[start:])
+            if not data.startswith(rest, start):
+                return False
+            x = self._after(ins.next, st)  # all of it, and maybe more after it
+            return x >= 0 and self._accepts(x, data, start + len(rest), memo)
+        if kind is Select:
+            kids, term = ins.children, ins.terminal
+            node = loc
+            for i in range(start, len(data)):
+                node = kids[node].get(data[i])
+                if node is None:
+                    return False
+                cont = term.get(node)
+                if cont is not None:  # a key ends here: what follows it may take the rest
+                    x = self._after(cont, st)
+                    if x >= 0 and self._accepts(x, data, i + 1, memo):
+                        return True
+                    if not kids[node]:
+                        return False
+            return True  # the text ends inside the trie, on a path to some key
+        if kind is JStr:  # JStr.step, byte by byte, without a state per count
+            sub, count, hi = loc & 31, loc >> 5, ins.max
+            for i in range(start, len(data)):
+                b = data[i]
+                nxt = _JN[sub][b]
+                if nxt >= 0:
+                    count += _JI[sub][b]
+                    if count > hi:
+                        return False
+                    sub = nxt
+                elif nxt == EXIT and count >= ins.min:  # closed: what follows takes the rest
+                    x = self._after(ins.next, st)
+                    return x >= 0 and self._accepts(x, data, i + 1, memo)
+                else:
+                    return False
+            return True
+        if kind is JNum or kind is JInt:  # their own step, byte by byte, without a state per digit
+            for i in range(start, len(data)):
+                loc = ins._next(loc, data[i])
+                if loc is None:
+                    return False
+                if i + 1 < len(data) and ins.ends(loc):  # as `arrive`: what follows may take the rest
+                    x = self._after(ins.next, st)
+                    if x >= 0 and self._accepts(x, data, i + 1, memo):
+                        return True
+            return True
+        return self._walk_bytes(self._intern(frozenset([t])), data, start, memo) >= 0
+
+    def _after(self, ins, st) -> int:
+        """The state entered at instruction `ins` with stack `st` (DEAD if none); memoised (the
+        offsets of one literal, the states of one string, all ask for the same one)."""
+        key = (ins, st)
+        r = self._after_memo.get(key)
+        if r is None:
+            out: set = set()
+            ins.arrive(0, st, out)
+            r = self._after_memo[key] = self._intern(frozenset(out)) if out else DEAD
+        return r
