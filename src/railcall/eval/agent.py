@@ -94,7 +94,7 @@ def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int
     from railcall.agent.loop import AgentModel
     from railcall.atomic import atomic_write
     from railcall.runtime.decode import SamplingParams
-    from railcall.eval.runner import read_results, read_run, set_aside
+    from railcall.eval import results
 
     log = log or (lambda m: None)
     helps = helps or Helps()
@@ -103,16 +103,13 @@ def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int
     out.mkdir(parents=True, exist_ok=True)
     settings = {"helps": {n: getattr(helps, n) for n in Helps.names()}, "max_steps": max_steps,
                 "max_tokens": max_tokens}
-    results_path, run_path = out / "results.jsonl", out / "run.json"
+    run_path = out / "run.json"
     if resume and run_path.is_file():
-        before = {k: v for k, v in read_run(run_path)["settings"].items() if k != "model"}
+        before = {k: v for k, v in results.read_run(run_path)["settings"].items() if k != "model"}
         if before != settings:
             raise ValueError(f"{out} holds a run with other options ({run_path}: {json.dumps(before)}); "
                              "use another --out, or drop --resume")
-    if not resume and results_path.exists():
-        kept = set_aside(out)
-        log(f"started afresh; the previous results are in {kept}" if kept else "started afresh")
-    done = {r["id"] for r in read_results(results_path, repair=True, warn=log, check=record_problem)}
+    results_path, done = results.start(out, resume=resume, key=lambda r: r["id"], check=record_problem, log=log)
     if model is None or isinstance(model, (str, os.PathLike)):
         model = AgentModel.load(model)
     settings["model"] = getattr(model, "name", "model")
@@ -124,13 +121,11 @@ def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int
             if t.id not in done:
                 rec = run_task(model, t, out / "work" / t.id, out / "traces" / f"{t.id}.jsonl", helps=helps,
                                max_steps=max_steps, params=params)
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+                results.append_records(f, [rec])
             if progress:
                 progress(i + 1, len(chosen), rec)
     ids = {t.id for t in chosen}
-    records = [r for r in read_results(results_path, check=record_problem) if r["id"] in ids]
+    records = [r for r in results.read_results(results_path, check=record_problem) if r["id"] in ids]
     summary = summarise(records, **settings)
     atomic_write(out / "summary.json", json.dumps(summary, indent=1, ensure_ascii=False))
     atomic_write(out / "report.md", report(summary))

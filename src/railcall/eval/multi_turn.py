@@ -182,18 +182,15 @@ def run(categories: Sequence[str], out: Path, *, data: Path | None = None, limit
     from railcall.atomic import atomic_write
     from railcall.data import bfcl_data
     from railcall.runtime.decode import SamplingParams
-    from railcall.eval.results import read_results, set_aside
+    from railcall.eval import results
 
     log = log or (lambda m: None)
     data = Path(data) if data is not None else bfcl_data()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tasks = {c: load(data, c, limit) for c in categories}  # fails early on a bad name
-    results_path = out / "results.jsonl"
-    if not resume and results_path.exists():
-        kept = set_aside(out)
-        log(f"started afresh; the previous results are in {kept}" if kept else "started afresh")
-    done = {(r["category"], r["id"]) for r in read_results(results_path, repair=True, warn=log, check=record_problem)}
+    results_path, done = results.start(out, resume=resume, key=lambda r: (r["category"], r["id"]),
+                                       check=record_problem, log=log)
     agent_model = AgentModel.load(model)
     params = SamplingParams(max_tokens=max_tokens)
     with open(results_path, "a") as f:
@@ -203,12 +200,11 @@ def run(categories: Sequence[str], out: Path, *, data: Path | None = None, limit
                     t0 = time.perf_counter()
                     rec = run_task(agent_model, t, data, max_steps=max_steps, params=params)
                     rec["seconds"] = round(time.perf_counter() - t0, 2)
-                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
+                    results.append_records(f, [rec])
                 if progress:
                     progress(cat, i + 1, len(ts))
-    summary = summarise(read_results(results_path, check=record_problem), model=agent_model.name, max_steps=max_steps, max_tokens=max_tokens)
+    summary = summarise(results.read_results(results_path, check=record_problem), model=agent_model.name,
+                        max_steps=max_steps, max_tokens=max_tokens)
     atomic_write(out / "summary.json", json.dumps(summary, indent=1))
     return summary
 

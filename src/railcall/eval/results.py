@@ -112,6 +112,22 @@ def set_aside(out: Path) -> Path | None:
     return kept
 
 
+def start(out: Path, *, resume: bool, key: Callable[[dict], object], check: Callable[[object], str] = record_problem,
+          log: Callable[[str], None] | None = None) -> tuple[Path, set]:
+    """Open a run in `out` for appending: its results.jsonl and the keys (`key(record)`) of the
+    records it already holds, which a resumed run skips. Without `resume`, an earlier results
+    file is set aside first (`set_aside`) and nothing is skipped; with it, a torn last line is
+    mended (`read_results(repair=True)`) so the next append starts a line of its own."""
+    log = log or (lambda m: None)
+    results_path = out / "results.jsonl"
+    if not resume and results_path.exists():
+        kept = set_aside(out)
+        log(f"started afresh; the previous results are in {kept}" if kept else
+            "started afresh (the previous results file was empty)")
+    done = {key(r) for r in read_results(results_path, repair=True, warn=log, check=check)}
+    return results_path, done
+
+
 def append_records(f, records: list[dict]) -> None:
     # one write of whole lines per task, flushed and synced: a kill leaves at most a torn last line,
     # which the next run's read_results(repair=True) mends before it appends
