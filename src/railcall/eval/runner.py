@@ -122,6 +122,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     from railcall.runtime.decode import SamplingParams
     from railcall.eval import report
     from railcall.models.store import load_model
+    from railcall.runtime.plain import stop_strings
     from railcall.vocab import Vocabulary
 
     log = log or (lambda m: None)
@@ -155,7 +156,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
             "started afresh (the previous results file was empty)")
     atomic_write(run_path, json.dumps({"settings": asdict(settings), "machine": machine()}, indent=1))
     done = {(r["category"], r["id"], r["condition"]) for r in read_results(results_path, repair=True, warn=log)}
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    # a base model's plain-text turns end at stop strings (railcall.runtime.plain); others: none
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop_strings(lm.tokenizer))
     t_start = time.perf_counter()
     # The order of work: tasks in file order, `batch` at a time from each category in turn, so
     # an interrupted run holds the first N tasks of every category -- what `--limit N` runs.
@@ -186,7 +188,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     held: dict[tuple, list] = {}
 
     def is_decided(i, tokens):
-        return checker.decided(vocab.decode(tokens).decode("utf-8", errors="replace"))
+        return checker.decided(vocab.decode(tokens).decode("utf-8", errors="replace"), params.stop)
 
     last = time.perf_counter()
     with open(results_path, "a") as f:
