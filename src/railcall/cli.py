@@ -762,6 +762,8 @@ def eval_bfcl(
                                 "N one more than the last: never overwritten."),
     data: Optional[str] = typer.Option(None, "--data", help="The BFCL data folder (default: the installed bfcl-eval package's)."),
     max_tokens: int = typer.Option(192, "--max-tokens", help="Token ceiling per reply, the same for every category."),
+    shots: int = typer.Option(0, "--shots", help="In-context examples before each question: made-up requests for "
+                              "the task's own tools and their calls in the run's call format (never its question or answer)."),
     batch: int = typer.Option(16, "--batch", help="Tasks decoded together (each gives one row per condition)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; 1 helps on a busy machine)."),
     tool_choice: Optional[str] = typer.Option(None, "--tool-choice", help="auto or required for every category (default: "
@@ -779,6 +781,8 @@ def eval_bfcl(
     _at_least_1(limit=limit, max_tokens=max_tokens, batch=batch, threads=threads)
     if tool_choice not in (None, "auto", "required"):
         _fail(f"--tool-choice must be auto or required, not {tool_choice!r}")
+    if shots < 0:
+        _fail(ValueError(f"--shots must be 0 or more, not {shots}"))
     _check_eval_packages(model, "jsonschema", "matplotlib")
     data = _bfcl_folder(data)
     cats = [c.strip() for item in category for c in item.split(",") if c.strip()]
@@ -791,7 +795,7 @@ def eval_bfcl(
         _fail(e)
     with _progress_bars() as progress:
         try:
-            summary = run_bfcl(cats, Path(out), data=Path(data), limit=limit, grammar=not no_grammar, model=model,
+            summary = run_bfcl(cats, Path(out), data=Path(data), limit=limit, grammar=not no_grammar, model=model, shots=shots,
                                max_tokens=max_tokens, batch=batch, resume=resume, threads=threads, progress=progress,
                                tool_choice=tool_choice,
                                log=lambda m: console.print(m, style="dim"))

@@ -45,6 +45,7 @@ class Settings:
 
     model: str
     max_tokens: int = 192
+    shots: int = 0  # in-context examples from the task's tool table (railcall.runtime.shots)
     temperature: float = 0.0
     prompt: str = bfcl.PROMPT_VERSION
     grammar: str = "one call or a JSON array of calls, JsonCall wire format"
@@ -62,6 +63,14 @@ def call_grammar(tools):
     rules.update(dict(many.rules))
     return ir.Grammar(ir.Alt(one.start, many.start), tuple(rules.items()), name=f"one-or-many:{one.name}",
                       key=f"one-or-many:{one.key}:{many.key}")
+
+
+def examples(task: bfcl.Task, shots: int, call_format: str = "json") -> list[dict]:
+    """`shots` in-context examples for `task` as chat turns: made-up requests for its tools and
+    their calls in `call_format`, built from the tool table alone (never its question or answer)."""
+    from railcall.runtime.shots import shot_messages, shots as make_shots
+
+    return shot_messages(make_shots(task.tools, shots, call_format))
 
 
 def make_matcher(tools, vocab, mode: str):
@@ -114,7 +123,7 @@ def score(task: bfcl.Task, text: str, calls: list[dict] | None = None, *, auto: 
 
 
 def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limit: int | None = None,
-             grammar: bool = True, model: str | None = None, max_tokens: int = 192, batch: int = 16,
+             grammar: bool = True, model: str | None = None, max_tokens: int = 192, shots: int = 0, batch: int = 16,
              resume: bool = False, tool_choice: str | None = None, threads: int | None = None,
              progress: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Run the categories; returns the summary (also written to `out`/summary.json)."""
@@ -126,6 +135,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     from railcall.vocab import Vocabulary
 
     log = log or (lambda m: None)
+    if shots < 0:
+        raise ValueError(f"shots must be 0 or more, not {shots}")
     if threads:
         import torch
 
@@ -143,10 +154,10 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     lm = load_model(model)
     vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
     conditions = list(CONDITIONS) if grammar else ["without_grammar"]
-    settings = Settings(model=lm.name, max_tokens=max_tokens, conditions=list(CONDITIONS))
+    settings = Settings(model=lm.name, max_tokens=max_tokens, shots=shots, conditions=list(CONDITIONS))
     results_path, run_path = out / "results.jsonl", out / "run.json"
     if resume and run_path.is_file():
-        before = read_run(run_path)["settings"]
+        before = {"shots": 0, **read_run(run_path)["settings"]}  # runs from before --shots had none
         if before != asdict(settings):
             diff = {k: (before.get(k), v) for k, v in asdict(settings).items() if before.get(k) != v}
             raise ValueError(f"--resume: {out} was run with other settings {diff}; use another --out")
@@ -170,7 +181,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         windows[cat] = [todo[i: i + batch] for i in range(0, len(todo), batch)]
         if progress:
             progress(cat, finished[cat], len(tasks))
-    prompts = {(cat, t.id): bfcl.prompt_ids(lm.tokenizer, t) for ws in windows.values() for w in ws for cat, t in w}
+    prompts = {(cat, t.id): bfcl.prompt_ids(lm.tokenizer, t, examples(t, shots)) for ws in windows.values() for w in ws
+               for cat, t in w}
     order = []
     for k in range(max((len(ws) for ws in windows.values()), default=0)):
         for ws in windows.values():
