@@ -167,3 +167,41 @@ def test_examples_are_turns_before_the_question():
     assert tok.messages[2]["content"].startswith('{"tool":"' + task.tools[0].name)
     bfcl.prompt_ids(tok, task)
     assert [m["role"] for m in tok.messages] == ["system", "user"]
+
+
+def test_shots_go_in_the_prompt_and_the_settings(tmp_path, monkeypatch, smollm2_tokenizer):
+    """--shots 2: each prompt holds two example turns built from its task's tools, run.json says
+    shots 2, and a resumed run with other shots is refused; a run.json from before --shots
+    (no shots field) resumes as shots 0."""
+    import types
+
+    import railcall.runtime.batch
+    from railcall.eval.runner import examples, run_bfcl
+    from railcall.models import store
+
+    lm = types.SimpleNamespace(tokenizer=smollm2_tokenizer, name="stub",
+                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(smollm2_tokenizer))))
+    monkeypatch.setattr(store, "load_model", lambda model=None: lm)
+    seen = []
+
+    def nothing_decoded(model, vocab, requests, params, **kw):
+        seen.extend(p for p, _ in requests)
+        return iter(())
+
+    monkeypatch.setattr(railcall.runtime.batch, "decode_stream", nothing_decoded)
+    run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, shots=2)
+    tasks = bfcl.load_category(BFCL, "multiple", 2)
+    assert sorted(seen) == sorted(bfcl.prompt_ids(smollm2_tokenizer, t, examples(t, 2)) for t in tasks)
+    text = smollm2_tokenizer.decode(bfcl.prompt_ids(smollm2_tokenizer, tasks[0], examples(tasks[0], 2)))
+    turns = examples(tasks[0], 2)
+    assert [m["role"] for m in turns] == ["user", "assistant"] * 2
+    assert all(m["content"] in text for m in turns) and tasks[0].messages[-1]["content"] in text
+    assert json.loads((tmp_path / "run.json").read_text())["settings"]["shots"] == 2
+    with pytest.raises(ValueError, match="shots"):
+        run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, shots=0, resume=True)
+    settings = json.loads((tmp_path / "run.json").read_text())
+    del settings["settings"]["shots"]
+    (tmp_path / "run.json").write_text(json.dumps(settings))
+    run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, resume=True)  # shots 0: as before
+    with pytest.raises(ValueError, match="shots must be 0 or more"):
+        run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, shots=-1)

@@ -779,10 +779,10 @@ def eval_bfcl(
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     _at_least_1(limit=limit, max_tokens=max_tokens, batch=batch, threads=threads)
-    if tool_choice not in (None, "auto", "required"):
-        _fail(f"--tool-choice must be auto or required, not {tool_choice!r}")
     if shots < 0:
         _fail(ValueError(f"--shots must be 0 or more, not {shots}"))
+    if tool_choice not in (None, "auto", "required"):
+        _fail(f"--tool-choice must be auto or required, not {tool_choice!r}")
     _check_eval_packages(model, "jsonschema", "matplotlib")
     data = _bfcl_folder(data)
     cats = [c.strip() for item in category for c in item.split(",") if c.strip()]

@@ -14,6 +14,12 @@ stops). A free reply is ended early once it can no longer be a call (`checker.de
 does not start with { or [, or a complete JSON value is followed by more text); this changes
 no verdict, only the time spent, and its token count is then the tokens up to that point.
 
+With `shots` k > 0 each prompt holds k in-context examples between the system message and the
+question (`examples`: made-up requests for the task's own tools and their calls in the run's call
+format, built from the tool table alone, railcall.runtime.shots); k is one of the run's settings.
+A model without a chat template gets plain-text turns whose replies end at stop strings
+(railcall.runtime.plain); the early end of a free reply waits while its text may be one on its way.
+
 Tasks are decoded `batch` at a time (both conditions: twice as many rows), new ones joining as
 others end (`railcall.runtime.batch.decode_stream`), in file order, a window of `batch` tasks from each
 category in turn: an interrupted run holds the first N tasks of every category. Results: one JSON line per (task, condition) in
@@ -65,14 +71,6 @@ def call_grammar(tools):
                       key=f"one-or-many:{one.key}:{many.key}")
 
 
-def examples(task: bfcl.Task, shots: int, call_format: str = "json") -> list[dict]:
-    """`shots` in-context examples for `task` as chat turns: made-up requests for its tools and
-    their calls in `call_format`, built from the tool table alone (never its question or answer)."""
-    from railcall.runtime.shots import shot_messages, shots as make_shots
-
-    return shot_messages(make_shots(task.tools, shots, call_format))
-
-
 def make_matcher(tools, vocab, mode: str):
     """A fresh matcher for one request: the call grammar, required or behind free text (auto)."""
     from railcall.matcher import Matcher, compiled_grammar
@@ -120,6 +118,14 @@ def score(task: bfcl.Task, text: str, calls: list[dict] | None = None, *, auto: 
     verdict = checker.check_calls(task.functions, calls, task.ground_truth, language=task.language, expects=task.expects)
     return {"parse": calls is not None, "valid": checker.valid_calls(calls, task.tools),
             "ast": verdict.ok, "reason": verdict.reason, "calls": len(calls) if calls else 0}
+
+
+def examples(task: bfcl.Task, shots: int, call_format: str = "json") -> list[dict]:
+    """`shots` in-context examples for `task` as chat turns: made-up requests for its tools and
+    their calls in `call_format`, built from the tool table alone (never its question or answer)."""
+    from railcall.runtime.shots import shot_messages, shots as make_shots
+
+    return shot_messages(make_shots(task.tools, shots, call_format))
 
 
 def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limit: int | None = None,
