@@ -189,7 +189,7 @@ def test_gemma3_loads_and_writes_a_call():
     assert lm.name.startswith("gemma3-") and not lm.name.startswith("gemma3-tokenizer")
     vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
     prompt = chat_prompt_ids(lm.tokenizer, DEMO_TOOLS, "Read the file notes.txt")
-    assert lm.tokenizer.decode(prompt).startswith("<bos>") and lm.tokenizer.decode(prompt).endswith("Assistant:\n")
+    assert lm.tokenizer.decode(prompt).startswith("<bos>") and lm.tokenizer.decode(prompt).endswith("Answer:\n")
     g = generate(TransformersBackend(lm.model), vocab, prompt, Matcher(compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)),
                  SamplingParams(max_tokens=24))
     assert parse_call(g.text, DEMO_TOOLS) is not None, g.text
