@@ -16,9 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from railcall.errors import GrammarError
-from railcall.grammar.tools import FORMATS, Tool, tool_grammar
+from railcall.grammar.tools import FORMATS, Tool, tool_grammar, write_calls
 from railcall.matcher import CompiledGrammar, Matcher
 from railcall.runtime.output import Delimiters, OutputParser, parse_pythonic
+from railcall.vocab import Vocabulary
 
 from toolgen import pick_token, random_tools
 
@@ -233,3 +234,39 @@ def test_pythonic_parser_reads_literals_safely():
 def test_default_format_is_unchanged():
     assert tool_grammar([WEATHER]) == tool_grammar([WEATHER], "json")
     assert set(FORMATS) == {"json", "openai", "hermes", "pythonic"}
+
+
+# -- writing calls ------------------------------------------------------------------------------
+
+CITY_UNIT = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"},
+                                                                       "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                                      "required": ["city", "unit"]})
+BYTES = Vocabulary.from_pieces([bytes([b]) for b in range(256)], name="bytes-256")  # hermes' tags as text
+
+
+def _accepts(tools, fmt, text):
+    m = Matcher(CompiledGrammar(tool_grammar(tools, fmt), BYTES))
+    return m.consume_bytes(text.encode()) and m.is_accepting()
+
+
+def test_the_four_formats_write_a_call_as_their_grammars_do():
+    """`write_calls` spells calls as each format's grammar does (the text the grammar accepts),
+    arguments in the schema's order."""
+    args = {"unit": "celsius", "city": "Paris"}  # out of order: written in the schema's order
+    want = {
+        "json": '{"tool":"get_weather","args":{"city":"Paris","unit":"celsius"}}',
+        "openai": '{"name":"get_weather","arguments":{"city":"Paris","unit":"celsius"}}',
+        "hermes": '<tool_call>{"name":"get_weather","arguments":{"city":"Paris","unit":"celsius"}}</tool_call>',
+        "pythonic": '[get_weather(city="Paris", unit="celsius")]',
+    }
+    assert set(want) == set(FORMATS)
+    for fmt, text in want.items():
+        assert write_calls([CITY_UNIT], [("get_weather", args)], fmt) == text
+        assert _accepts([CITY_UNIT], fmt, text), fmt
+    two = [("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_weather", {"city": "Oslo", "unit": "celsius"})]
+    for fmt in FORMATS:
+        text = write_calls([CITY_UNIT], two, fmt)
+        m = Matcher(CompiledGrammar(tool_grammar([CITY_UNIT], fmt, parallel=True), BYTES))
+        assert m.consume_bytes(text.encode()) and m.is_accepting(), (fmt, text)
+    with pytest.raises(GrammarError, match="no tool 'nope'"):
+        write_calls([CITY_UNIT], [("nope", {})], "json")

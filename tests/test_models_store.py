@@ -164,3 +164,32 @@ def test_a_conversion_that_fails_is_a_model_error_and_leaves_no_cache(home, fake
     with pytest.raises(KeyboardInterrupt):
         store.ensure_converted(fake_gguf, converter=interrupted, log=lambda m: None)
     assert list((home / "models").iterdir()) == []
+
+
+def test_gemma3_is_a_model_not_only_a_tokenizer():
+    """--model gemma3 names a model to load (its weights are in the package), not a tokenizer source."""
+    assert "gemma3" in store.EMBEDDED and "gemma3" not in store.TOKENIZER_ONLY
+
+
+@pytest.mark.gemma
+@pytest.mark.model
+def test_gemma3_loads_and_writes_a_call():
+    """The embedded Gemma 3 270M: converted once (about a minute and ~1.1 GB the first time), a base
+    model with plain-text prompts; greedy under the grammar it writes a call of the table."""
+    from railcall.demo import DEMO_TOOLS, parse_call
+    from railcall.grammar.tools import tool_grammar
+    from railcall.matcher import Matcher, compiled_grammar
+    from railcall.models.backend import TransformersBackend
+    from railcall.runtime.decode import SamplingParams, generate
+    from railcall.runtime.prompt import chat_prompt_ids
+    from railcall.vocab import Vocabulary
+
+    lm = store.load_model("gemma3")
+    assert lm.model.config.vocab_size == 262144 and lm.plain_prompt
+    assert lm.name.startswith("gemma3-") and not lm.name.startswith("gemma3-tokenizer")
+    vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
+    prompt = chat_prompt_ids(lm.tokenizer, DEMO_TOOLS, "Read the file notes.txt")
+    assert lm.tokenizer.decode(prompt).startswith("<bos>") and lm.tokenizer.decode(prompt).endswith("Answer:\n")
+    g = generate(TransformersBackend(lm.model), vocab, prompt, Matcher(compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)),
+                 SamplingParams(max_tokens=24))
+    assert parse_call(g.text, DEMO_TOOLS) is not None, g.text

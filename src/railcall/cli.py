@@ -30,6 +30,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+MODEL_HELP = ("smollm2 or gemma3 (the embedded SmolLM2-135M-Instruct or the Gemma 3 270M base model), "
+              "a .gguf file, or a local Hugging Face folder (default: smollm2).")
 
 
 def _version(value: bool) -> None:
@@ -76,7 +78,7 @@ def _check_model_arg(model, command: str, extra: str = "model") -> None:
 
 @app.command()
 def info(
-    model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     prompt: str = typer.Option("What is the capital of France?", "--prompt", help="The question for the greedy reply."),
     max_tokens: int = typer.Option(24, "--max-tokens", help="Tokens in the greedy reply."),
 ) -> None:
@@ -87,10 +89,12 @@ def info(
     _facts(lm, vocab)
     from railcall.runtime.decode import SamplingParams, generate
     from railcall.models.backend import TransformersBackend
+    from railcall.runtime.plain import stop_strings
 
     ids = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    g = generate(TransformersBackend(lm.model), vocab, ids, None, SamplingParams(max_tokens=max_tokens))
+    g = generate(TransformersBackend(lm.model), vocab, ids, None,
+                 SamplingParams(max_tokens=max_tokens, stop=stop_strings(lm.tokenizer)))
     console.print(f"[bold]prompt:[/] {prompt}")
     console.print(f"[bold]greedy reply:[/] {g.text}")
     console.print(f"({len(g.tokens)} tokens in {g.seconds:.2f} s, {g.tokens_per_s:.1f} tokens/s)")
@@ -121,12 +125,14 @@ def _facts(lm, vocab) -> None:
     table.add_row("special tokens", f"{int(vocab.special.sum())}: " + ", ".join(sorted(vocab.special_text.values())[:8]) + " ...")
     table.add_row("stop tokens", ", ".join(f"{vocab.token_text(i)} ({i})" for i in vocab.stop_ids))
     table.add_row("context length", str(getattr(cfg, "max_position_embeddings", "?")))
+    table.add_row("prompt", "plain text turns (no chat template of its own: a base model; replies end at a blank "
+                  "line)" if getattr(lm, "plain_prompt", False) else "the model's chat template")
     console.print(table)
 
 
 @app.command()
 def demo(
-    model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     task: Optional[int] = typer.Option(None, "--task", help="Run only task N (1-6)."),
     tools: Optional[str] = typer.Option(None, "--tools", help="Comma-separated tool names to keep in the table."),
     no_grammar: bool = typer.Option(False, "--no-grammar", help="Only the prompt-only run."),
@@ -465,7 +471,7 @@ def _coverage_corpus(name, out, peers, limit, walks, max_steps, seed, standard, 
 
 @app.command()
 def serve(
-    model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     host: str = typer.Option("127.0.0.1", "--host", help="The address to listen on."),
     port: int = typer.Option(8000, "--port", help="The port to listen on."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RAILCALL_API_KEY",
@@ -749,13 +755,15 @@ def eval_bfcl(
     category: list[str] = typer.Option(..., "--category", help="A BFCL category (repeat, or comma-separate; 'all': every file in --data)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N tasks of each category."),
     no_grammar: bool = typer.Option(False, "--no-grammar", help="Only the run without the grammar."),
-    model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     out: str = typer.Option("eval-out/bfcl", "--out", help="The folder for results.jsonl, summary.json, table.md and eval.png."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks. "
                                 "Without it, results already in --out are kept as results.jsonl.old.N (and run.json.old.N), "
                                 "N one more than the last: never overwritten."),
     data: Optional[str] = typer.Option(None, "--data", help="The BFCL data folder (default: the installed bfcl-eval package's)."),
     max_tokens: int = typer.Option(192, "--max-tokens", help="Token ceiling per reply, the same for every category."),
+    shots: int = typer.Option(0, "--shots", help="In-context examples before each question: made-up requests for "
+                              "the task's own tools and their calls in the run's call format (never its question or answer)."),
     batch: int = typer.Option(16, "--batch", help="Tasks decoded together (each gives one row per condition)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; 1 helps on a busy machine)."),
     tool_choice: Optional[str] = typer.Option(None, "--tool-choice", help="auto or required for every category (default: "
@@ -771,6 +779,8 @@ def eval_bfcl(
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     _at_least_1(limit=limit, max_tokens=max_tokens, batch=batch, threads=threads)
+    if shots < 0:
+        _fail(ValueError(f"--shots must be 0 or more, not {shots}"))
     if tool_choice not in (None, "auto", "required"):
         _fail(f"--tool-choice must be auto or required, not {tool_choice!r}")
     _check_eval_packages(model, "jsonschema", "matplotlib")
@@ -785,7 +795,7 @@ def eval_bfcl(
         _fail(e)
     with _progress_bars() as progress:
         try:
-            summary = run_bfcl(cats, Path(out), data=Path(data), limit=limit, grammar=not no_grammar, model=model,
+            summary = run_bfcl(cats, Path(out), data=Path(data), limit=limit, grammar=not no_grammar, model=model, shots=shots,
                                max_tokens=max_tokens, batch=batch, resume=resume, threads=threads, progress=progress,
                                tool_choice=tool_choice,
                                log=lambda m: console.print(m, style="dim"))
@@ -802,7 +812,7 @@ def eval_bfcl(
 def eval_multi_turn(
     category: list[str] = typer.Option(["multi_turn_base"], "--category", help="multi_turn_base and/or multi_turn_long_context (repeat, or comma-separate)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N tasks of each category."),
-    model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     out: str = typer.Option("eval-out/bfcl-multi-turn", "--out", help="The folder for results.jsonl and summary.json."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks."),
     data: Optional[str] = typer.Option(None, "--data", help="The BFCL data folder (default: the installed bfcl-eval package's)."),
@@ -851,7 +861,7 @@ def eval_agent(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks."),
     max_steps: int = typer.Option(6, "--max-steps", help="Step limit per task."),
     max_tokens: int = typer.Option(64, "--max-tokens", help="Token ceiling per call."),
-    model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     list_tasks: bool = typer.Option(False, "--list", help="Print the suite's tasks and exit."),
 ) -> None:
     """The agent task suite: each task in a fresh workspace, its outcome checked; success rate, steps, time, traces."""
@@ -927,7 +937,7 @@ def eval_ablation(
     seed: int = typer.Option(0, "--seed", help="Seed for the task sample and for sampling tokens."),
     temperature: float = typer.Option(0.8, "--temperature", help="Sampling temperature (each task gets its own seed)."),
     max_tokens: int = typer.Option(48, "--max-tokens", help="Token ceiling per reply."),
-    model: Optional[str] = typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
 ) -> None:
     """Seed 000's ablation: parse rate with and without the grammar over N sampled demo tasks."""

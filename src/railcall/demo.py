@@ -115,6 +115,7 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
     from railcall.matcher import Matcher, compiled_grammar
     from railcall.models.backend import TransformersBackend
     from railcall.models.store import load_model
+    from railcall.runtime.plain import stop_strings
     from railcall.runtime.prompt import chat_prompt_ids
     from railcall.vocab import Vocabulary
 
@@ -125,7 +126,8 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
         raise ValueError(f"--tools selects none of {', '.join(t.name for t in DEMO_TOOLS)}")
     compiled = compiled_grammar(tool_grammar(table), vocab)
     backend = TransformersBackend(lm.model)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=seed)
+    # a base model's plain-text turns end at stop strings (railcall.runtime.plain); others: none
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=seed, stop=stop_strings(lm.tokenizer))
     chosen = [TASKS[task - 1]] if task else TASKS
     root = workspace()
     results = []

@@ -162,12 +162,14 @@ def system_prompt(tools: Sequence[Tool]) -> str:
     )
 
 
-def prompt_ids(tokenizer, task: Task) -> list[int]:
+def prompt_ids(tokenizer, task: Task, examples: Sequence[dict] = ()) -> list[int]:
     """Token ids of the chat prompt for `task`, ready for generation. The task's own system
-    messages (some live tasks have one) follow the tool list in the same system message."""
+    messages (some live tasks have one) follow the tool list in the same system message.
+    `examples`: in-context examples as earlier user and assistant turns, before the task's
+    question (`railcall.runtime.shots`, built from the tool table alone)."""
     tools = task.tools
     own_system = [m["content"] for m in task.messages if m["role"] == "system"]
-    rest = [{"role": m["role"], "content": m["content"]} for m in task.messages if m["role"] != "system"]
+    rest = list(examples) + [{"role": m["role"], "content": m["content"]} for m in task.messages if m["role"] != "system"]
     if has_native_tools(tokenizer):
         specs = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
                  for t in tools]

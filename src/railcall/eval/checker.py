@@ -66,10 +66,15 @@ def parse_calls(text: str) -> list[dict] | None:
     return None
 
 
-def decided(text: str) -> bool:
+def decided(text: str, stop: Sequence[str] = ()) -> bool:
     """True once `text` can never become a call by appending more: the reply does not start
     with { or [, or a complete JSON value is followed by more text or is not a call. Used to
-    end a free-running reply early without changing any verdict."""
+    end a free-running reply early without changing any verdict. Text at the end that may be
+    the start of one of the reply's `stop` strings is not counted yet: the stop string would end
+    the reply before it ("}\nQues" may be a base model's next turn, "\nQuestion", on its way)."""
+    held = max((n for st in stop for n in range(1, min(len(st), len(text)) + 1) if text.endswith(st[:n])), default=0)
+    if held:
+        text = text[:-held]
     s = text.lstrip()
     if not s:
         return False

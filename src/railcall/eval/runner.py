@@ -14,6 +14,12 @@ stops). A free reply is ended early once it can no longer be a call (`checker.de
 does not start with { or [, or a complete JSON value is followed by more text); this changes
 no verdict, only the time spent, and its token count is then the tokens up to that point.
 
+With `shots` k > 0 each prompt holds k in-context examples between the system message and the
+question (`examples`: made-up requests for the task's own tools and their calls in the run's call
+format, built from the tool table alone, railcall.runtime.shots); k is one of the run's settings.
+A model without a chat template gets plain-text turns whose replies end at stop strings
+(railcall.runtime.plain); the early end of a free reply waits while its text may be one on its way.
+
 Tasks are decoded `batch` at a time (both conditions: twice as many rows), new ones joining as
 others end (`railcall.runtime.batch.decode_stream`), in file order, a window of `batch` tasks from each
 category in turn: an interrupted run holds the first N tasks of every category. Results: one JSON line per (task, condition) in
@@ -45,6 +51,7 @@ class Settings:
 
     model: str
     max_tokens: int = 192
+    shots: int = 0  # in-context examples from the task's tool table (railcall.runtime.shots)
     temperature: float = 0.0
     prompt: str = bfcl.PROMPT_VERSION
     grammar: str = "one call or a JSON array of calls, JsonCall wire format"
@@ -113,8 +120,16 @@ def score(task: bfcl.Task, text: str, calls: list[dict] | None = None, *, auto: 
             "ast": verdict.ok, "reason": verdict.reason, "calls": len(calls) if calls else 0}
 
 
+def examples(task: bfcl.Task, shots: int, call_format: str = "json") -> list[dict]:
+    """`shots` in-context examples for `task` as chat turns: made-up requests for its tools and
+    their calls in `call_format`, built from the tool table alone (never its question or answer)."""
+    from railcall.runtime.shots import shot_messages, shots as make_shots
+
+    return shot_messages(make_shots(task.tools, shots, call_format))
+
+
 def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limit: int | None = None,
-             grammar: bool = True, model: str | None = None, max_tokens: int = 192, batch: int = 16,
+             grammar: bool = True, model: str | None = None, max_tokens: int = 192, shots: int = 0, batch: int = 16,
              resume: bool = False, tool_choice: str | None = None, threads: int | None = None,
              progress: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Run the categories; returns the summary (also written to `out`/summary.json)."""
@@ -122,9 +137,12 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     from railcall.runtime.decode import SamplingParams
     from railcall.eval import report
     from railcall.models.store import load_model
+    from railcall.runtime.plain import stop_strings
     from railcall.vocab import Vocabulary
 
     log = log or (lambda m: None)
+    if shots < 0:
+        raise ValueError(f"shots must be 0 or more, not {shots}")
     if threads:
         import torch
 
@@ -142,10 +160,10 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     lm = load_model(model)
     vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
     conditions = list(CONDITIONS) if grammar else ["without_grammar"]
-    settings = Settings(model=lm.name, max_tokens=max_tokens, conditions=list(CONDITIONS))
+    settings = Settings(model=lm.name, max_tokens=max_tokens, shots=shots, conditions=list(CONDITIONS))
     results_path, run_path = out / "results.jsonl", out / "run.json"
     if resume and run_path.is_file():
-        before = read_run(run_path)["settings"]
+        before = {"shots": 0, **read_run(run_path)["settings"]}  # runs from before --shots had none
         if before != asdict(settings):
             diff = {k: (before.get(k), v) for k, v in asdict(settings).items() if before.get(k) != v}
             raise ValueError(f"--resume: {out} was run with other settings {diff}; use another --out")
@@ -155,7 +173,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
             "started afresh (the previous results file was empty)")
     atomic_write(run_path, json.dumps({"settings": asdict(settings), "machine": machine()}, indent=1))
     done = {(r["category"], r["id"], r["condition"]) for r in read_results(results_path, repair=True, warn=log)}
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    # a base model's plain-text turns end at stop strings (railcall.runtime.plain); others: none
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop_strings(lm.tokenizer))
     t_start = time.perf_counter()
     # The order of work: tasks in file order, `batch` at a time from each category in turn, so
     # an interrupted run holds the first N tasks of every category -- what `--limit N` runs.
@@ -168,7 +187,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         windows[cat] = [todo[i: i + batch] for i in range(0, len(todo), batch)]
         if progress:
             progress(cat, finished[cat], len(tasks))
-    prompts = {(cat, t.id): bfcl.prompt_ids(lm.tokenizer, t) for ws in windows.values() for w in ws for cat, t in w}
+    prompts = {(cat, t.id): bfcl.prompt_ids(lm.tokenizer, t, examples(t, shots)) for ws in windows.values() for w in ws
+               for cat, t in w}
     order = []
     for k in range(max((len(ws) for ws in windows.values()), default=0)):
         for ws in windows.values():
@@ -186,7 +206,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     held: dict[tuple, list] = {}
 
     def is_decided(i, tokens):
-        return checker.decided(vocab.decode(tokens).decode("utf-8", errors="replace"))
+        return checker.decided(vocab.decode(tokens).decode("utf-8", errors="replace"), params.stop)
 
     last = time.perf_counter()
     with open(results_path, "a") as f:

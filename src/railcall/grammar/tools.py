@@ -22,7 +22,9 @@ Call formats are small classes (`CallFormat`), registered by name in FORMATS:
                                                                     typed literals (grammar.pythonic)
 
 Every format reads back through `railcall.runtime.output.OutputParser(call_format=<name>)` into the same
-`ToolCall` (a name and the arguments as JSON text).
+`ToolCall` (a name and the arguments as JSON text). The other way, `CallFormat.write` (and
+`write_calls` for a table's tools) spells calls as the format's grammar writes them: what a prompt's
+example call or a history's earlier call should look like.
 """
 
 from __future__ import annotations
@@ -102,6 +104,20 @@ class CallFormat:
         rules). JSON formats keep them as they are."""
         return node, rules
 
+    def write(self, calls: Sequence[tuple[str, dict]]) -> str:
+        """`calls` ((name, arguments) pairs) as this format's grammar writes them: one call as
+        `single` spells it, several as `many` does; values compact, arguments in the order
+        given (the grammar's is the schema's: `write_calls` orders them)."""
+        if not calls:
+            raise GrammarError("write needs at least one call")
+        return self._one(*calls[0]) if len(calls) == 1 else self._many([self._one(n, a) for n, a in calls])
+
+    def _one(self, name: str, args: dict) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _many(self, written: list[str]) -> str:
+        return "[" + ",".join(written) + "]"  # a JSON array, as ir.JsonArray writes it
+
 
 class JsonCall(CallFormat):
     """Seed 000's wire format: {"tool":"<name>","args":{...}}; parallel calls as a JSON array."""
@@ -117,6 +133,9 @@ class JsonCall(CallFormat):
     def many(self, one, max_calls):
         return ir.JsonArray(one, 1, max_calls)
 
+    def _one(self, name, args):
+        return f'{{"tool":{_json(name)},"args":{_json(args)}}}'
+
 
 class OpenAICall(JsonCall):
     """OpenAI's function-call object: {"name":"<name>","arguments":{...}}; parallel calls as a
@@ -128,6 +147,9 @@ class OpenAICall(JsonCall):
     def call(self, choices):
         return ir.Seq(ir.Lit(b'{"name":"'), ir.Select(tuple((k, ir.Seq(ir.Lit(b',"arguments":'), v)) for k, v in choices)),
                       ir.Lit(b"}"))
+
+    def _one(self, name, args):
+        return f'{{"name":{_json(name)},"arguments":{_json(args)}}}'
 
 
 class HermesCall(CallFormat):
@@ -154,6 +176,12 @@ class HermesCall(CallFormat):
 
     def more_rules(self, one, max_calls):
         return (("hermes_more", self.many(one, max_calls)),) if max_calls != 1 else ()
+
+    def _one(self, name, args):
+        return f'{self.open_tag}{{"name":{_json(name)},"arguments":{_json(args)}}}{self.close_tag}'
+
+    def _many(self, written):
+        return "\n".join(written)
 
 
 class PythonicCall(CallFormat):
@@ -197,8 +225,44 @@ class PythonicCall(CallFormat):
             return ()
         return (("pythonic_more", ir.Alt(ir.Seq(), ir.Seq(ir.Lit(b", "), one, ir.Ref("pythonic_more")))),)
 
+    def write(self, calls):
+        if not calls:
+            raise GrammarError("write needs at least one call")
+        return "[" + ", ".join(self._one(n, a) for n, a in calls) + "]"  # a single call is a list too
+
+    def _one(self, name, args):
+        from railcall.grammar.pythonic import py_spell
+
+        return f"{name}(" + ", ".join(f"{k}={py_spell(_json(v).encode()).decode()}" for k, v in args.items()) + ")"
+
+
+def _json(value) -> str:
+    return ir.json_literal(value).decode("utf-8")
+
 
 FORMATS = {"json": JsonCall, "openai": OpenAICall, "hermes": HermesCall, "pythonic": PythonicCall}
+
+
+def call_format(fmt: CallFormat | str) -> CallFormat:
+    """A CallFormat from its name in FORMATS (a format object is returned as it is)."""
+    if not isinstance(fmt, str):
+        return fmt
+    if fmt not in FORMATS:
+        raise GrammarError(f"unknown call format {fmt!r}; known: {', '.join(FORMATS)}")
+    return FORMATS[fmt]()
+
+
+def write_calls(tools: Sequence[Tool], calls: Sequence[tuple[str, dict]], fmt: CallFormat | str = "json") -> str:
+    """`calls` ((tool name, arguments) pairs) over `tools` as `fmt` writes them, each call's
+    arguments in its tool's declared order (the order its grammar writes them in)."""
+    by_name = {t.name: t for t in tools}
+    ordered = []
+    for name, args in calls:
+        if name not in by_name:
+            raise GrammarError(f"no tool {name!r} in the table; its tools: {', '.join(by_name)}")
+        order = list(by_name[name].parameters.get("properties", {}))
+        ordered.append((name, {k: args[k] for k in sorted(args, key=lambda k: order.index(k) if k in order else len(order))}))
+    return call_format(fmt).write(ordered)
 
 
 class ToolGrammarBuilder:
@@ -247,10 +311,7 @@ class ToolGrammarBuilder:
 
     def grammar(self, tools: Sequence[Tool], fmt: CallFormat | str = "json", *, parallel: bool = False,
                 max_calls: int | None = None) -> ir.Grammar:
-        if isinstance(fmt, str):
-            if fmt not in FORMATS:
-                raise GrammarError(f"unknown call format {fmt!r}; known: {', '.join(FORMATS)}")
-            fmt = FORMATS[fmt]()
+        fmt = call_format(fmt)
         if not tools:
             raise GrammarError("the tool table is empty (or the policy view removed every tool): "
                                "no call can be written")

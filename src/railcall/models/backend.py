@@ -65,12 +65,15 @@ class TransformersBackend:
             self._cache = DynamicCache()
         self.last_cached = m
         self._tokens = prompt[:m]
-        return self.feed(prompt[m:])[-1]
+        # Only the last position's logits: all of them would be (prompt length, width) floats,
+        # 1 GB for a 1,000-token prompt over Gemma 3's 262,144 tokens.
+        return self.feed(prompt[m:], keep=1)[-1]
 
-    def feed(self, tokens):
+    def feed(self, tokens, keep: int = 0):
+        """Append tokens; (len(tokens), width) logits, or only the last `keep` rows."""
         import torch
 
-        out = self._run(torch.tensor([list(tokens)], dtype=torch.long))
+        out = self._run(torch.tensor([list(tokens)], dtype=torch.long), keep)
         self._tokens.extend(tokens)
         return out
 
@@ -89,11 +92,11 @@ class TransformersBackend:
         assert self._cache.get_seq_length() == n
         return out
 
-    def _run(self, ids):
+    def _run(self, ids, keep: int = 0):
         import torch
 
         with torch.inference_mode():
-            out = self.model(input_ids=ids, past_key_values=self._cache, use_cache=True)
+            out = self.model(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=keep)
         self._cache = out.past_key_values
         self.forward_passes += 1
         return out.logits[0].float()

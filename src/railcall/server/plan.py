@@ -154,6 +154,11 @@ def _params(served: "ServedModel", req, prompt: list[int], kind: str, where: str
     # Stop strings end free text (prose, and the prose around calls with tool_choice auto); inside
     # a grammar they would cut a call or a JSON answer in two, so they are not looked for there.
     stop = tuple(req.stop or ()) if kind in ("text", "auto") else ()
+    if kind in ("text", "auto") and where == "messages":
+        from railcall.runtime.plain import stop_strings
+
+        # a base model's chat is plain text turns it does not end itself (railcall.runtime.plain)
+        stop += tuple(s for s in stop_strings(getattr(served, "tokenizer", None)) if s not in stop)
     width = served.vocab.logits_width
     bias = {}
     for k, b in (req.logit_bias or {}).items():
