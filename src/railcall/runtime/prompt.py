@@ -2,8 +2,10 @@
 
 A model whose chat template knows tools (its template mentions `tools`) gets them through the
 template, as it was trained; a model without one (SmolLM2-Instruct) gets a system message that
-lists each tool with its arguments and shows the wire format. The grammar enforces the format
-either way; the prompt is what gives the model a chance at the semantics.
+lists each tool with its arguments and shows the call format: its skeleton and one example
+built from the table (`call_example`: the first tool, its required arguments as placeholders of
+their types; never a task's answer). The grammar enforces the format either way; the prompt is
+what gives the model a chance at the semantics.
 """
 
 from __future__ import annotations
@@ -23,14 +25,85 @@ def describe_tools(tools: Sequence[Tool]) -> str:
     return "\n".join(lines)
 
 
-def system_prompt(tools: Sequence[Tool]) -> str:
-    # The format is shown with placeholders, not with one of the tools: a concrete example
-    # pulls a small model towards the tool it names.
-    return (
-        "You are an assistant that acts by calling one tool. Tools:\n" + describe_tools(tools) + "\n"
-        "Choose the tool that fits the request and answer with exactly one JSON object and nothing "
-        'else: {"tool":"<tool name>","args":{"<argument>":"<value>"}}'
-    )
+# How each call format is spelled, for the prompt: the skeleton with placeholders, and what
+# several calls in one reply look like (railcall.grammar.tools.FORMATS).
+SKELETONS = {
+    "json": '{"tool":"<tool name>","args":{"<argument>":<value>}}',
+    "openai": '{"name":"<tool name>","arguments":{"<argument>":<value>}}',
+    "hermes": '<tool_call>{"name":"<tool name>","arguments":{"<argument>":<value>}}</tool_call>',
+    "pythonic": '[<tool name>(<argument>=<value>)]',
+}
+SEVERAL = {
+    "json": "a JSON array of such objects",
+    "openai": "a JSON array of such objects",
+    "hermes": "one <tool_call> block per call, one per line",
+    "pythonic": "one list holding every call, separated by commas",
+}
+
+
+def _placeholder(name: str, p) -> object:
+    """A value of the argument's type that says what goes there (never a real answer)."""
+    p = p if isinstance(p, dict) else {}
+    kind = p.get("type", "string")
+    kind = next((k for k in kind if k != "null"), "string") if isinstance(kind, list) else kind
+    if isinstance(p.get("enum"), list) and p["enum"]:
+        return p["enum"][0]
+    return {"integer": 0, "number": 0.0, "boolean": False, "array": [], "object": {}, "null": None}.get(kind, f"<{name}>")
+
+
+def _py(v) -> str:
+    """A JSON value as the Python literal the pythonic grammar writes (strings double-quoted)."""
+    import json
+
+    if v is None or isinstance(v, bool):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_py(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_py(x)}" for k, x in v.items()) + "}"
+    return json.dumps(v, ensure_ascii=False)
+
+
+def call_example(tools: Sequence[Tool], fmt: str = "json") -> str:
+    """One call in `fmt`, built from the table alone: the first tool, its required arguments,
+    each a placeholder of its type (`"<city>"`, 0, false, []). It shows the format; the values
+    are not an answer to anything."""
+    t = tools[0]
+    props = t.parameters.get("properties", {}) or {}
+    return call_text(t.name, {k: _placeholder(k, props.get(k)) for k in t.parameters.get("required", []) if k in props},
+                     fmt)
+
+
+def call_text(name: str, args: dict, fmt: str = "json") -> str:
+    """One call as `fmt` writes it (compact, arguments in the order given)."""
+    import json
+
+    body = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+    if fmt == "json":
+        return f'{{"tool":{json.dumps(name, ensure_ascii=False)},"args":{body}}}'
+    if fmt == "openai":
+        return f'{{"name":{json.dumps(name, ensure_ascii=False)},"arguments":{body}}}'
+    if fmt == "hermes":
+        return f'<tool_call>{{"name":{json.dumps(name, ensure_ascii=False)},"arguments":{body}}}</tool_call>'
+    if fmt == "pythonic":
+        return f"[{name}({', '.join(f'{k}={_py(v)}' for k, v in args.items())})]"
+    raise ValueError(f"unknown call format {fmt!r}; known: {', '.join(SKELETONS)}")
+
+
+def describe_format(tools: Sequence[Tool], fmt: str = "json", *, several: bool = False) -> str:
+    """The sentence that asks for a call in `fmt`: its skeleton and one example (`call_example`);
+    with `several`, how a reply holds more than one call."""
+    one = {"json": "exactly one JSON object", "openai": "exactly one JSON object",
+           "hermes": "exactly one <tool_call> block", "pythonic": "exactly one Python list with the call"}[fmt]
+    text = f"answer with {one} and nothing else: {SKELETONS[fmt]}, for example {call_example(tools, fmt)}."
+    if several:
+        text += f" If the request needs several calls, answer with {SEVERAL[fmt]}."
+    return text
+
+
+def system_prompt(tools: Sequence[Tool], fmt: str = "json") -> str:
+    return ("You are an assistant that acts by calling one tool. Tools:\n" + describe_tools(tools) + "\n"
+            "Choose the tool that fits the request and " + describe_format(tools, fmt))
 
 
 def has_native_tools(tokenizer) -> bool:
@@ -38,7 +111,7 @@ def has_native_tools(tokenizer) -> bool:
     return isinstance(template, str) and "tools" in template
 
 
-def chat_prompt_ids(tokenizer, tools: Sequence[Tool], user: str) -> list[int]:
+def chat_prompt_ids(tokenizer, tools: Sequence[Tool], user: str, fmt: str = "json") -> list[int]:
     """Token ids of a chat prompt asking `user` with `tools` available, ready for generation."""
     if has_native_tools(tokenizer):
         specs = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
@@ -46,7 +119,7 @@ def chat_prompt_ids(tokenizer, tools: Sequence[Tool], user: str) -> list[int]:
         messages = [{"role": "user", "content": user}]
         out = tokenizer.apply_chat_template(messages, tools=specs, add_generation_prompt=True, tokenize=True)
     else:
-        messages = [{"role": "system", "content": system_prompt(tools)}, {"role": "user", "content": user}]
+        messages = [{"role": "system", "content": system_prompt(tools, fmt)}, {"role": "user", "content": user}]
         out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = out["input_ids"] if hasattr(out, "keys") else out
     return list(ids[0] if ids and isinstance(ids[0], list) else ids)
