@@ -2,8 +2,9 @@
 back right in each of the four formats, whole and streamed, with greedy and scored routing.
 
 The backend is a test double, said plainly: SmolLM2's tokenizer without its weights, and logits
-that prefer the single-byte token of the scripted reply's next byte (so forced multi-byte tokens
-keep it in step). The grammar's mask still decides every token."""
+that prefer every token spelling what comes next in the scripted reply (the text written so far
+is tracked, so forced tokens keep it in step; a name scored in SmolLM2's own tokens is as likely
+as spelled byte by byte). The grammar's mask still decides every token."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ REPLIES = {
 
 
 class ScriptedText:
-    """Each start() takes the next scripted reply; each row of logits prefers the single-byte
-    token of its next byte, then the stop token. With `scores`, it can score branches."""
+    """Each start() takes the next scripted reply; each row of logits prefers the tokens that
+    spell its next bytes, else the stop token. `Scoring` can score branches too."""
 
     def __init__(self, vocab):
         self.vocab, self.width = vocab, vocab.logits_width
@@ -51,7 +52,10 @@ class ScriptedText:
         row = torch.full((self.width,), -5.0)
         n = len(self.written)
         if self.target.startswith(self.written) and n < len(self.target):
-            row[self.vocab.lookup[self.target[n:n + 1]]] = 10.0
+            for k in range(1, min(len(self.target) - n, 16) + 1):  # every token that spells what comes next
+                t = self.vocab.lookup.get(self.target[n:n + k])
+                if t is not None:
+                    row[t] = 10.0
         else:
             row[self.vocab.stop_ids[0]] = 10.0
         return row
@@ -100,6 +104,7 @@ def server(smollm2_tokenizer):
 def ask(s, fmt, stream, routing="greedy", choice="required"):
     s.backend.replies.append(REPLIES[fmt].encode())
     kw = dict(model="any", messages=ASK, tools=TOOLS, temperature=0, max_tokens=60, tool_choice=choice,
+              parallel_tool_calls=False,
               extra_body={"call_format": fmt, "routing": routing})
     if not stream:
         msg = s.client.chat.completions.create(**kw).choices[0].message

@@ -34,6 +34,7 @@ chosen name. A pass over the trie's 10-40 nodes costs about one decode step on a
 call costs about one step more than greedy routing, whatever N (N passes before the trie).
 The scorer is whatever runs the row: a router built with `score=None` is bound to the backend by
 `generate` and to the row's batch by `BatchLoop.add`.
+
 Per request (a router keeps per-request state caches); built for one tool table and format.
 """
 
