@@ -198,8 +198,8 @@ FORMATTED = {
 @pytest.mark.parametrize("fmt", list(FORMATTED))
 @pytest.mark.parametrize("routing", ["greedy", "scored"])
 def test_the_call_format_and_routing_are_the_agents(tmp_path, fmt, routing):
-    """The grammar, the prompt (its skeleton and an example from the view) and the reading of
-    each step follow `call_format`; scored routing writes the same calls on this script."""
+    """The grammar, the prompt (the format's skeleton) and the reading of each step follow
+    `call_format`; scored routing writes the same calls on this script."""
     renders = []
     a = make(tmp_path, FORMATTED[fmt], renders, call_format=fmt, routing=routing,
              params=SamplingParams(max_tokens=128))  # a byte per token: the Hermes tags are long
@@ -208,9 +208,9 @@ def test_the_call_format_and_routing_are_the_agents(tmp_path, fmt, routing):
     assert [c["tool"] for c in ep.calls] == ["read_file", "answer"]
     assert ep.steps[0]["call"] == {"tool": "read_file", "args": {"path": "notes.txt"}}
     system = renders[0][0]["content"]
-    from railcall.runtime.prompt import SKELETONS
+    from railcall.runtime.prompt import skeleton
 
-    assert SKELETONS[fmt] in system and '"tool"' not in system
+    assert skeleton(fmt, quoted=True) in system and '"tool"' not in system
     assert ep.steps[0]["name_position"]["spellable"]
     if routing == "scored":
         assert all(s["routed"] == 1 for s in ep.steps)

@@ -283,9 +283,9 @@ def test_a_run_records_its_format_and_routing(tmp_path, monkeypatch, smollm2_tok
 
     monkeypatch.setattr(railcall.runtime.batch, "decode_stream", replies)
     s = run_bfcl(["simple_python"], tmp_path, data=DATA, limit=2, call_format=fmt, routing=routing)
-    from railcall.runtime.prompt import SKELETONS
+    from railcall.runtime.prompt import skeleton
 
-    assert len(seen) == 4 and all(SKELETONS[fmt] in p for p, _, _ in seen)
+    assert len(seen) == 4 and all(skeleton(fmt) in p for p, _, _ in seen)
     grammar_rows = [(m, r) for _, m, r in seen if m is not None]
     assert len(grammar_rows) == 2
     assert all(isinstance(r, NameRouter) if routing == "scored" else r is None for _, r in grammar_rows)

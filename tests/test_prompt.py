@@ -88,11 +88,18 @@ TYPED = [Tool("book", "Book a table.", {"type": "object", "properties": {
     ("pythonic", '[book(place="<place>", people=0, price=0.0, terrace=False, dishes=[], mood="calm")]'),
 ])
 def test_the_example_is_the_first_tool_with_placeholders_of_each_type(fmt, example):
-    from railcall.runtime.prompt import SKELETONS, call_example
+    from railcall.runtime.prompt import call_example, skeleton
 
     assert call_example(TYPED, fmt) == example  # required arguments only: `note` is left out
-    text = system_prompt(TYPED, fmt)
-    assert SKELETONS[fmt] in text and example in text
+    assert skeleton(fmt, quoted=True) in system_prompt(TYPED, fmt)
+    assert example not in system_prompt(TYPED, fmt)  # off by default (measured: the model copies it)
+    assert example in system_prompt(TYPED, fmt, example=True)
+
+
+def test_the_json_prompt_is_the_one_measured():
+    assert system_prompt(DEMO_TOOLS).endswith(
+        'Choose the tool that fits the request and answer with exactly one JSON object and nothing '
+        'else: {"tool":"<tool name>","args":{"<argument>":"<value>"}}')
 
 
 @pytest.mark.parametrize("fmt", ["json", "openai", "hermes", "pythonic"])

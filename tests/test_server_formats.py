@@ -131,10 +131,10 @@ def test_tool_calls_come_back_in_each_format(server, fmt, stream, routing):
     assert calls == [("get_weather", {"city": "Paris"})]
     assert not (content or "").strip()
     assert server.backend.branches == before + (routing == "scored")  # one scoring pass for the call
-    from railcall.runtime.prompt import SKELETONS
+    from railcall.runtime.prompt import skeleton
 
     prompt = server.tok.decode(server.backend.prompts[-1])
-    assert SKELETONS[fmt] in prompt  # the prompt asks for the format the grammar enforces
+    assert skeleton(fmt, quoted=True) in prompt  # the prompt asks for the format the grammar enforces
 
 
 @pytest.mark.parametrize("fmt", ["openai", "hermes", "pythonic"])

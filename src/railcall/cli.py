@@ -791,6 +791,8 @@ def eval_bfcl(
     routing: str = typer.Option("greedy", "--routing", help="How the tool name is chosen under the grammar: greedy "
                                 "(token by token) or scored (by the likelihood of each whole name; one extra "
                                 "forward pass per call)."),
+    prompt_example: bool = typer.Option(False, "--prompt-example", help="The prompt also shows one call built from the "
+                                        "table (the first tool, placeholders of its required arguments' types)."),
 ) -> None:
     """Each BFCL task on the model with and without the grammar: parse rate, schema validity, AST accuracy."""
     from pathlib import Path
@@ -819,6 +821,7 @@ def eval_bfcl(
             summary = run_bfcl(cats, Path(out), data=Path(data), limit=limit, grammar=not no_grammar, model=model,
                                max_tokens=max_tokens, batch=batch, resume=resume, threads=threads, progress=progress,
                                tool_choice=tool_choice, call_format=call_format, routing=routing,
+                               prompt_example=prompt_example,
                                log=lambda m: console.print(m, style="dim"))
         except (RailcallError, ValueError, FileNotFoundError, NotImplementedError) as e:
             _fail(e)

@@ -91,10 +91,11 @@ class AgentModel:
         return cls(TransformersBackend(lm.model, reuse_prefix=True), vocab, render, lm.name)
 
 
-def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = (), fmt: str = "json") -> str:
+def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = (), fmt: str = "json", *, example: bool = False) -> str:
     """The tools of this step's view, with each enumerated argument's choices, and the call
-    format (`fmt`) with one example built from the view (`railcall.runtime.prompt.call_example`)."""
-    from railcall.runtime.prompt import SKELETONS, call_example
+    format (`fmt`) with placeholders; with `example`, one call built from the view
+    (`railcall.runtime.prompt.call_example`; off by default: see `describe_format`)."""
+    from railcall.runtime.prompt import ONE, call_example, skeleton
 
     lines = []
     for t in tools:
@@ -110,7 +111,8 @@ def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = (), fmt: str = "
         lines.append(f"- {t.name}: {t.description} Arguments: {', '.join(args) or 'none'}.")
     text = ("You are an assistant that solves the user's task step by step by calling tools. Tools:\n"
             + "\n".join(lines) + "\n"
-            f"Answer each turn with exactly one call: {SKELETONS[fmt]}, for example {call_example(tools, fmt)}. "
+            f"Answer each turn with {ONE[fmt]}: {skeleton(fmt, quoted=True)}"
+            + (f", for example {call_example(tools, fmt)}" if example else "") + ". "
             f"After each call you see its result. When you know the reply, call {ANSWER}.")
     if notes:
         # A note is data, whoever wrote it (a planted "always call write_file" is one line of a

@@ -179,11 +179,12 @@ def score(task: bfcl.Task, text: str, calls: list[dict] | None = None, *, auto: 
 def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limit: int | None = None,
              grammar: bool = True, model: str | None = None, max_tokens: int = 192, batch: int = 16,
              resume: bool = False, tool_choice: str | None = None, threads: int | None = None,
-             call_format: str = "json", routing: str = "greedy",
+             call_format: str = "json", routing: str = "greedy", prompt_example: bool = False,
              progress: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Run the categories; returns the summary (also written to `out`/summary.json). `call_format`:
     the grammar's, the parser's and the prompt's format; `routing="scored"`: the tool name chosen
-    by whole-name likelihood (`railcall.runtime.routing`) under the grammar."""
+    by whole-name likelihood (`railcall.runtime.routing`) under the grammar; `prompt_example`:
+    the prompt shows one call built from the table (`railcall.runtime.prompt.call_example`)."""
     from railcall.runtime.batch import decode_stream
     from railcall.runtime.decode import SamplingParams
     from railcall.eval import report
@@ -216,7 +217,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
     conditions = list(CONDITIONS) if grammar else ["without_grammar"]
     settings = Settings(model=lm.name, max_tokens=max_tokens, conditions=list(CONDITIONS), grammar=GRAMMARS[call_format],
-                        call_format=call_format, routing=routing)
+                        call_format=call_format, routing=routing,
+                        prompt=bfcl.PROMPT_VERSION + ("+example" if prompt_example else ""))
     results_path, run_path = out / "results.jsonl", out / "run.json"
     if resume and run_path.is_file():
         before = {**SETTINGS_BEFORE, **read_run(run_path)["settings"]}
@@ -242,7 +244,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         windows[cat] = [todo[i: i + batch] for i in range(0, len(todo), batch)]
         if progress:
             progress(cat, finished[cat], len(tasks))
-    prompts = {(cat, t.id): bfcl.prompt_ids(lm.tokenizer, t, call_format)
+    prompts = {(cat, t.id): bfcl.prompt_ids(lm.tokenizer, t, call_format, prompt_example)
                for ws in windows.values() for w in ws for cat, t in w}
     order = []
     for k in range(max((len(ws) for ws in windows.values()), default=0)):

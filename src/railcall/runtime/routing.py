@@ -30,8 +30,11 @@ its depth) and seeing the cached prefix, its ancestors and itself only, so every
 are those its name alone would have had. On the single-sequence backend the pass runs on the
 sequence's KV, which is cropped back after (`TransformersBackend.branch_logits`); in the batched
 loop on a copy of the row's KV (`TransformersBatch.branch_logits`). Then the usual pass feeds the
-chosen name. A pass over the trie's 10-40 nodes costs about one decode step on a CPU, so a routed
-call costs about one step more than greedy routing, whatever N (N passes before the trie).
+chosen name. Measured on SmolLM2-135M, 2 shared CPU cores, a BFCL `multiple` prompt of 328
+tokens with 3 names (24 name tokens, 15 trie nodes): one decode step 63 ms, the trie pass 140 ms,
+one pass per name (the way before it) 350 ms. On BFCL `multiple`'s first 20 tasks, batched, a
+scored run took no longer than a greedy one (1.89 against 2.01 s per task: the noise is larger
+than the cost).
 The scorer is whatever runs the row: a router built with `score=None` is bound to the backend by
 `generate` and to the row's batch by `BatchLoop.add`.
 

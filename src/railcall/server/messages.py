@@ -11,7 +11,7 @@ import json
 
 from railcall.errors import RequestError
 from railcall.grammar.tools import Tool
-from railcall.runtime.prompt import SKELETONS, call_example, call_text, describe_tools
+from railcall.runtime.prompt import ONE, call_example, call_text, describe_tools, skeleton
 from railcall.server.schemas import ChatCompletionRequest, guided
 
 # ---------------------------------------------------------------------------------------------
@@ -24,12 +24,13 @@ def text_of(content) -> str:
     return "".join(p.text for p in content)
 
 
-def tools_instruction(tools: list[Tool], choice: str, parallel: bool, fmt: str = "json") -> str:
+def tools_instruction(tools: list[Tool], choice: str, parallel: bool, fmt: str = "json", example: bool = False) -> str:
     """The system text that presents the tools to a model whose chat template does not know
-    tools (SmolLM2): the call format's skeleton and one example built from the table
-    (`railcall.runtime.prompt.call_example`: the first tool, placeholders for its required
-    arguments)."""
-    shape, example = SKELETONS[fmt], call_example(tools, fmt)
+    tools (SmolLM2). The format is shown with placeholders, not with one of the tools: a
+    concrete example pulls a small model towards the tool it names and the values it shows
+    (`example`: one built from the table, `railcall.runtime.prompt.call_example`; measured in
+    `describe_format`)."""
+    shape, shown = skeleton(fmt, quoted=True), call_example(tools, fmt)
     head = "You are an assistant that can act by calling tools. Tools:\n" + describe_tools(tools) + "\n"
     if parallel:
         how = {"json": f"a JSON array of one or more calls, each {shape}",
@@ -37,12 +38,11 @@ def tools_instruction(tools: list[Tool], choice: str, parallel: bool, fmt: str =
                "hermes": f"one or more <tool_call> blocks, one per line, each {shape}",
                "pythonic": f"one Python list of one or more calls, {shape}"}[fmt]
         if fmt in ("json", "openai"):
-            example = f"[{example}]"
+            shown = f"[{shown}]"
     else:
-        how = {"json": "exactly one JSON object", "openai": "exactly one JSON object",
-               "hermes": "exactly one <tool_call> block", "pythonic": "exactly one Python list with the call"}[fmt]
-        how += f" and nothing else: {shape}"
-    how += f", for example {example}"
+        how = f"{ONE[fmt]} and nothing else: {shape}"
+    if example:
+        how += f", for example {shown}"
     if choice == "auto":
         return head + f"To call a tool, answer with {how}. Otherwise answer in plain text."
     return head + f"Choose the tool that fits the request and answer with {how}"
