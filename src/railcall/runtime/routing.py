@@ -32,9 +32,8 @@ sequence's KV, which is cropped back after (`TransformersBackend.branch_logits`)
 loop on a copy of the row's KV (`TransformersBatch.branch_logits`). Then the usual pass feeds the
 chosen name. Measured on SmolLM2-135M, 2 shared CPU cores, a BFCL `multiple` prompt of 328
 tokens with 3 names (24 name tokens, 15 trie nodes): one decode step 63 ms, the trie pass 140 ms,
-one pass per name (the way before it) 350 ms. On BFCL `multiple`'s first 20 tasks, batched, a
-scored run took no longer than a greedy one (1.89 against 2.01 s per task: the noise is larger
-than the cost).
+one pass per name (the way before it) 350 ms. On BFCL `multiple`'s first 20 tasks (`railcall
+eval bfcl`, batched, both conditions) a scored run took 1.47 s per task against greedy's 1.42.
 The scorer is whatever runs the row: a router built with `score=None` is bound to the backend by
 `generate` and to the row's batch by `BatchLoop.add`.
 
