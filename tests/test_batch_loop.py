@@ -174,10 +174,25 @@ def one_by_one(lm, p, branches):
     return out
 
 
+@pytest.fixture(scope="module")
+def eager_lm(lm):
+    """The same weights under eager attention (which adds the float mask itself)."""
+    from transformers import LlamaForCausalLM
+
+    cfg = lm.config.__class__(**lm.config.to_dict())
+    cfg._attn_implementation = "eager"
+    m = LlamaForCausalLM(cfg).eval()
+    m.load_state_dict(lm.state_dict())
+    return m
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("case", list(BRANCHES))
-def test_branch_logits_in_one_pass_over_the_trie(lm, vocab, case):
+def test_branch_logits_in_one_pass_over_the_trie(lm, eager_lm, vocab, case, attention):
     """Scored routing's scorer: the branches' trie in one forward pass on the sequence's KV gives
     each branch the logits it has alone, and the cache is cropped back to exactly what it held."""
+    lm = eager_lm if attention == "eager" else lm
+    assert lm.config._attn_implementation == attention
     branches = BRANCHES[case]
     p = prompt(20, 9)
     backend = TransformersBackend(lm)

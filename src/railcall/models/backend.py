@@ -4,7 +4,9 @@ A backend is built once per model and serves one sequence at a time: `start(prom
 prompt and returns the logits for the next token; `feed(tokens)` appends one or more tokens
 (several at once is the fast-forward of forced tokens: one forward pass instead of one per
 token) and returns the logits after each of them. Logits are float32 torch tensors of the
-model's logits width. A llama.cpp or vLLM backend implements the same two methods.
+model's logits width. A llama.cpp or vLLM backend implements the same two methods. Optional,
+for scored routing (railcall.runtime.routing): `branch_logits(branches)`, each branch's logits as
+if fed after the sequence, the sequence left as it was.
 """
 
 from __future__ import annotations
@@ -159,8 +161,10 @@ class BranchTree:
     def attention_mask(self, prefix, dtype):
         """transformers' 4D float mask, (1, 1, nodes, prefix + nodes): 0 where a node may look,
         the dtype's most negative value where not. `prefix`: (cached columns,) bool, True for a
-        real token (False: a pad of a batched row). A 4D mask is taken as given (masking_utils
-        returns it unchanged), with the explicit position ids."""
+        real token (False: a pad of a batched row). transformers (5.23, as pinned) takes a 4D mask
+        as given: `masking_utils._preprocess_mask_arguments` returns it unchanged, and SDPA runs
+        without `is_causal` once a mask is passed; positions come from the explicit position ids.
+        An additive float mask, not a bool one, so eager attention (which adds it) reads it too."""
         import torch
 
         n = len(self.tokens)
