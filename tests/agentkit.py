@@ -41,6 +41,20 @@ class ScriptedBackend:
             rows.append(self._logits())
         return torch.stack(rows)
 
+    def branch_logits(self, branches):
+        """Scored routing's scorer: each branch's logits as if fed, the reply left where it was."""
+        import torch
+
+        out, before = [], self.written
+        for b in branches:
+            rows = []
+            for t in b:
+                self.written += self.vocab.token_bytes[t]
+                rows.append(self._logits())
+            out.append(torch.stack(rows))
+            self.written = before
+        return out
+
     def _logits(self):
         out = self.base.clone()
         n = len(self.written)

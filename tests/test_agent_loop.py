@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from agentkit import scripted_model
 
 from railcall.agent.builtins import calc
@@ -183,3 +185,39 @@ def test_a_call_cut_by_the_token_limit_never_runs(tmp_path):
     ep = a.run("write a long file")
     assert all(s["cut"] and not s["ok"] and "was not run" in s["result"] for s in ep.steps)
     assert not (tmp_path / "out.txt").exists()
+
+
+FORMATTED = {
+    "openai": ['{"name":"read_file","arguments":{"path":"notes.txt"}}', '{"name":"answer","arguments":{"text":"Thursday"}}'],
+    "hermes": ['<tool_call>{"name":"read_file","arguments":{"path":"notes.txt"}}</tool_call>',
+               '<tool_call>{"name":"answer","arguments":{"text":"Thursday"}}</tool_call>'],
+    "pythonic": ['[read_file(path="notes.txt")]', '[answer(text="Thursday")]'],
+}
+
+
+@pytest.mark.parametrize("fmt", list(FORMATTED))
+@pytest.mark.parametrize("routing", ["greedy", "scored"])
+def test_the_call_format_and_routing_are_the_agents(tmp_path, fmt, routing):
+    """The grammar, the prompt (the format's skeleton) and the reading of each step follow
+    `call_format`; scored routing writes the same calls on this script."""
+    renders = []
+    a = make(tmp_path, FORMATTED[fmt], renders, call_format=fmt, routing=routing,
+             params=SamplingParams(max_tokens=128))  # a byte per token: the Hermes tags are long
+    ep = a.run("when is the meeting?")
+    assert ep.success and ep.answer == "Thursday", [s.get("result") for s in ep.steps]
+    assert [c["tool"] for c in ep.calls] == ["read_file", "answer"]
+    assert ep.steps[0]["call"] == {"tool": "read_file", "args": {"path": "notes.txt"}}
+    system = renders[0][0]["content"]
+    from railcall.runtime.prompt import skeleton
+
+    assert skeleton(fmt, quoted=True) in system and '"tool"' not in system
+    assert ep.steps[0]["name_position"]["spellable"]
+    if routing == "scored":
+        assert all(s["routed"] == 1 for s in ep.steps)
+
+
+def test_an_unknown_format_or_routing_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="call format"):
+        make(tmp_path, [], call_format="xml")
+    with pytest.raises(ValueError, match="routing"):
+        make(tmp_path, [], routing="best")

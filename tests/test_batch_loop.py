@@ -157,18 +157,112 @@ def test_a_failing_row_ends_alone(lm, vocab):
     assert b in ended and b.finish_reason == "length" and len(b.out) == 5
 
 
-def test_branch_logits_leave_the_sequence_as_it_was(lm, vocab):
-    """Scored routing's scorer: each branch runs on the sequence's KV, which is cropped back."""
+BRANCHES = {
+    "shared prefixes": [[5, 6, 7], [5, 6, 9, 4], [5, 8], [12]],
+    "different lengths": [[5, 6, 7], [8], [9, 10]],
+    "one branch": [[5, 6, 7, 8]],
+}
+
+
+def one_by_one(lm, p, branches):
+    """The reference: each branch fed alone after the prompt, on a fresh sequence."""
+    out = []
+    for b in branches:
+        ref = TransformersBackend(lm)
+        ref.start(p)
+        out.append(ref.feed(b))
+    return out
+
+
+@pytest.fixture(scope="module")
+def eager_lm(lm):
+    """The same weights under eager attention (which adds the float mask itself)."""
+    from transformers import LlamaForCausalLM
+
+    cfg = lm.config.__class__(**lm.config.to_dict())
+    cfg._attn_implementation = "eager"
+    m = LlamaForCausalLM(cfg).eval()
+    m.load_state_dict(lm.state_dict())
+    return m
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("case", list(BRANCHES))
+def test_branch_logits_in_one_pass_over_the_trie(lm, eager_lm, vocab, case, attention):
+    """Scored routing's scorer: the branches' trie in one forward pass on the sequence's KV gives
+    each branch the logits it has alone, and the cache is cropped back to exactly what it held."""
+    lm = eager_lm if attention == "eager" else lm
+    assert lm.config._attn_implementation == attention
+    branches = BRANCHES[case]
     p = prompt(20, 9)
     backend = TransformersBackend(lm)
     backend.start(p)
-    branches = [[5, 6, 7], [8], [9, 10]]
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in backend._cache.layers]
+    passes = backend.forward_passes
     got = backend.branch_logits(branches)
+    assert backend.forward_passes == passes + 1
+    for (k, v), layer in zip(before, backend._cache.layers):
+        assert torch.equal(k, layer.keys) and torch.equal(v, layer.values)
+    for b, rows, want in zip(branches, got, one_by_one(lm, p, branches)):
+        assert rows.shape == (len(b), backend.width)
+        assert torch.allclose(rows, want, atol=1e-4)
     after = backend.feed([11])[-1]
-    for b, rows in zip(branches, got):
-        ref = TransformersBackend(lm)
-        ref.start(p)
-        assert torch.allclose(rows, ref.feed(b), atol=1e-4)
     ref = TransformersBackend(lm)
     ref.start(p)
     assert torch.allclose(after, ref.feed([11])[-1], atol=1e-4)  # the sequence went on as if no branch ran
+
+
+def test_branch_tree_layout():
+    from railcall.models.backend import BranchTree
+
+    t = BranchTree([[5, 6, 7], [5, 6, 9], [8], [5, 6, 7]])
+    assert t.tokens == [5, 6, 7, 9, 8] and t.depth == [0, 1, 2, 2, 0] and t.parent == [-1, 0, 1, 1, -1]
+    assert t.paths == [[0, 1, 2], [0, 1, 3], [4], [0, 1, 2]]
+    seen = t.visible()
+    assert seen[3].tolist() == [True, True, False, True, False]  # 9 sees 5, 6 and itself, not its sibling 7
+    mask = t.attention_mask(torch.tensor([False, True]), torch.float32)
+    assert mask.shape == (1, 1, 5, 7)
+    assert mask[0, 0, :, 0].eq(torch.finfo(torch.float32).min).all() and mask[0, 0, :, 1].eq(0).all()
+
+
+def test_batch_branch_logits_of_a_padded_row(lm, vocab):
+    """In the batched loop a row's branches run on a copy of its KV (left pads and all) and leave
+    the batch as it was."""
+    from railcall.runtime.batch import TransformersBatch
+
+    branches = BRANCHES["shared prefixes"]
+    short, long_ = prompt(9, 3), prompt(25, 4)
+    batch = TransformersBatch(lm, pad_id=0)
+    batch.start([long_, short])  # the short prompt is left-padded
+    batch.feed([[40], [41, 42]])
+    got = batch.branch_logits(1, branches)
+    for rows, want in zip(got, one_by_one(lm, short + [41, 42], branches)):
+        assert torch.allclose(rows, want, atol=1e-4)
+    after = batch.feed([[43], [44]])
+    ref = TransformersBackend(lm)
+    ref.start(short + [41, 42])
+    assert torch.allclose(after[1], ref.feed([44])[-1], atol=1e-4)
+
+
+def test_scored_routing_in_the_batch_equals_the_single_loop(lm, vocab):
+    """A router built without a scorer is bound to whatever runs its row: the backend under
+    `generate`, the row's batch under `decode_stream`; both choose the same names."""
+    from railcall.runtime.routing import NameRouter
+
+    tools = [Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}}),
+             Tool("get_time"), Tool("calc")]
+    g = compiled_grammar(tool_grammar(tools, "json"), vocab)
+    params = SamplingParams(max_tokens=24)
+    prompts = [prompt(n, 50 + n) for n in (6, 17, 11)]
+    want, routers = [], []
+    for p in prompts:
+        r = NameRouter.for_tools(vocab, tools, "json")
+        want.append(generate(TransformersBackend(lm), vocab, p, Matcher(g), params, router=r).tokens)
+        assert r.routed == 1 and r.passes == 1
+    reqs = []
+    for p in prompts:
+        routers.append(NameRouter.for_tools(vocab, tools, "json"))
+        reqs.append((p, Matcher(g), routers[-1]))
+    got = dict((i, gen.tokens) for i, gen in decode_stream(lm, vocab, reqs, params, max_rows=3))
+    assert [got[i] for i in range(len(prompts))] == want
+    assert [r.passes for r in routers] == [1, 1, 1]

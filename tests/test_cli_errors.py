@@ -103,6 +103,15 @@ def test_require_finds_without_importing(monkeypatch):
     (["eval", "ablation", "--model", "/nonexistent/m.gguf"], "not found"),
     (["serve", "--model", "/nonexistent/m.gguf"], "not found"),
     (["bench", "--engine", "railcal"], "unknown engine railcal"),
+    (["eval", "bfcl", "--category", "simple_python", "--format", "xml"], "--format must be one of json"),
+    (["eval", "bfcl", "--category", "simple_python", "--routing", "best"], "--routing must be greedy or scored"),
+    (["agent", "hi", "-w", ".", "--format", "yaml"], "--format must be one of json"),
+    (["chat", "-w", ".", "--routing", "first"], "--routing must be greedy or scored"),
+    (["serve", "--format", "xml"], "--format must be one of json"),
+    (["eval", "bfcl", "--category", "multiple", "--variants", "format=yaml"], "format 'yaml' is not one of"),
+    (["eval", "bfcl", "--category", "multiple", "--variants", "colour=red"], "AXIS=VALUE"),
+    (["eval", "bfcl", "--category", "multiple", "--variants", "model=/nonexistent/m.gguf"], "not found"),
+    (["eval", "bfcl", "--category", "multiple", "--variants", "routing=scored", "--no-grammar"], "drop --no-grammar"),
 ])
 def test_a_bad_argument_fails_before_the_model_loads(no_model, args, said):
     r = runner.invoke(app, args)

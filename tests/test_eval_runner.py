@@ -209,3 +209,98 @@ def test_auto_calls_read_a_character_split_across_tokens(bytes_vocab):
 
     ids = [bytes_vocab.lookup[bytes([b])] for b in 'é {"tool":"f","args":{"city":"北京"}} 🎉'.encode()]
     assert auto_calls(bytes_vocab, ids) == [{"tool": "f", "args": {"city": "北京"}}]
+
+
+# -- call formats and routing ---------------------------------------------------------------------
+
+FMT_TOOLS = None
+
+
+def fmt_tools():
+    from railcall.grammar.tools import Tool
+
+    return [Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+            Tool("get_time", "", {"type": "object", "properties": {"zone": {"type": "string"}}})]
+
+
+ONE_AND_TWO = {
+    "json": ('{"tool":"get_weather","args":{"city":"Paris"}}',
+             '[{"tool":"get_weather","args":{"city":"Paris"}},{"tool":"get_time","args":{}}]'),
+    "openai": ('{"name":"get_weather","arguments":{"city":"Paris"}}',
+               '[{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"get_time","arguments":{}}]'),
+    "hermes": ('<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>',
+               '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>\n'
+               '<tool_call>{"name":"get_time","arguments":{}}</tool_call>'),
+    "pythonic": ('[get_weather(city="Paris")]', '[get_weather(city="Paris"), get_time()]'),
+}
+
+
+@pytest.mark.parametrize("fmt", list(ONE_AND_TWO))
+def test_each_format_grammar_and_reading_agree(fmt):
+    """The run's grammar spells one call and two in the format; the reply reads back as the same
+    calls, as a reply of calls alone, and under tool_choice auto."""
+    from agentkit import byte_vocab
+    from railcall.eval.runner import auto_calls, call_grammar, decided, whole_calls
+    from railcall.matcher import Matcher, compiled_grammar
+
+    v = byte_vocab()
+    g = compiled_grammar(call_grammar(fmt_tools(), fmt), v)
+    want = [[{"tool": "get_weather", "args": {"city": "Paris"}}],
+            [{"tool": "get_weather", "args": {"city": "Paris"}}, {"tool": "get_time", "args": {}}]]
+    for text, calls in zip(ONE_AND_TWO[fmt], want):
+        m = Matcher(g)
+        assert m.consume_bytes(text.encode()) and m.is_accepting(), text
+        ids = [v.lookup[bytes([b])] for b in text.encode()]
+        assert whole_calls(v, ids, fmt) == calls
+        assert auto_calls(v, ids, fmt) == calls
+        assert not decided(text[:5], fmt)  # a call's start is never decided
+    prose = [v.lookup[bytes([b])] for b in ("Sure. " + ONE_AND_TWO[fmt][0]).encode()]
+    assert whole_calls(v, prose, fmt) is None  # text beside the calls: not a reply of calls alone
+    assert decided("Sure, the weather", fmt)
+
+
+@pytest.mark.parametrize("fmt, routing", [("pythonic", "scored"), ("openai", "greedy"), ("hermes", "scored")])
+def test_a_run_records_its_format_and_routing(tmp_path, monkeypatch, smollm2_tokenizer, fmt, routing):
+    """The grammar rows get a matcher of the format and, when scored, a router; the prompt asks
+    for the format in both conditions; the settings, every record and the summary name both."""
+    import types
+
+    import railcall.runtime.batch
+    from railcall.models import store
+    from railcall.runtime.decode import Generation
+    from railcall.runtime.routing import NameRouter
+
+    lm = types.SimpleNamespace(tokenizer=smollm2_tokenizer, name="stub",
+                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(smollm2_tokenizer))))
+    monkeypatch.setattr(store, "load_model", lambda model=None: lm)
+    seen = []
+
+    def replies(model, vocab, requests, params, max_rows, decided):
+        for i, (prompt, matcher, *router) in enumerate(requests):
+            seen.append((smollm2_tokenizer.decode(prompt), matcher, router[0] if router else None))
+            text = '[calc()]' if fmt == "pythonic" else "no"
+            yield i, Generation(tokens=smollm2_tokenizer.encode(text), text=text)
+
+    monkeypatch.setattr(railcall.runtime.batch, "decode_stream", replies)
+    s = run_bfcl(["simple_python"], tmp_path, data=DATA, limit=2, call_format=fmt, routing=routing)
+    from railcall.runtime.prompt import skeleton
+
+    assert len(seen) == 4 and all(skeleton(fmt) in p for p, _, _ in seen)
+    grammar_rows = [(m, r) for _, m, r in seen if m is not None]
+    assert len(grammar_rows) == 2
+    assert all(isinstance(r, NameRouter) if routing == "scored" else r is None for _, r in grammar_rows)
+    run = json.loads((tmp_path / "run.json").read_text())["settings"]
+    assert (run["call_format"], run["routing"]) == (fmt, routing) and fmt in run["grammar"].lower()
+    recs = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert {r["call_format"] for r in recs} == {fmt}
+    assert {r["routing"] for r in recs if r["condition"] == "with_grammar"} == {routing}
+    assert s["variant"] == {"call_format": fmt, "routing": routing}
+    with pytest.raises(ValueError, match="other settings"):  # a resume with another variant is refused
+        run_bfcl(["simple_python"], tmp_path, data=DATA, limit=2, call_format="json", routing=routing, resume=True)
+
+
+def test_a_run_from_before_the_variants_resumes_as_json_greedy(tmp_path):
+    from railcall.eval.runner import SETTINGS_BEFORE, Settings
+
+    old = {k: v for k, v in Settings(model="m").__dict__.items() if k not in SETTINGS_BEFORE}
+    assert {**SETTINGS_BEFORE, **old} == Settings(model="m").__dict__

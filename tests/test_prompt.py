@@ -3,6 +3,7 @@
 import pytest
 
 from railcall.demo import DEMO_TOOLS
+from railcall.grammar.tools import Tool
 from railcall.runtime.prompt import chat_prompt_ids, has_native_tools, system_prompt
 
 
@@ -68,3 +69,47 @@ def test_a_template_that_renders_tools_gets_them_on_qwen2(qwen2_tokenizer):
     for t in DEMO_TOOLS:
         assert '"name": "%s"' % t.name in text
     assert "You are an assistant" not in text
+
+
+# -- the call format in the prompt: a skeleton and one example built from the table ----------
+
+TYPED = [Tool("book", "Book a table.", {"type": "object", "properties": {
+    "place": {"type": "string"}, "people": {"type": "integer"}, "price": {"type": "number"},
+    "terrace": {"type": "boolean"}, "dishes": {"type": "array"}, "mood": {"enum": ["calm", "loud"]},
+    "note": {"type": "string"}}, "required": ["place", "people", "price", "terrace", "dishes", "mood"]}),
+    Tool("cancel")]
+
+
+@pytest.mark.parametrize("fmt, example", [
+    ("json", '{"tool":"book","args":{"place":"<place>","people":0,"price":0.0,"terrace":false,"dishes":[],"mood":"calm"}}'),
+    ("openai", '{"name":"book","arguments":{"place":"<place>","people":0,"price":0.0,"terrace":false,"dishes":[],"mood":"calm"}}'),
+    ("hermes", '<tool_call>{"name":"book","arguments":{"place":"<place>","people":0,"price":0.0,"terrace":false,'
+               '"dishes":[],"mood":"calm"}}</tool_call>'),
+    ("pythonic", '[book(place="<place>", people=0, price=0.0, terrace=False, dishes=[], mood="calm")]'),
+])
+def test_the_example_is_the_first_tool_with_placeholders_of_each_type(fmt, example):
+    from railcall.runtime.prompt import call_example, skeleton
+
+    assert call_example(TYPED, fmt) == example  # required arguments only: `note` is left out
+    assert skeleton(fmt, quoted=True) in system_prompt(TYPED, fmt)
+    assert example not in system_prompt(TYPED, fmt)  # off by default (measured: the model copies it)
+    assert example in system_prompt(TYPED, fmt, example=True)
+
+
+def test_the_json_prompt_is_the_one_measured():
+    assert system_prompt(DEMO_TOOLS).endswith(
+        'Choose the tool that fits the request and answer with exactly one JSON object and nothing '
+        'else: {"tool":"<tool name>","args":{"<argument>":"<value>"}}')
+
+
+@pytest.mark.parametrize("fmt", ["json", "openai", "hermes", "pythonic"])
+def test_the_example_is_a_call_the_grammar_spells(fmt):
+    """The prompt never shows what the grammar would refuse (the Hermes tags as text: this
+    vocabulary has no token for them)."""
+    from agentkit import byte_vocab
+    from railcall.grammar.tools import tool_grammar
+    from railcall.matcher import Matcher, compiled_grammar
+    from railcall.runtime.prompt import call_example
+
+    m = Matcher(compiled_grammar(tool_grammar(TYPED, fmt), byte_vocab()))
+    assert m.consume_bytes(call_example(TYPED, fmt).encode()) and m.is_accepting()

@@ -160,7 +160,7 @@ def test_examples_are_turns_before_the_question():
     tok = _Tok()
     from railcall.eval.runner import examples
 
-    bfcl.prompt_ids(tok, task, examples(task, 2))
+    bfcl.prompt_ids(tok, task, examples=examples(task, 2))
     roles = [m["role"] for m in tok.messages]
     assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
     assert tok.messages[-1]["content"] == task.messages[-1]["content"]
@@ -191,8 +191,8 @@ def test_shots_go_in_the_prompt_and_the_settings(tmp_path, monkeypatch, smollm2_
     monkeypatch.setattr(railcall.runtime.batch, "decode_stream", nothing_decoded)
     run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, shots=2)
     tasks = bfcl.load_category(BFCL, "multiple", 2)
-    assert sorted(seen) == sorted(bfcl.prompt_ids(smollm2_tokenizer, t, examples(t, 2)) for t in tasks)
-    text = smollm2_tokenizer.decode(bfcl.prompt_ids(smollm2_tokenizer, tasks[0], examples(tasks[0], 2)))
+    assert sorted(seen) == sorted(bfcl.prompt_ids(smollm2_tokenizer, t, examples=examples(t, 2)) for t in tasks)
+    text = smollm2_tokenizer.decode(bfcl.prompt_ids(smollm2_tokenizer, tasks[0], examples=examples(tasks[0], 2)))
     turns = examples(tasks[0], 2)
     assert [m["role"] for m in turns] == ["user", "assistant"] * 2
     assert all(m["content"] in text for m in turns) and tasks[0].messages[-1]["content"] in text

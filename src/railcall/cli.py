@@ -332,6 +332,16 @@ def _plain_progress(say, clock=time.monotonic, every: float = PLAIN_PROGRESS_EVE
     return progress
 
 
+def _check_format_and_routing(call_format: str | None, routing: str | None) -> None:
+    """--format and --routing, checked before anything loads."""
+    from railcall.grammar.tools import FORMATS
+
+    if call_format is not None and call_format not in FORMATS:
+        _fail(ValueError(f"--format must be one of {', '.join(FORMATS)}, not {call_format!r}"))
+    if routing is not None and routing not in ("greedy", "scored"):
+        _fail(ValueError(f"--routing must be greedy or scored, not {routing!r}"))
+
+
 def _check_eval_packages(model, *packages: str) -> None:
     """`railcall eval`'s packages (the model's, and what scores and charts a run) and --model,
     checked before the model loads."""
@@ -487,6 +497,9 @@ def serve(
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; on a machine "
                                           "other processes keep busy, fewer threads than cores avoids OpenMP "
                                           "spin-waits: one row beside one busy process took 68 ms per step with 1 thread, 720 ms with 2)."),
+    call_format: Optional[str] = typer.Option(None, "--format", help="The call format where a request names none "
+                                              "(call_format): json, openai, hermes or pythonic (default: hermes where "
+                                              "the model has a <tool_call> token and a tools template, else json)."),
 ) -> None:
     """Serve the model over an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health, /metrics)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -506,6 +519,7 @@ def serve(
     if prefix_cache_mb < 0:
         _fail(ValueError("--prefix-cache-mb must be 0 (off) or more"))
     _at_least_1(threads=threads)
+    _check_format_and_routing(call_format, None)
     _check_model_arg(model, "railcall serve", extra="serve")
     if threads:
         import torch
@@ -513,7 +527,8 @@ def serve(
         torch.set_num_threads(threads)
     try:
         run_server(model, host=host, port=port, api_key=api_key or None, max_pending=max_pending, max_body=max_body,
-                   max_string=max_string, max_rows=max_rows, prefix_cache_bytes=prefix_cache_mb << 20)
+                   max_string=max_string, max_rows=max_rows, prefix_cache_bytes=prefix_cache_mb << 20,
+                   call_format=call_format)
     except RailcallError as e:
         _fail(e)
 
@@ -527,7 +542,7 @@ def _agent_model(model):
 
 
 def _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed,
-                trace, ask=None):
+                trace, ask=None, call_format="json", routing="greedy"):
     from pathlib import Path
 
     from railcall.agent import Agent, Approver, Policy, load_policies
@@ -537,6 +552,7 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
     if approve is not None and approve not in ("ask", "auto", "deny"):
         _fail(ValueError(f"--approve must be ask, auto or deny, not {approve!r}"))
     _at_least_1(max_steps=max_steps, max_tokens=max_tokens)
+    _check_format_and_routing(call_format, routing)
     try:
         chosen, source = Policy(), "--policy"
         if policy and policy != "default":
@@ -554,7 +570,8 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
         agent = Agent.for_workspace(
             workspace, None, policy=chosen, approver=Approver(ask), max_steps=max_steps,
             params=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed),
-            trace=trace or Path(workspace) / ".railcall" / "trace.jsonl", on_step=_show_step)
+            trace=trace or Path(workspace) / ".railcall" / "trace.jsonl", on_step=_show_step,
+            call_format=call_format, routing=routing)
         _check_policy_tools(chosen, agent.table.names(), source)
         try:
             agent.view()  # a narrowing this table cannot apply (an argument a tool lacks) fails here, not mid-task
@@ -620,6 +637,10 @@ _AGENT_OPTIONS = dict(
     seed=typer.Option(0, "--seed", help="Sampling seed."),
     trace=typer.Option(None, "--trace", help="JSON-lines trace file (default: WORKSPACE/.railcall/trace.jsonl)."),
     model=typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
+    call_format=typer.Option("json", "--format", help="The call format of the grammar, the prompt and the parser: "
+                             "json, openai, hermes or pythonic."),
+    routing=typer.Option("greedy", "--routing", help="How the tool name is chosen: greedy (token by token) or scored "
+                         "(by the likelihood of each whole name; one extra forward pass per call)."),
 )
 
 
@@ -631,10 +652,12 @@ def agent(
     policies: Optional[str] = _AGENT_OPTIONS["policies"], max_steps: int = _AGENT_OPTIONS["max_steps"],
     max_tokens: int = _AGENT_OPTIONS["max_tokens"], temperature: float = _AGENT_OPTIONS["temperature"],
     seed: int = _AGENT_OPTIONS["seed"], trace: Optional[str] = _AGENT_OPTIONS["trace"],
-    model: Optional[str] = _AGENT_OPTIONS["model"],
+    model: Optional[str] = _AGENT_OPTIONS["model"], call_format: str = _AGENT_OPTIONS["call_format"],
+    routing: str = _AGENT_OPTIONS["routing"],
 ) -> None:
     """Run one task: calls under the grammar, approval for mutating ones, a JSON-lines trace."""
-    a = _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed, trace)
+    a = _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed, trace,
+                    call_format=call_format, routing=routing)
     console.print(f"policy {a.policy.name}: tools {', '.join(a.view().names)}", markup=False, highlight=False)
     ep = a.run(task)
     _show_episode(ep)
@@ -648,10 +671,12 @@ def chat(
     policies: Optional[str] = _AGENT_OPTIONS["policies"], max_steps: int = _AGENT_OPTIONS["max_steps"],
     max_tokens: int = _AGENT_OPTIONS["max_tokens"], temperature: float = _AGENT_OPTIONS["temperature"],
     seed: int = _AGENT_OPTIONS["seed"], trace: Optional[str] = _AGENT_OPTIONS["trace"],
-    model: Optional[str] = _AGENT_OPTIONS["model"],
+    model: Optional[str] = _AGENT_OPTIONS["model"], call_format: str = _AGENT_OPTIONS["call_format"],
+    routing: str = _AGENT_OPTIONS["routing"],
 ) -> None:
     """Interactive: one task per line; /tools, /skills, /quit (or end of input)."""
-    a = _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed, trace)
+    a = _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed, trace,
+                    call_format=call_format, routing=routing)
     console.print("railcall chat: one task per line; /tools, /skills, /quit.")
     while True:
         try:
@@ -769,6 +794,18 @@ def eval_bfcl(
     tool_choice: Optional[str] = typer.Option(None, "--tool-choice", help="auto or required for every category (default: "
                                               "required where every task has gold calls, else auto). Under auto the "
                                               "parse rate is the share of replies that make a call."),
+    call_format: str = typer.Option("json", "--format", help="The call format of the grammar, the prompt and the "
+                                    "parser: json, openai, hermes or pythonic."),
+    routing: str = typer.Option("greedy", "--routing", help="How the tool name is chosen under the grammar: greedy "
+                                "(token by token) or scored (by the likelihood of each whole name; one extra "
+                                "forward pass per call)."),
+    prompt_example: bool = typer.Option(False, "--prompt-example", help="The prompt also shows one call built from the "
+                                        "table (the first tool, placeholders of its required arguments' types)."),
+    variants: Optional[str] = typer.Option(None, "--variants", help="Run every combination of the axes given, e.g. "
+                                           "'format=json,pythonic routing=greedy,scored shots=0,2 model=smollm2,gemma3' "
+                                           "(an axis not given keeps its default; --format, --routing, --shots and "
+                                           "--model are then not used), each into --out/<variant>/, and write "
+                                           "--out/variants.md, variants.json and variants.png."),
 ) -> None:
     """Each BFCL task on the model with and without the grammar: parse rate, schema validity, AST accuracy."""
     from pathlib import Path
@@ -783,6 +820,7 @@ def eval_bfcl(
         _fail(ValueError(f"--shots must be 0 or more, not {shots}"))
     if tool_choice not in (None, "auto", "required"):
         _fail(f"--tool-choice must be auto or required, not {tool_choice!r}")
+    _check_format_and_routing(call_format, routing)
     _check_eval_packages(model, "jsonschema", "matplotlib")
     data = _bfcl_folder(data)
     cats = [c.strip() for item in category for c in item.split(",") if c.strip()]
@@ -793,11 +831,17 @@ def eval_bfcl(
             bfcl.category_file(Path(data), c)
     except FileNotFoundError as e:
         _fail(e)
+    if variants is not None:
+        _eval_variants(variants, cats, Path(out), data=Path(data), limit=limit, max_tokens=max_tokens, batch=batch,
+                       resume=resume, threads=threads, tool_choice=tool_choice, no_grammar=no_grammar,
+                       prompt_example=prompt_example)
+        return
     with _progress_bars() as progress:
         try:
             summary = run_bfcl(cats, Path(out), data=Path(data), limit=limit, grammar=not no_grammar, model=model, shots=shots,
                                max_tokens=max_tokens, batch=batch, resume=resume, threads=threads, progress=progress,
-                               tool_choice=tool_choice,
+                               tool_choice=tool_choice, call_format=call_format, routing=routing,
+                               prompt_example=prompt_example,
                                log=lambda m: console.print(m, style="dim"))
         except (RailcallError, ValueError, FileNotFoundError, NotImplementedError) as e:
             _fail(e)
@@ -806,6 +850,33 @@ def eval_bfcl(
     tp = summary["throughput"]
     console.print(f"{tp['generated_tokens']} tokens in {tp['decode_seconds']:.0f} s of decoding "
                   f"({tp['tokens_per_s']} tokens/s); wrote {out}/summary.json, table.md and eval.png")
+
+
+def _eval_variants(spec: str, cats: list[str], out, *, no_grammar: bool, **kw) -> None:
+    """`railcall eval bfcl --variants SPEC`: each variant's run, then one table."""
+    from rich.markup import escape
+
+    from railcall.eval import variants as variants_mod
+
+    if no_grammar:
+        _fail("--variants compares variants under the grammar (and without it); drop --no-grammar")
+    try:
+        chosen = variants_mod.parse(spec)
+    except variants_mod.VariantError as e:
+        _fail(e)
+        return
+    for v in chosen:
+        _check_format_and_routing(v["format"], v["routing"])
+        _check_eval_packages(v["model"], "jsonschema", "matplotlib")
+    with _progress_bars() as progress:
+        try:
+            table = variants_mod.run(cats, out, chosen, progress=progress,
+                                     log=lambda m: console.print(escape(m), style="dim"), **kw)
+        except (RailcallError, ValueError, FileNotFoundError, NotImplementedError) as e:
+            _fail(e)
+            return
+    console.print(escape(variants_mod.markdown(table)))
+    console.print(f"wrote {out}/variants.md, variants.json and variants.png; each variant's run in {out}/<variant>/")
 
 
 @eval_app.command("multi-turn")

@@ -46,6 +46,10 @@ from railcall.matcher import Matcher, compiled_grammar
 OBSERVATION_LIMIT = 1200  # characters of a result shown back to the model
 TRACE_RECORD_LIMIT = 64 << 10  # bytes of one trace line: a 2 MB line cut by a kill took a run's records with it
 CALL_PREFIX = b'{"tool":"'  # where the wire format reaches the tool name
+# ... and where each call format does (the Hermes tag as its text: where the vocabulary has it as
+# a token, the mask report at the name position is left empty)
+CALL_PREFIXES = {"json": CALL_PREFIX, "openai": b'{"name":"', "hermes": b'<tool_call>{"name":"', "pythonic": b"["}
+ROUTINGS = ("greedy", "scored")
 
 
 @dataclass
@@ -87,8 +91,12 @@ class AgentModel:
         return cls(TransformersBackend(lm.model, reuse_prefix=True), vocab, render, lm.name)
 
 
-def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = ()) -> str:
-    """The tools of this step's view, with each enumerated argument's choices."""
+def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = (), fmt: str = "json", *, example: bool = False) -> str:
+    """The tools of this step's view, with each enumerated argument's choices, and the call
+    format (`fmt`) with placeholders; with `example`, one call built from the view
+    (`railcall.runtime.prompt.call_example`; off by default: see `describe_format`)."""
+    from railcall.runtime.prompt import ONE, call_example, skeleton
+
     lines = []
     for t in tools:
         props = t.parameters.get("properties", {})
@@ -103,7 +111,8 @@ def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = ()) -> str:
         lines.append(f"- {t.name}: {t.description} Arguments: {', '.join(args) or 'none'}.")
     text = ("You are an assistant that solves the user's task step by step by calling tools. Tools:\n"
             + "\n".join(lines) + "\n"
-            'Answer each turn with exactly one JSON object: {"tool":"<tool name>","args":{"<argument>":"<value>"}}. '
+            f"Answer each turn with {ONE[fmt]}: {skeleton(fmt, quoted=True)}"
+            + (f", for example {call_example(tools, fmt)}" if example else "") + ". "
             f"After each call you see its result. When you know the reply, call {ANSWER}.")
     if notes:
         # A note is data, whoever wrote it (a planted "always call write_file" is one line of a
@@ -134,7 +143,15 @@ class Agent:
                  approver: Approver | None = None, skills: SkillStore | None = None,
                  memory: MemoryStore | None = None, params: SamplingParams | None = None, max_steps: int = 6,
                  trace: str | Path | None = None, learn: bool = True, on_step: Callable[[dict], None] | None = None,
-                 helps: Helps | None = None):
+                 helps: Helps | None = None, call_format: str = "json", routing: str = "greedy"):
+        from railcall.grammar.tools import FORMATS
+
+        if call_format not in FORMATS:
+            raise ValueError(f"unknown call format {call_format!r}; use {', '.join(FORMATS)}")
+        if routing not in ROUTINGS:
+            raise ValueError(f"unknown routing {routing!r}; use {' or '.join(ROUTINGS)}")
+        self.call_format = call_format  # the grammar's, the prompt's and the parser's
+        self.routing = routing  # "scored": the tool name chosen by whole-name likelihood
         self.table, self.model = table, model
         self.helps = helps or Helps()
         self.policy = policy or Policy()
@@ -225,21 +242,28 @@ class Agent:
         if not v.tools:
             rec.update(call=None, ok=False, result="error: the policy view has no callable tool")
             return rec
-        compiled = compiled_grammar(v.grammar(), self.model.vocab)
-        rec["name_position"] = name_position(compiled, self.model.vocab, v, self.table)
-        messages = [{"role": "system", "content": system_prompt(v.tools, self.memory.items() if self.memory else ())},
+        fmt = self.call_format
+        compiled = compiled_grammar(v.grammar(fmt), self.model.vocab)
+        rec["name_position"] = name_position(compiled, self.model.vocab, v, self.table, fmt)
+        messages = [{"role": "system", "content": system_prompt(v.tools, self.memory.items() if self.memory else (), fmt)},
                     *context, {"role": "user", "content": task}]
         for text, obs in history:
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]
         if self.helps.facts and history:
-            messages[-1] = {"role": "user", "content": messages[-1]["content"] + "\n\n" + facts_turn(task, found, offer)}
+            messages[-1] = {"role": "user", "content": messages[-1]["content"] + "\n\n" + facts_turn(task, found, offer, fmt)}
+        router = None
+        if self.routing == "scored":
+            from railcall.runtime.routing import NameRouter
+
+            router = NameRouter.for_tools(self.model.vocab, v.tools, fmt)  # scored on the model's backend
         g = generate(self.model.backend, self.model.vocab, self.model.render(messages, v.tools), Matcher(compiled),
-                     self.params)
+                     self.params, router=router)
         rec.update(text=g.text, tokens=len(g.tokens), legal=[s.legal for s in g.steps],
                    forced=sum(s.forced for s in g.steps), cut=g.cut)
-        try:
-            call = json.loads(g.text)
-        except ValueError:
+        if router is not None:
+            rec["routed"] = router.routed
+        call = read_call(self.model.vocab, g.tokens, g.text, fmt)
+        if call is None:
             rec.update(call=None, ok=False, result=f"error: the output is not a call ({g.grammar_error or 'cut'})")
             return rec
         rec["call"] = call
@@ -338,15 +362,52 @@ def bounded(rec: dict, limit: int = TRACE_RECORD_LIMIT) -> str:
     return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {v}" for k, v in fields.items()) + "}"
 
 
-def name_position(compiled, vocab, v: View, table: ToolTable) -> dict:
+def read_call(vocab, tokens, text: str, fmt: str = "json") -> dict | None:
+    """The call ({"tool", "args"}) a step's output makes in `fmt`; None when it is not one (a
+    grammar fault, or a cut the grammar could not close)."""
+    if fmt == "json":
+        try:
+            call = json.loads(text)
+        except ValueError:
+            return None
+        return call if isinstance(call, dict) else None
+    from railcall.runtime.output import Delimiters, OutputParser
+
+    tags = ("<tool_call>", "</tool_call>") if fmt == "hermes" else None
+    d = Delimiters.from_vocab(vocab, reasoning=None, tool_call=tags)
+    by_id = {x.token_id: x.text for x in d.all() if x.token_id is not None}
+    p = OutputParser(d, call_format=fmt, tool_choice="required", stop_ids=vocab.stop_ids)
+    for t in tokens:
+        p.feed(t, by_id.get(t) or vocab.token_bytes[t].decode("utf-8", errors="replace"))
+    p.finish()
+    calls = p.result().tool_calls
+    if len(calls) != 1:
+        return None
+    try:
+        args = json.loads(calls[0].arguments)
+    except ValueError:
+        return None
+    return {"tool": calls[0].name, "args": args}
+
+
+def name_position(compiled, vocab, v: View, table: ToolTable, fmt: str = "json") -> dict:
     """What the mask allows where the model chooses the tool name: the number of legal tokens,
     the table's names still spellable from there, and how many legal tokens start spelling only
     a name the view left out (the evidence that read-only holds in the mask, not after it)."""
+    from railcall.errors import GrammarError
+    from railcall.grammar.tools import FORMATS
+
     m = Matcher(compiled)
-    if not m.consume_bytes(CALL_PREFIX):
+    if not m.consume_bytes(CALL_PREFIXES[fmt]):
         return {"legal": 0, "spellable": [], "excluded_tokens_legal": 0}
     legal = m.legal_token_ids()
-    keys = {n: json.dumps(n, ensure_ascii=False)[1:].encode() for n in table.names()}
+    form = FORMATS[fmt]()
+    keys = {}
+    for n in table.names():
+        try:
+            keys[n] = form.name_key(n)
+        except GrammarError:  # a name the format cannot spell (pythonic: not an identifier) is not spellable
+            continue
     spellable = []
     for n, key in keys.items():
         probe = m.copy()

@@ -205,10 +205,10 @@ class View:
             return ""
         return f"arguments {json.dumps(call['args'], ensure_ascii=False)[:200]} do not fit {tool.name}'s schema in this view"
 
-    def grammar(self):
+    def grammar(self, fmt: str = "json"):
         from railcall.grammar.tools import tool_grammar
 
-        return tool_grammar(self.tools)
+        return tool_grammar(self.tools, fmt)
 
 
 def wire(tool: Tool, args: dict) -> bytes:

@@ -181,7 +181,7 @@ def observation(call: dict, result: str, short: bool) -> str:
     return sentence(args, body) if sentence else f"{tool} gave: {body}"
 
 
-def facts_turn(task: str, found: Sequence[str], offer: str | None = None) -> str:
+def facts_turn(task: str, found: Sequence[str], offer: str | None = None, fmt: str = "json") -> str:
     """The last turn with `facts`: the task again, what the episode found, and `answer` offered
     as a ready call whose text is `offer` (the facts gathered): a 135M model copies a call from
     its context far more readily than it composes one. (A line of the tools here as well, next
@@ -191,8 +191,9 @@ def facts_turn(task: str, found: Sequence[str], offer: str | None = None) -> str
         lines.append("Found so far:")
         lines += [f"- {_cut(f, FACT_LIMIT)}" for f in found[-FACTS_SHOWN:]]
     if offer:
-        ready = json.dumps({"tool": "answer", "args": {"text": _cut(" ".join(offer.split()), OFFER_LIMIT)}},
-                           separators=(",", ":"), ensure_ascii=False)
+        from railcall.runtime.prompt import call_text
+
+        ready = call_text("answer", {"text": _cut(" ".join(offer.split()), OFFER_LIMIT)}, fmt)  # in the call format
         lines.append(f"If that answers the task, reply with: {ready}")
         lines.append("Otherwise call another tool.")
     else:

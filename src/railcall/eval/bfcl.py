@@ -127,9 +127,10 @@ def tool_choice(tasks: Sequence[Task]) -> str:
 
 # --- the prompt -------------------------------------------------------------------------------
 # One prompt for every category (no tuning to the data). It lists each tool with its arguments'
-# types and descriptions, and shows the wire format with placeholders (a concrete example pulls
-# a small model towards the tool it names). Changing it changes PROMPT_VERSION, which a resumed
-# run checks.
+# types and descriptions, and shows the call format with placeholders (a concrete example pulls
+# a small model towards the tool it names and the values it shows: with `example`, one built
+# from the table, measured in railcall.runtime.prompt.describe_format). Changing it changes
+# PROMPT_VERSION, which a resumed run checks (with the call format, a setting of its own).
 
 PROMPT_VERSION = "bfcl-1"
 
@@ -152,19 +153,21 @@ def describe_tools(tools: Sequence[Tool]) -> str:
     return "\n".join(lines)
 
 
-def system_prompt(tools: Sequence[Tool]) -> str:
+def system_prompt(tools: Sequence[Tool], fmt: str = "json", example: bool = False) -> str:
+    from railcall.runtime.prompt import describe_format
+
     return (
         "You are an assistant that can call tools. Tools:\n" + describe_tools(tools) + "\n"
-        "To call a tool, answer with exactly one JSON object and nothing else: "
-        '{"tool":"<tool name>","args":{"<argument>":<value>}}. '
-        "If the request needs several calls, answer with a JSON array of such objects. "
+        "To call a tool, " + describe_format(tools, fmt, several=True, example=example) + ". "
         "If none of the tools fits the request, answer in plain text."
     )
 
 
-def prompt_ids(tokenizer, task: Task, examples: Sequence[dict] = ()) -> list[int]:
+def prompt_ids(tokenizer, task: Task, fmt: str = "json", example: bool = False, *,
+               examples: Sequence[dict] = ()) -> list[int]:
     """Token ids of the chat prompt for `task`, ready for generation. The task's own system
-    messages (some live tasks have one) follow the tool list in the same system message.
+    messages (some live tasks have one) follow the tool list in the same system message. `fmt`:
+    the call format the system prompt describes (with an example call when `example`).
     `examples`: in-context examples as earlier user and assistant turns, before the task's
     question (`railcall.runtime.shots`, built from the tool table alone)."""
     tools = task.tools
@@ -176,7 +179,7 @@ def prompt_ids(tokenizer, task: Task, examples: Sequence[dict] = ()) -> list[int
         msgs = ([{"role": "system", "content": "\n\n".join(own_system)}] if own_system else []) + rest
         out = tokenizer.apply_chat_template(msgs, tools=specs, add_generation_prompt=True, tokenize=True)
     else:
-        msgs = [{"role": "system", "content": "\n\n".join([system_prompt(tools), *own_system])}] + rest
+        msgs = [{"role": "system", "content": "\n\n".join([system_prompt(tools, fmt, example), *own_system])}] + rest
         out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
     ids = out["input_ids"] if hasattr(out, "keys") else out
     return list(ids[0] if ids and isinstance(ids[0], list) else ids)

@@ -1,7 +1,8 @@
 """Results -> summary.json, a terminal table and a PNG chart (with vs without the grammar).
 
 summary.json: {"categories": {cat: {condition: {n, parse_rate, valid_rate, ast_accuracy,
-tokens_mean, seconds_mean, cut_rate}}}, "throughput": {...}, "settings", "machine", "limit"}.
+tokens_mean, seconds_mean, cut_rate}}}, "throughput": {...}, "variant": {call_format, routing},
+"settings", "machine", "limit"}.
 A condition's `seconds_mean` is each task's latency inside its batch (rows decode together);
 `throughput` is the run's generated tokens over its decoding wall time (prefills included; their
 prompt tokens, one prefill per task, are counted apart).
@@ -38,13 +39,17 @@ def summarise(records: list[dict], *, settings: dict, categories: list[str], lim
     wall = sum(r["wall_share"] if "wall_share" in r else r.get("batch_seconds", 0.0) / max(r.get("batch_rows", 1), 1)
                for r in records)
     tokens = sum(r["tokens"] for r in records)
+    tasks = len({(r["category"], r["id"]) for r in records})
     return {
         "categories": cats,
-        "throughput": {"tasks": len({(r["category"], r["id"]) for r in records}), "rows": len(records),
+        "throughput": {"tasks": tasks, "rows": len(records),
                        "generated_tokens": tokens, "decode_seconds": round(wall, 1),
                        # one prefill per task, shared by its two conditions
                        "prompt_tokens": sum({(r["category"], r["id"]): r.get("prompt_tokens", 0) for r in records}.values()),
-                       "tokens_per_s": round(tokens / wall, 1) if wall else None},
+                       "tokens_per_s": round(tokens / wall, 1) if wall else None,
+                       "seconds_per_task": round(wall / tasks, 3) if tasks else None},
+        # the variant the figures are of (runs written before these settings: json, greedy)
+        "variant": {"call_format": settings.get("call_format", "json"), "routing": settings.get("routing", "greedy")},
         "settings": settings,
         "machine": machine or {},
         "limit": limit,
@@ -95,7 +100,9 @@ def markdown(summary: dict) -> str:
 def table(summary: dict):
     from rich.table import Table
 
-    t = Table(title="BFCL: without / with the grammar")
+    v = summary.get("variant") or {}
+    t = Table(title=f"BFCL: without / with the grammar ({v.get('call_format', 'json')} format, "
+                    f"{v.get('routing', 'greedy')} routing)")
     for col in ("category", "n", "parse rate", "schema-valid", "AST accuracy", "tokens/task", "s/task"):
         t.add_column(col, justify="left" if col == "category" else "right")
     for cat, per in summary["categories"].items():
@@ -136,7 +143,9 @@ def chart(summary: dict, path: Path) -> None:
             ax.set_ylabel("% of tasks")
             fig.legend(handles=[b1, b2], loc="upper right", ncol=2, fontsize=8, frameon=False)
     model = summary.get("settings", {}).get("model", "")
-    fig.suptitle(f"BFCL on {model}, greedy, max {summary.get('settings', {}).get('max_tokens')} tokens", fontsize=10,
+    v = summary.get("variant") or {}
+    fig.suptitle(f"BFCL on {model}, greedy, max {summary.get('settings', {}).get('max_tokens')} tokens, "
+                 f"{v.get('call_format', 'json')} format, {v.get('routing', 'greedy')} routing", fontsize=10,
                  x=0.02, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     atomic_savefig(fig, path)

@@ -2,8 +2,15 @@
 
 Each task is one chat prompt (`bfcl.prompt_ids`, the same for every category) decoded greedily
 twice from one shared prefill: once free (`without_grammar`) and once under the grammar of the
-task's tool table (`with_grammar`). The grammar allows one call or a JSON array of calls in
-every category (the model decides how many; only the checker knows the category). In a
+task's tool table (`with_grammar`). The grammar allows one call or several in every category
+(the model decides how many; only the checker knows the category).
+
+The call format (`call_format`: json, the default, openai, hermes or pythonic) is the grammar's,
+the output parser's and the prompt's: without the grammar the prompt still asks for it, and a
+reply is read in it. Routing (`routing`): "greedy" (the default) lets the model spell the tool
+name token by token under the mask; "scored" chooses it by the likelihood of each whole name
+(`railcall.runtime.routing`, one extra forward pass per call over the names' trie). Both are
+settings of the run and fields of every record, so a report tells the variants apart. In a
 category whose tasks all have gold calls the grammar is required from the first token; where
 some gold answers are no call, the reply may be free text or a call (tool_choice "auto").
 
@@ -39,7 +46,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from railcall.atomic import atomic_write
 from railcall.eval import bfcl, checker
@@ -56,64 +63,121 @@ class Settings:
     prompt: str = bfcl.PROMPT_VERSION
     grammar: str = "one call or a JSON array of calls, JsonCall wire format"
     conditions: list = field(default_factory=lambda: list(CONDITIONS))
+    call_format: str = "json"  # railcall.grammar.tools.FORMATS: the grammar's, the parser's and the prompt's
+    routing: str = "greedy"  # "greedy": the tool name token by token; "scored": by whole-name likelihood
 
 
-def call_grammar(tools):
-    """One call, or a JSON array of one or more calls, over `tools` (the same in every category)."""
+# What a run.json written before a setting existed ran with (its resume compares like with like).
+SETTINGS_BEFORE = {"shots": 0, "call_format": "json", "routing": "greedy"}
+ROUTINGS = ("greedy", "scored")
+# The grammar's description per format (the run's settings say which grammar its figures are of).
+GRAMMARS = {"json": "one call or a JSON array of calls, JsonCall wire format",
+            "openai": "one call or a JSON array of calls, OpenAICall format",
+            "hermes": "one or more <tool_call> blocks, one per line, HermesCall format",
+            "pythonic": "a Python list of one or more calls, PythonicCall format"}
+
+
+def call_grammar(tools, fmt: str = "json"):
+    """The calls a reply may make over `tools`, the same in every category: one call or a JSON
+    array of calls (json, openai), one or more <tool_call> blocks (hermes), a Python list of one
+    or more calls (pythonic)."""
     from railcall.grammar import ir
     from railcall.grammar.tools import tool_grammar
 
-    one = tool_grammar(tools)
-    many = tool_grammar(tools, parallel=True)
+    many = tool_grammar(tools, fmt, parallel=True)
+    if fmt not in ("json", "openai"):
+        return many  # a single call is already one of the many
+    one = tool_grammar(tools, fmt)
     rules = dict(one.rules)
     rules.update(dict(many.rules))
     return ir.Grammar(ir.Alt(one.start, many.start), tuple(rules.items()), name=f"one-or-many:{one.name}",
                       key=f"one-or-many:{one.key}:{many.key}")
 
 
-def make_matcher(tools, vocab, mode: str):
+def delimiters(vocab, fmt: str = "json"):
+    """The output parser's delimiters: no reasoning; the <tool_call> tags for hermes alone (by id
+    where the vocabulary has them as one token, else by text, as the grammar writes them)."""
+    from railcall.runtime.output import Delimiters
+
+    return Delimiters.from_vocab(vocab, reasoning=None,
+                                 tool_call=("<tool_call>", "</tool_call>") if fmt == "hermes" else None)
+
+
+def make_matcher(tools, vocab, mode: str, fmt: str = "json"):
     """A fresh matcher for one request: the call grammar, required or behind free text (auto)."""
     from railcall.matcher import Matcher, compiled_grammar
 
-    compiled = compiled_grammar(call_grammar(tools), vocab)
+    compiled = compiled_grammar(call_grammar(tools, fmt), vocab)
     if mode == "required":
         return Matcher(compiled)
-    from railcall.runtime.output import Delimiters
+    from railcall.runtime.output import AUTO_TRIGGERS
     from railcall.runtime.regions import answer_matcher
 
-    # "auto": free content until the wire format's trigger ({"tool":"), then a call under the
-    # grammar, then content again (railcall.runtime.regions); no reasoning region, no tool-call tags.
-    return answer_matcher(vocab, compiled, Delimiters.from_vocab(vocab, reasoning=None, tool_call=None), mode=mode)
+    # "auto": free content until the format's trigger ({"tool":" for json), then a call under the
+    # grammar, then content again (railcall.runtime.regions); no reasoning region.
+    return answer_matcher(vocab, compiled, delimiters(vocab, fmt), mode=mode, trigger=AUTO_TRIGGERS[fmt])
 
 
-def auto_calls(vocab, tokens) -> list[dict] | None:
-    """The calls a reply decoded under tool_choice "auto" makes, as the runtime's output parser
-    reads them (text around them is content); None when it makes none."""
-    from railcall.runtime.output import Delimiters, OutputParser
+def read_calls(vocab, tokens, fmt: str = "json", tool_choice: str = "auto") -> tuple[list[dict] | None, str]:
+    """(the calls in a reply as {"tool", "args"} dicts, or None when it makes none; its content),
+    as the runtime's output parser reads `fmt` under `tool_choice`."""
+    from railcall.runtime.output import OutputParser
 
-    parser = OutputParser(Delimiters.from_vocab(vocab, reasoning=None, tool_call=None), call_format="json",
-                          tool_choice="auto", stop_ids=vocab.stop_ids)
+    d = delimiters(vocab, fmt)
+    tags = {x.token_id: x.text for x in d.all() if x.token_id is not None}  # a tag that is one token
+    parser = OutputParser(d, call_format=fmt, tool_choice=tool_choice, stop_ids=vocab.stop_ids)
     # incrementally: a character split across byte-level tokens is one character, not two U+FFFD
     text = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for t in tokens:
-        parser.feed(t, text.decode(vocab.decode([t])))
+        parser.feed(t, tags[t] if t in tags else text.decode(vocab.decode([t])))
     parser.feed(-1, text.decode(b"", final=True))
     parser.finish()
     calls = []
-    for c in parser.result().tool_calls:
+    result = parser.result()
+    for c in result.tool_calls:
         try:
             args = json.loads(c.arguments)
         except ValueError:
-            return None
+            return None, result.content or ""
         calls.append({"tool": c.name, "args": args})
-    return calls or None
+    return calls or None, result.content or ""
 
 
-def score(task: bfcl.Task, text: str, calls: list[dict] | None = None, *, auto: bool = False) -> dict:
-    """The verdicts on one reply. A reply is a call when the whole of it is the wire format; under
-    tool_choice "auto" (`auto=True`, `calls` from `auto_calls`) when the output parser finds calls
-    in it (text around them is allowed there: it is content)."""
-    if not auto:
+def auto_calls(vocab, tokens, fmt: str = "json") -> list[dict] | None:
+    """The calls a reply decoded under tool_choice "auto" makes, as the runtime's output parser
+    reads them (text around them is content); None when it makes none."""
+    return read_calls(vocab, tokens, fmt, "auto")[0]
+
+
+def whole_calls(vocab, tokens, fmt: str) -> list[dict] | None:
+    """The calls of a reply that is nothing but calls in `fmt` (the parser's "required" reading,
+    with no content beside them); None otherwise. The JSON format's `checker.parse_calls`."""
+    calls, content = read_calls(vocab, tokens, fmt, "required")
+    return calls if calls and not content.strip() else None
+
+
+def decided(text: str, fmt: str = "json", stop: Sequence[str] = ()) -> bool:
+    """True once a free reply can no longer be a call in `fmt` (`checker.decided` for json, which
+    waits while the text may still be one of the reply's `stop` strings on its way; for the other
+    formats, once it does not start as a call of theirs would). Ends a reply early without
+    changing its verdict: such a reply is not a reply of calls alone."""
+    if fmt == "json":
+        return checker.decided(text, stop)
+    s = text.lstrip()
+    opener = {"openai": "{[", "pythonic": "["}.get(fmt)
+    if opener is not None:
+        return bool(s) and s[0] not in opener
+    tag = "<tool_call>"
+    return bool(s) and not (s.startswith(tag) or tag.startswith(s))
+
+
+def score(task: bfcl.Task, text: str, calls: list[dict] | None = None, *, auto: bool = False,
+          parsed: bool = False) -> dict:
+    """The verdicts on one reply. A reply is a call when the whole of it is the wire format
+    (`checker.parse_calls`), or, for another call format, when `calls` were read from it
+    (`parsed=True`, from `whole_calls`); under tool_choice "auto" (`auto=True`, `calls` from
+    `auto_calls`) when the output parser finds calls in it (text around them is content)."""
+    if not auto and not parsed:
         calls = checker.parse_calls(text)
     verdict = checker.check_calls(task.functions, calls, task.ground_truth, language=task.language, expects=task.expects)
     return {"parse": calls is not None, "valid": checker.valid_calls(calls, task.tools),
@@ -131,8 +195,15 @@ def examples(task: bfcl.Task, shots: int, call_format: str = "json") -> list[dic
 def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limit: int | None = None,
              grammar: bool = True, model: str | None = None, max_tokens: int = 192, shots: int = 0, batch: int = 16,
              resume: bool = False, tool_choice: str | None = None, threads: int | None = None,
+             call_format: str = "json", routing: str = "greedy", prompt_example: bool = False,
+             without_grammar: bool = True,
              progress: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] | None = None) -> dict:
-    """Run the categories; returns the summary (also written to `out`/summary.json)."""
+    """Run the categories; returns the summary (also written to `out`/summary.json). `call_format`:
+    the grammar's, the parser's and the prompt's format; `routing="scored"`: the tool name chosen
+    by whole-name likelihood (`railcall.runtime.routing`) under the grammar; `prompt_example`:
+    the prompt shows one call built from the table (`railcall.runtime.prompt.call_example`).
+    `grammar` / `without_grammar`: whether the run decodes each task under the grammar / free
+    (both by default; `railcall.eval.variants` runs a scored variant under the grammar alone)."""
     from railcall.runtime.batch import decode_stream
     from railcall.runtime.decode import SamplingParams
     from railcall.eval import report
@@ -140,9 +211,18 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     from railcall.runtime.plain import stop_strings
     from railcall.vocab import Vocabulary
 
+    from railcall.grammar.tools import FORMATS
+    from railcall.runtime.routing import NameRouter
+
+    if call_format not in FORMATS:
+        raise ValueError(f"unknown call format {call_format!r}; use {', '.join(FORMATS)}")
+    if routing not in ROUTINGS:
+        raise ValueError(f"unknown routing {routing!r}; use {' or '.join(ROUTINGS)}")
     log = log or (lambda m: None)
     if shots < 0:
         raise ValueError(f"shots must be 0 or more, not {shots}")
+    if not (grammar or without_grammar):
+        raise ValueError("nothing to run: both the grammar and the free condition are off")
     if threads:
         import torch
 
@@ -159,11 +239,13 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     all_tasks = {c: bfcl.load_category(data, c, limit) for c in categories}  # fails early on a bad name
     lm = load_model(model)
     vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
-    conditions = list(CONDITIONS) if grammar else ["without_grammar"]
-    settings = Settings(model=lm.name, max_tokens=max_tokens, shots=shots, conditions=list(CONDITIONS))
+    conditions = [c for c in CONDITIONS if (grammar if c == "with_grammar" else without_grammar)]
+    settings = Settings(model=lm.name, max_tokens=max_tokens, shots=shots, conditions=list(CONDITIONS),
+                        grammar=GRAMMARS[call_format], call_format=call_format, routing=routing,
+                        prompt=bfcl.PROMPT_VERSION + ("+example" if prompt_example else ""))
     results_path, run_path = out / "results.jsonl", out / "run.json"
     if resume and run_path.is_file():
-        before = {"shots": 0, **read_run(run_path)["settings"]}  # runs from before --shots had none
+        before = {**SETTINGS_BEFORE, **read_run(run_path)["settings"]}
         if before != asdict(settings):
             diff = {k: (before.get(k), v) for k, v in asdict(settings).items() if before.get(k) != v}
             raise ValueError(f"--resume: {out} was run with other settings {diff}; use another --out")
@@ -187,8 +269,9 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         windows[cat] = [todo[i: i + batch] for i in range(0, len(todo), batch)]
         if progress:
             progress(cat, finished[cat], len(tasks))
-    prompts = {(cat, t.id): bfcl.prompt_ids(lm.tokenizer, t, examples(t, shots)) for ws in windows.values() for w in ws
-               for cat, t in w}
+    prompts = {(cat, t.id): bfcl.prompt_ids(lm.tokenizer, t, call_format, prompt_example,
+                                            examples=examples(t, shots, call_format))
+               for ws in windows.values() for w in ws for cat, t in w}
     order = []
     for k in range(max((len(ws) for ws in windows.values()), default=0)):
         for ws in windows.values():
@@ -198,7 +281,12 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
 
     def requests():  # matchers made as rows are admitted (a compiled grammar per table, cached)
         for cat, t, c in rows:
-            yield prompts[(cat, t.id)], make_matcher(t.tools, vocab, modes[cat]) if c == "with_grammar" else None
+            if c != "with_grammar":
+                yield prompts[(cat, t.id)], None
+                continue
+            m = make_matcher(t.tools, vocab, modes[cat], call_format)
+            # scored: the router's scorer is bound to the row's batch when the row is added
+            yield prompts[(cat, t.id)], m, NameRouter.for_tools(vocab, t.tools, call_format) if routing == "scored" else None
 
     waiting: dict[tuple, int] = {}
     for cat, t, _ in rows:
@@ -206,7 +294,14 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     held: dict[tuple, list] = {}
 
     def is_decided(i, tokens):
-        return checker.decided(vocab.decode(tokens).decode("utf-8", errors="replace"), params.stop)
+        return decided(vocab.decode(tokens).decode("utf-8", errors="replace"), call_format, params.stop)
+
+    def verdicts(t, g, c, mode):
+        if c == "with_grammar" and mode == "auto":
+            return score(t, g.text, auto_calls(vocab, g.tokens, call_format), auto=True)
+        if call_format == "json":
+            return score(t, g.text)
+        return score(t, g.text, whole_calls(vocab, g.tokens, call_format), parsed=True)
 
     last = time.perf_counter()
     with open(results_path, "a") as f:
@@ -217,8 +312,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
             mode = modes[cat]
             held.setdefault((cat, t.id), []).append({
                 "category": cat, "id": t.id, "condition": c, "tool_choice": mode if c == "with_grammar" else "free",
-                "output": g.text, **(score(t, g.text, auto_calls(vocab, g.tokens), auto=True)
-                                     if c == "with_grammar" and mode == "auto" else score(t, g.text)),
+                "call_format": call_format, "routing": routing if c == "with_grammar" else "free",
+                "output": g.text, **verdicts(t, g, c, mode),
                 "tokens": len(g.tokens), "seconds": round(g.seconds, 3),
                 "forward_passes": g.forward_passes, "passes_saved": g.passes_saved,
                 "finish_reason": g.finish_reason, "cut": g.cut, "prompt_tokens": len(prompts[(cat, t.id)]),

@@ -26,8 +26,8 @@ fast-forward, stop strings, penalties, the token ceiling -- it does the same in 
   the tool name is chosen whole, by the log-probability of each allowed name's complete token
   sequence (`routing="scored"`), instead of token by token from the first one (the default,
   greedy routing). The chosen name's tokens are fed together, as forced ones are; their steps
-  record forced=False and each token's own log-probability; the scoring passes are counted in
-  `forward_passes`.
+  record forced=False and each token's own log-probability; the scoring pass (one per routed
+  call, over the names' trie) is counted in `forward_passes`.
 - Trace: one record per generated token -- the legal-token count (the syntax/semantics boundary
   moving, seed 000), whether the grammar forced it, the token, its text and its logprob under the
   masked distribution. `Generation.save_trace` writes JSON lines.
@@ -375,6 +375,10 @@ def generate(backend, vocab, prompt: Sequence[int], matcher=None, params: Sampli
     `matcher` if given (see the module docstring). With `batch_forced=False` forced tokens are
     fed one pass at a time (the reference path for fast-forward). `router`: a
     `railcall.runtime.routing.NameRouter` for scored routing (its scorer runs on this backend)."""
+    if router is not None and router.score is None:
+        from railcall.runtime.routing import branch_scorer
+
+        router.score = branch_scorer(backend)
     row = Row(vocab, matcher, params, fast_forward=fast_forward, on_step=on_step, cancelled=cancelled, router=router)
     logits = backend.start(prompt)
     row.prompt_cached = int(getattr(backend, "last_cached", 0) or 0)

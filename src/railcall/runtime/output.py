@@ -65,6 +65,11 @@ JSON_CALL_TRIGGER = '{"tool":"'
 # The JSON-object call formats: (name key, arguments key) and the trigger text for "auto".
 JSON_FORMATS = {"json": ("tool", "args"), "openai": ("name", "arguments")}
 CALL_FORMATS = ("hermes", "json", "openai", "pythonic")
+# The text that starts a call in free text (tool_choice "auto") per format, for the grammar
+# regions' `trigger` (None: the regions' own choice, the call-open delimiter or JSON_CALL_TRIGGER).
+# Pythonic's is `[`: this parser reads a list only where it opens the reply, so under "auto" a
+# pythonic call must come first.
+AUTO_TRIGGERS = {"json": None, "openai": '{"name":"', "hermes": None, "pythonic": "["}
 JSON_WS = " \t\n\r"
 
 

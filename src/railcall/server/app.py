@@ -480,10 +480,12 @@ def _openapi(app: FastAPI) -> dict:
 
 def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY, max_string: int = MAX_STRING,
-          max_rows: int = 16, prefix_cache_bytes: int = 256 << 20, log_level: str = "info") -> None:
+          max_rows: int = 16, prefix_cache_bytes: int = 256 << 20, log_level: str = "info",
+          call_format: str | None = None) -> None:
     """Load `model` and serve it until interrupted (what `railcall serve` runs). `max_string`:
     the most characters a generated string whose schema gives no maxLength may have; `max_rows`:
-    requests decoded together; `prefix_cache_bytes`: the prefix cache's budget (0: off)."""
+    requests decoded together; `prefix_cache_bytes`: the prefix cache's budget (0: off);
+    `call_format`: the calls' format where a request names none (default: the model's own)."""
     import uvicorn
 
     from railcall.runtime.batch import PrefixCache
@@ -494,6 +496,8 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
         log.addHandler(handler)
         log.setLevel(getattr(logging, log_level.upper(), logging.INFO))
     served = ServedModel.load(model)
+    if call_format is not None:
+        served.use_format(call_format)
     served.max_string = max_string
     served.max_rows = max_rows
     served.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None

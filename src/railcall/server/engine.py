@@ -179,7 +179,8 @@ class Engine:
             for k in range(plan.n):  # n choices: n rows, each its own matcher (and seed, if one is given)
                 seed = plan.params.seed + k if plan.params.seed is not None else None
                 rows.append(Row(self.served.vocab, plan.matcher(self.served), plan.params, seed=seed,
-                                on_step=lambda step, k=k: job.push("step", (k, step)), cancelled=job.cancelled))
+                                on_step=lambda step, k=k: job.push("step", (k, step)), cancelled=job.cancelled,
+                                router=plan.router(self.served)))
         except Exception as e:
             log.exception("building the request's matcher failed")
             self.stats["failed"] += 1

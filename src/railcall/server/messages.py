@@ -11,7 +11,7 @@ import json
 
 from railcall.errors import RequestError
 from railcall.grammar.tools import Tool
-from railcall.runtime.prompt import describe_tools
+from railcall.runtime.prompt import ONE, call_example, call_text, describe_tools, skeleton
 from railcall.server.schemas import ChatCompletionRequest, guided
 
 # ---------------------------------------------------------------------------------------------
@@ -24,29 +24,50 @@ def text_of(content) -> str:
     return "".join(p.text for p in content)
 
 
-def tools_instruction(tools: list[Tool], choice: str, parallel: bool, keys: tuple[str, str]) -> str:
+def tools_instruction(tools: list[Tool], choice: str, parallel: bool, fmt: str = "json", example: bool = False) -> str:
     """The system text that presents the tools to a model whose chat template does not know
     tools (SmolLM2). The format is shown with placeholders, not with one of the tools: a
-    concrete example pulls a small model towards the tool it names."""
-    name_key, args_key = keys
-    shape = '{"%s":"<tool name>","%s":{"<argument>":"<value>"}}' % (name_key, args_key)
+    concrete example pulls a small model towards the tool it names and the values it shows
+    (`example`: one built from the table, `railcall.runtime.prompt.call_example`; measured in
+    `describe_format`)."""
+    shape, shown = skeleton(fmt, quoted=True), call_example(tools, fmt)
     head = "You are an assistant that can act by calling tools. Tools:\n" + describe_tools(tools) + "\n"
     if parallel:
-        how = f"a JSON array of one or more calls, each {shape}"
+        how = {"json": f"a JSON array of one or more calls, each {shape}",
+               "openai": f"a JSON array of one or more calls, each {shape}",
+               "hermes": f"one or more <tool_call> blocks, one per line, each {shape}",
+               "pythonic": f"one Python list of one or more calls, {shape}"}[fmt]
+        if fmt in ("json", "openai"):
+            shown = f"[{shown}]"
     else:
-        how = f"exactly one JSON object and nothing else: {shape}"
+        how = f"{ONE[fmt]} and nothing else: {shape}"
+    if example:
+        how += f", for example {shown}"
     if choice == "auto":
         return head + f"To call a tool, answer with {how}. Otherwise answer in plain text."
     return head + f"Choose the tool that fits the request and answer with {how}"
 
 
+def written_calls(calls: list[tuple[str, dict]], fmt: str) -> str:
+    """An assistant turn's calls as `fmt` writes them (several: one JSON array, one Python list,
+    or one <tool_call> block per line)."""
+    each = [call_text(n, a, fmt) for n, a in calls]
+    if len(each) < 2:
+        return "".join(each)
+    if fmt == "hermes":
+        return "\n".join(each)
+    if fmt == "pythonic":
+        return "[" + ", ".join(c[1:-1] for c in each) + "]"
+    return "[" + ",".join(each) + "]"
+
+
 def messages_for_template(req: ChatCompletionRequest, tools: list[Tool], choice: str, kind: str, has_schema: bool,
-                          keys: tuple[str, str], native: bool) -> tuple[list[dict], list[dict] | None]:
+                          fmt: str, native: bool) -> tuple[list[dict], list[dict] | None]:
     """(messages, tools for the template) from the request; assistant calls are written in the
-    call format the grammar enforces, so the model sees its own wire format in the history."""
+    call format the grammar enforces (`fmt`), so the model sees its own wire format in the
+    history. `native`: the chat template presents the tools and renders the calls."""
     out: list[dict] = []
     names: dict[str, str] = {}  # tool_call_id -> function name
-    name_key, args_key = keys
     for i, m in enumerate(req.messages):
         if m.role in ("system", "developer"):
             out.append({"role": "system", "content": text_of(m.content)})
@@ -70,9 +91,7 @@ def messages_for_template(req: ChatCompletionRequest, tools: list[Tool], choice:
                     msg["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
                 out.append(msg)
             else:
-                written = [json.dumps({name_key: n, args_key: a}, separators=(",", ":"), ensure_ascii=False) for n, a in calls]
-                if len(written) > 1:
-                    written = ["[" + ",".join(written) + "]"]
+                written = [written_calls(calls, fmt)] if calls else []
                 out.append({"role": "assistant", "content": "\n".join([t for t in [text] if t] + written)})
         else:  # tool
             if m.tool_call_id not in names:
@@ -84,7 +103,7 @@ def messages_for_template(req: ChatCompletionRequest, tools: list[Tool], choice:
                 out.append({"role": "tool", "content": f"{names[m.tool_call_id]} returned: {text_of(m.content)}"})
     extra = []
     if tools and not native:
-        extra.append(tools_instruction(tools, choice, req.parallel_tool_calls and choice != "named", keys))
+        extra.append(tools_instruction(tools, choice, req.parallel_tool_calls and choice != "named", fmt))
     if kind == "json" or (kind == "auto" and has_schema):
         rf, given = req.response_format, guided(req)
         schema = (given[1] if given and given[0] == "json" else

@@ -17,9 +17,10 @@ class ServedModel:
     """The model a server process serves. Built once per process.
 
     Holds the loaded model and tokenizer, its Vocabulary, the call format its tool calls are
-    written in (Hermes tags where `<tool_call>` is one token, special or added as an ordinary one
-    as in Qwen, and the chat template knows tools; railcall's JSON format otherwise, as for
-    SmolLM2) and the context length.
+    written in by default (Hermes tags where `<tool_call>` is one token, special or added as an
+    ordinary one as in Qwen, and the chat template knows tools; railcall's JSON format otherwise,
+    as for SmolLM2; `railcall serve --format` or a request's `call_format` choose another) and
+    the context length.
     """
 
     def __init__(self, lm, vocab, name: str | None = None):
@@ -32,8 +33,9 @@ class ServedModel:
         self.max_string = MAX_STRING  # the most characters of a generated string without maxLength
         # the grammar and the output parser both take a one-token tag by its id (TagIds, Delimiters)
         self.native = has_native_tools(self.tokenizer) and single_token(vocab, "<tool_call>") is not None
-        self.call_format = "hermes" if self.native else "json"
+        self.call_format = "hermes" if self.native else "json"  # a request's call_format may choose another
         self.keys = ("name", "arguments") if self.native else ("tool", "args")
+        self.scores_branches = True  # routing "scored" can run (the batch scores a row's branches)
         # Reasoning is parsed and given its region only where both think delimiters are single
         # tokens: on a model without them (SmolLM2) a spelled "<think>" is just text.
         think = Delimiters.from_vocab(vocab, tool_call=None)
@@ -43,6 +45,15 @@ class ServedModel:
         # a pass over one, over 16 about 2x (memory-bound: the weights are read once per pass).
         self.max_rows = 16
         self.prefix_cache: PrefixCache | None = PrefixCache()
+
+    def use_format(self, fmt: str) -> None:
+        """Write calls in `fmt` where a request names no call_format (`railcall serve --format`)."""
+        from railcall.grammar.tools import FORMATS
+
+        if fmt not in FORMATS:
+            raise RequestError(f"unknown call format {fmt!r}; use {', '.join(FORMATS)}")
+        self.call_format = fmt
+        self.keys = {"json": ("tool", "args"), "pythonic": None}.get(fmt, ("name", "arguments"))
 
     @classmethod
     def load(cls, model: str | None = None) -> "ServedModel":
@@ -65,11 +76,16 @@ class ServedModel:
         """Decode through a single-sequence backend (`start`/`feed`: a test double, or a runtime
         that cannot batch): the same loop, one row at a time, no prefix cache."""
         self.batch = lambda: OneRowBatch(backend)
+        self.scores_branches = hasattr(backend, "branch_logits")
         self.max_rows = 1
         self.prefix_cache = None
 
-    def prompt_ids(self, req, tools, choice, named, kind, has_schema) -> list[int]:
-        messages, specs = messages_for_template(req, tools, choice, kind, has_schema, self.keys, self.native)
+    def prompt_ids(self, req, tools, choice, named, kind, has_schema, fmt: str | None = None) -> list[int]:
+        """The request's prompt; calls in `fmt` (default: this model's format). The chat template
+        presents the tools only where the calls are its own Hermes blocks; for another format
+        railcall's system prompt describes the tools and that format."""
+        fmt = fmt or self.call_format
+        messages, specs = messages_for_template(req, tools, choice, kind, has_schema, fmt, self.native and fmt == "hermes")
         try:
             kw = {"tools": specs} if specs else {}
             out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kw)

@@ -38,7 +38,7 @@ class Assembler:
         if getattr(plan, "plain", False):  # /v1/completions: all text, no delimiters read
             self.parser = OutputParser(Delimiters(), call_format=None, tool_choice="none", stop_ids=self.vocab.stop_ids)
         else:
-            fmt = served.call_format if plan.tool_choice != "none" else None
+            fmt = (getattr(plan, "call_format", None) or served.call_format) if plan.tool_choice != "none" else None
             self.parser = OutputParser(served.delimiters, call_format=fmt, tool_choice=plan.tool_choice,
                                        stop_ids=self.vocab.stop_ids,
                                        stream_calls=getattr(plan, "grammar", None) is not None)

@@ -12,11 +12,18 @@ reasoning region comes first on models whose think delimiters are single tokens)
 
     none      free text, or the response_format grammar ("required" region) when one is given
     required  the tool grammar: one call, or with parallel_tool_calls several (a JSON array in
-              railcall's JSON format, several <tool_call> blocks in the Hermes format)
+              railcall's JSON and OpenAI formats, several <tool_call> blocks in the Hermes format,
+              one Python list in the pythonic format)
     {name}    the tool grammar of that one tool, one call
-    auto      free text in which the call trigger (`{"tool":"`, or the <tool_call> token) starts
-              a call under the tool grammar; with a response_format, the answer is either a
-              call or the response schema (one grammar, the two as alternatives)
+    auto      free text in which the call trigger (`{"tool":"`, `{"name":"`, `[`, or the
+              <tool_call> token or text: `AUTO_TRIGGERS`) starts a call under the tool grammar;
+              with a response_format, the answer is either a call or the response schema (one
+              grammar, the two as alternatives)
+
+The call format is the request's `call_format` (railcall's extension), else the served model's
+(`railcall serve --format`); the grammar, the prompt and the output parser all follow it. With
+`routing: "scored"` each row chooses the tool name by whole-name likelihood (a NameRouter per
+row, scored on the row's KV in the batch: `railcall.runtime.batch.BatchLoop.scorer`).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from railcall.grammar import ir
 from railcall.grammar.schema import SchemaOptions, schema_to_ir
 from railcall.grammar.tools import Tool, ToolGrammarBuilder
 from railcall.matcher import MAX_STRING, CompiledGrammar, Matcher, compiled_grammar
+from railcall.runtime.output import AUTO_TRIGGERS
 from railcall.runtime.regions import answer_matcher
 from railcall.server.schemas import ChatCompletionRequest, guided
 
@@ -63,13 +71,26 @@ class Plan:
     include_usage: bool = False
     n: int = 1  # choices: rows of one batch, each with its own matcher and seed
     plain: bool = False  # /v1/completions: the grammar alone, no regions (no reasoning, no free text)
+    call_format: str | None = None  # the calls' format (None: the served model's)
+    routing: str = "greedy"  # "scored": each row gets a NameRouter (railcall.runtime.routing)
 
     def matcher(self, served: "ServedModel"):
         """A fresh per-request matcher (built on the engine's worker thread); None for free text
         without reasoning, which needs no mask at all."""
         if self.plain or (self.grammar is None and not served.reasoning):
             return Matcher(self.grammar) if self.grammar is not None else None
-        return answer_matcher(served.vocab, self.grammar, served.delimiters, mode=self.mode, reasoning=served.reasoning)
+        trigger = AUTO_TRIGGERS.get(self.call_format) if self.mode == "auto" and self.kind == "auto" else None
+        return answer_matcher(served.vocab, self.grammar, served.delimiters, mode=self.mode, reasoning=served.reasoning,
+                              trigger=trigger)
+
+    def router(self, served: "ServedModel"):
+        """A fresh per-row NameRouter for scored routing (its scorer is bound by the loop that
+        runs the row); None for greedy routing or a request without tools."""
+        if self.routing != "scored" or not self.tools or self.call_format is None:
+            return None
+        from railcall.runtime.routing import NameRouter
+
+        return NameRouter.for_tools(served.vocab, self.tools, self.call_format, temperature=self.params.temperature)
 
 
 def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
@@ -89,7 +110,11 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
         choice = "none"
     answer = _response_grammar(req)  # (ir.Grammar | None, kind)
     calling = choice in ("required", "named", "auto")
-    fmt = served.call_format
+    fmt = req.call_format or served.call_format
+    if req.routing == "scored" and not getattr(served, "scores_branches", True):
+        raise RequestError("routing 'scored' needs a backend that can score the tool names' branches, and this "
+                           "server's cannot; send routing 'greedy' (or leave it out)", param="routing",
+                           code="unsupported_field")
     if choice == "named":
         grammar, kind = _tool_grammar([named], fmt, parallel=False), "tools"
     elif choice == "required":
@@ -110,13 +135,14 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
     else:
         mode = "required"
     parser_choice = {"named": "required", "required": "required", "auto": "auto"}.get(choice, "none")
-    prompt = served.prompt_ids(req, tools if calling else [], choice, named, kind, answer[0] is not None)
+    prompt = served.prompt_ids(req, tools if calling else [], choice, named, kind, answer[0] is not None, fmt)
     params = _params(served, req, prompt, kind, where="messages")
     compiled = _compile(served, grammar, kind)
     return Plan(prompt=prompt, params=params, kind=kind, mode=mode, tool_choice=parser_choice, grammar=compiled, tools=tools if calling else [],
                 parallel=req.parallel_tool_calls and choice != "named", logprobs=req.logprobs,
                 top_logprobs=params.top_logprobs, return_token_ids=req.return_token_ids, stream=req.stream,
-                include_usage=bool(req.stream_options and req.stream_options.include_usage), n=req.n)
+                include_usage=bool(req.stream_options and req.stream_options.include_usage), n=req.n,
+                call_format=fmt, routing=req.routing)
 
 
 def build_completion_plan(served: "ServedModel", req) -> Plan:

@@ -138,7 +138,7 @@ class StreamOptions(_Loose):
 
 _NULL_MEANS_DEFAULT = ("temperature", "top_p", "n", "stream", "logprobs", "parallel_tool_calls", "top_k",
                        "return_token_ids", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                       "min_tokens", "on_length")
+                       "min_tokens", "on_length", "routing")
 
 # OpenAI request fields that change nothing in the output (bookkeeping for OpenAI's platform):
 # accepted and not acted on.
@@ -197,6 +197,12 @@ class ChatCompletionRequest(_Strict):
     # writes its shortest close while it still fits, so the output parses; values it has to fill
     # are "?"; finish_reason is still "length")
     on_length: Literal["cut", "close"] = "cut"
+    # railcall's: the call format this request's tool calls are written in (grammar, prompt and
+    # parser; default: the served model's, `railcall serve --format`), and how the tool name is
+    # chosen ("greedy": token by token under the mask; "scored": by the likelihood of each whole
+    # name, railcall.runtime.routing, one extra forward pass per call)
+    call_format: Literal["json", "openai", "hermes", "pythonic"] | None = None
+    routing: Literal["greedy", "scored"] = "greedy"
 
     @model_validator(mode="before")
     @classmethod
