@@ -14,10 +14,13 @@ def test_the_spec_gives_every_combination_in_the_order_written():
     vs = variants.parse("format=json,pythonic routing=greedy,scored")
     assert [(v["format"], v["routing"]) for v in vs] == [("json", "greedy"), ("json", "scored"),
                                                          ("pythonic", "greedy"), ("pythonic", "scored")]
-    assert all(v["shots"] == 0 and v["model"] is None for v in vs)  # the axes not named keep their defaults
+    assert all(v["shots"] == 0 and v["model"] == "smollm2" for v in vs)  # the axes not named keep their defaults
     vs = variants.parse("shots=0,2;model=smollm2,gemma3")
     assert [(v["shots"], v["model"]) for v in vs] == [(0, "smollm2"), (0, "gemma3"), (2, "smollm2"), (2, "gemma3")]
     assert variants.label(vs[3]) == "json-greedy-2shot-gemma3"
+    vs = variants.parse("format=json,pythonic | model=gemma3 format=json | format=json model=smollm2")
+    assert [variants.label(v) for v in vs] == ["json-greedy-0shot-smollm2", "pythonic-greedy-0shot-smollm2",
+                                               "json-greedy-0shot-gemma3"]
 
 
 @pytest.mark.parametrize("spec, says", [
@@ -30,6 +33,7 @@ def test_the_spec_gives_every_combination_in_the_order_written():
     ("format=json format=openai", "given twice"),
     ("format=json,json", "a value twice"),
     ("format=", "no values"),
+    ("format=json | ", "name at least one axis"),
 ])
 def test_a_bad_spec_says_what_is_wrong(spec, says):
     with pytest.raises(variants.VariantError, match=says):
@@ -68,7 +72,7 @@ def test_run_writes_one_table_and_shares_the_baselines_free_replies(tmp_path):
     table = variants.run(["multiple"], tmp_path, variants.parse("routing=scored"), runner=runner, limit=4)
     # asked for the scored variant only: the baseline ran for it, but only what was asked is tabled
     assert [c[0] for c in calls] == ["json-greedy-0shot-smollm2", "json-scored-0shot-smollm2"]
-    assert calls[1][1]["call_format"] == "json" and calls[1][1]["shots"] == 0 and calls[1][1]["model"] is None
+    assert calls[1][1]["call_format"] == "json" and calls[1][1]["shots"] == 0 and calls[1][1]["model"] == "smollm2"
     (row,) = table["rows"]
     assert row["variant"] == "json-scored-0shot-smollm2" and row["with_grammar"]["ast_accuracy"] == 0.5
     assert row["without_grammar"]["ast_accuracy"] == 0.0  # the greedy run's

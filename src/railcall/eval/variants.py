@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 AXES = ("format", "routing", "shots", "model")
-DEFAULTS = {"format": "json", "routing": "greedy", "shots": 0, "model": None}
+DEFAULTS = {"format": "json", "routing": "greedy", "shots": 0, "model": "smollm2"}  # the embedded model
 
 
 class VariantError(ValueError):
@@ -31,7 +31,16 @@ class VariantError(ValueError):
 def parse(spec: str) -> list[dict]:
     """`"format=json,pythonic routing=greedy,scored shots=0,2 model=smollm2"` (axes separated by
     spaces or semicolons, values by commas; an axis not named keeps its default) -> every
-    combination, as dicts over AXES, in the order written."""
+    combination, as dicts over AXES, in the order written. Groups separated by `|` add their
+    combinations to the earlier ones (`"format=json,pythonic | model=gemma3"`: three variants),
+    each variant once."""
+    out: list[dict] = []
+    for group in spec.split("|"):
+        out += [v for v in _parse_group(group) if v not in out]
+    return out
+
+
+def _parse_group(spec: str) -> list[dict]:
     from railcall.runtime.output import CALL_FORMATS
 
     axes: dict[str, list] = {}
@@ -71,7 +80,7 @@ def label(v: dict) -> str:
 
 
 def _model_label(model) -> str:
-    return "smollm2" if model is None else Path(str(model)).name.replace(".gguf", "")
+    return Path(str(model)).name.replace(".gguf", "")
 
 
 def _baseline(v: dict) -> dict:
