@@ -155,38 +155,29 @@ class StructuredOutputs(_Strict):
     json_object: bool | None = None
 
 
-class ChatCompletionRequest(_Strict):
+class _Request(_Strict):
+    """What both endpoints take: the token budget, sampling, stop strings, streaming, the
+    constraints on the answer (one of response_format, structured_outputs, guided_*), and
+    railcall's `on_length` and `return_token_ids`."""
+
     model: str = ""
-    messages: list[Message] = Field(min_length=1)
-    tools: list[ToolSpec] | None = None
-    tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool = Field(default=True, strict=True)
-    response_format: ResponseFormat | None = None
-    stream: bool = Field(default=False, strict=True)
-    stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1, strict=True)
-    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1, strict=True)
     stop: str | list[str] | None = None
-    logprobs: bool = Field(default=False, strict=True)
-    top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
     n: int = Field(default=1, ge=1, le=16, strict=True)
+    stream: bool = Field(default=False, strict=True)
+    stream_options: StreamOptions | None = None
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    metadata: dict[str, Any] | None = None
-    store: bool | None = None
-    service_tier: str | None = None
-    prompt_cache_key: str | None = None
-    safety_identifier: str | None = None
-    # extensions (vLLM's names where vLLM has the field)
-    return_token_ids: bool = Field(default=False, strict=True)
+    # vLLM's sampling extensions
     top_k: int = Field(default=0, ge=0, strict=True)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
     min_tokens: int = Field(default=0, ge=0, strict=True)
+    response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | bool | None = None
     guided_choice: list[str] | None = Field(default=None, min_length=1)
@@ -197,12 +188,7 @@ class ChatCompletionRequest(_Strict):
     # writes its shortest close while it still fits, so the output parses; values it has to fill
     # are "?"; finish_reason is still "length")
     on_length: Literal["cut", "close"] = "cut"
-    # railcall's: the call format this request's tool calls are written in (grammar, prompt and
-    # parser; default: the served model's, `railcall serve --format`), and how the tool name is
-    # chosen ("greedy": token by token under the mask; "scored": by the likelihood of each whole
-    # name, railcall.runtime.routing, one extra forward pass per call)
-    call_format: Literal["json", "openai", "hermes", "pythonic"] | None = None
-    routing: Literal["greedy", "scored"] = "greedy"
+    return_token_ids: bool = Field(default=False, strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -232,13 +218,6 @@ class ChatCompletionRequest(_Strict):
                 raise ValueError(f"logit_bias values lie in [-100, 100]; token {k} has {b}")
         return v
 
-    @field_validator("top_logprobs")
-    @classmethod
-    def _top_needs_logprobs(cls, v, info):
-        if v and not info.data.get("logprobs"):
-            raise ValueError("top_logprobs needs logprobs: true")
-        return v
-
     @model_validator(mode="after")
     def _one_constraint(self):
         given = [k for k in ("response_format", "structured_outputs", "guided_json", "guided_choice", "guided_regex",
@@ -254,61 +233,46 @@ class ChatCompletionRequest(_Strict):
                                param="structured_outputs")
         return self
 
+
+class ChatCompletionRequest(_Request):
+    """`POST /v1/chat/completions`: messages in, a message (text, reasoning, tool calls) out."""
+
+    messages: list[Message] = Field(min_length=1)
+    tools: list[ToolSpec] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = Field(default=True, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
+    logprobs: bool = Field(default=False, strict=True)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    # railcall's: the call format this request's tool calls are written in (grammar, prompt and
+    # parser; default: the served model's, `railcall serve --format`), and how the tool name is
+    # chosen ("greedy": token by token under the mask; "scored": by the likelihood of each whole
+    # name, railcall.runtime.routing, one extra forward pass per call)
+    call_format: Literal["json", "openai", "hermes", "pythonic"] | None = None
+    routing: Literal["greedy", "scored"] = "greedy"
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v, info):
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return v
+
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-class CompletionRequest(_Strict):
+class CompletionRequest(_Request):
     """`POST /v1/completions`: a prompt in, text out (no chat template), optionally under a
     grammar (`response_format`, or vLLM's guided fields)."""
 
-    model: str = ""
     prompt: str | list[int] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1, strict=True)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1, strict=True)
-    stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=16, strict=True)
-    stream: bool = Field(default=False, strict=True)
-    stream_options: StreamOptions | None = None
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
-    top_k: int = Field(default=0, ge=0, strict=True)
-    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
-    min_tokens: int = Field(default=0, ge=0, strict=True)
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None
-    guided_json: dict[str, Any] | bool | None = None
-    guided_choice: list[str] | None = Field(default=None, min_length=1)
-    guided_regex: str | None = None
-    guided_grammar: str | None = None
-    on_length: Literal["cut", "close"] = "cut"
-    return_token_ids: bool = Field(default=False, strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nulls_are_defaults(cls, data):
-        if isinstance(data, dict) and any(data.get(k, 0) is None for k in _NULL_MEANS_DEFAULT):
-            data = {k: v for k, v in data.items() if not (v is None and k in _NULL_MEANS_DEFAULT)}
-        return data
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v):
-        return ChatCompletionRequest._stops(v)
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias(cls, v):
-        return ChatCompletionRequest._bias(v)
-
-    @model_validator(mode="after")
-    def _one_constraint(self):
-        return ChatCompletionRequest._one_constraint(self)
 
     # what plan.py reads of a chat request, for the parts both share
     max_completion_tokens: ClassVar[None] = None
