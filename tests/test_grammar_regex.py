@@ -43,11 +43,16 @@ PATTERNS = [
 CAPS = (0, 7, 64, 256)
 
 
+def plain_ast(pattern: str):
+    """The pattern's syntax tree as written (anchored), no repetition absorbed."""
+    return regex._anchor(regex._Parser(pattern).parse(), pattern)
+
+
 def reference_automaton(pattern: str):
     """(starts, targets, accepting): the plain subset construction, then dead states trimmed."""
     nfa = _NFA()
     s0 = nfa.state()
-    final = nfa.build(regex.parse(pattern), s0)
+    final = nfa.build(plain_ast(pattern), s0)
     start = nfa.closure([s0])
     ids, order, trans = {start: 0}, [start], []
     i = 0
@@ -141,9 +146,9 @@ def _same_automaton(pattern: str, caps=CAPS) -> None:
         ref = reference_automaton(pattern)
     except RegexError:
         with pytest.raises(RegexError):
-            regex._automaton(regex.parse(pattern))
+            regex._automaton(plain_ast(pattern))
         return
-    starts, targets, accepting = regex._automaton(regex.parse(pattern))
+    starts, targets, accepting = regex._automaton(plain_ast(pattern))
     assert (starts, targets, accepting) == ref, pattern
     for cap in caps:
         dfa = CharDFA(starts, targets, accepting, cap)
@@ -162,6 +167,60 @@ def test_random_patterns_build_the_reference_automaton():
     rng = random.Random(7)
     for _ in range(200):
         _same_automaton(random_pattern(rng), caps=(rng.randint(0, 40), 96))
+
+
+def equivalent(a: CharDFA, b: CharDFA) -> bool:
+    """The same language, and the same completion lengths from every pair of states a string
+    leads to (a product walk)."""
+    seen, todo = {(0, 0)}, [(0, 0)]
+    while todo:
+        x, y = todo.pop()
+        if a.accepting[x] != b.accepting[y] or a.lengths[x] != b.lengths[y]:
+            return False
+        for cp in sorted(set(a.starts[x]) | set(b.starts[y])):
+            nxt = (a.step(x, cp), b.step(y, cp))
+            if (nxt[0] < 0) != (nxt[1] < 0):
+                return False
+            if nxt[0] >= 0 and nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return True
+
+
+ABSORBED = [  # (pattern, states after absorption at most)
+    (r"[a-zA-Z0-9_\-]{1,300}$", 3),
+    (r"^[-a-zA-Z0-9+&@#/%?=~_|!:,.;]*[-a-zA-Z0-9+&@#/%=~_|]{1,200}", 6),
+    (r"^https?://[-a-zA-Z0-9+&@#/%?=~_|!:,.;]*[-a-zA-Z0-9+&@#/%=~_|]{1,200}", 14),
+    (r"^x.*.{2,90}y", 8),
+    (r"^[a-z]{3,50}[a-z0-9]*$", 5),
+    (r"^[a-z0-9]*[a-z]{0,40}[0-9]{1,4}$", 3),  # [0-9] is in [a-z0-9]: absorbed too
+]
+
+
+@pytest.mark.parametrize("pattern,most", ABSORBED)
+def test_a_star_absorbs_the_repetition_beside_it(pattern, most):
+    absorbed = regex._automaton(regex.parse(pattern))
+    plain = reference_automaton(pattern)
+    assert len(absorbed[0]) <= most < len(plain[0])
+    for cap in (0, 9, 256):
+        assert equivalent(CharDFA(*absorbed, cap), CharDFA(*plain, cap)), (pattern, cap)
+
+
+@pytest.mark.parametrize("pattern", ["^[a-z]*[a-z0-9]{1,5}$", "^a*(ab){1,3}$", "^[a-z]+[a-z]{2,4}$", "^(a|b)*a{1,3}$"])
+def test_only_what_a_star_can_take_is_absorbed(pattern):
+    # a class wider than the star's, a group, a star with a lower bound, a star over a group
+    assert regex.parse(pattern) == plain_ast(pattern)
+
+
+def test_random_patterns_absorb_to_the_same_language():
+    rng = random.Random(11)
+    for _ in range(200):
+        p = random_pattern(rng)
+        try:
+            plain = CharDFA(*reference_automaton(p), 24)
+        except RegexError:
+            continue
+        assert equivalent(CharDFA(*regex._automaton(regex.parse(p)), 24), plain), p
 
 
 def test_excluding_and_product_keep_their_lengths():
@@ -232,6 +291,12 @@ SCHEMAS = [
              "properties": {"Key": {"type": "string", "minLength": 1, "maxLength": 128,
                                     "pattern": "^(?:[a-z]+-)+[0-9]$"},
                             "Value": {"type": "string", "maxLength": 40, "pattern": r"^[\s\S]*$"}}}}}},
+    {"type": "object", "additionalProperties": False, "required": ["Name", "Url"],
+     "properties": {
+         "Name": {"type": "string", "minLength": 1, "maxLength": 300, "pattern": r"[a-zA-Z0-9_\-]{1,300}$"},
+         "Url": {"type": "string", "maxLength": 220, "pattern":
+                 r"^https?://[-a-zA-Z0-9+&@#/%?=~_|!:,.;]*[-a-zA-Z0-9+&@#/%=~_|]{1,200}"},
+         "Id": {"type": "string", "maxLength": 60, "pattern": r"^[a-z0-9]*[a-z]{0,40}[0-9]{1,4}$"}}},
 ]
 
 
@@ -264,7 +329,7 @@ def _clear_pattern_caches():
 def test_masks_are_those_of_the_reference_automaton(i, monkeypatch):
     calls = {"automaton": 0, "lengths": 0}
 
-    def ref_automaton(pattern):
+    def ref_automaton(pattern):  # nothing absorbed, nothing fast
         calls["automaton"] += 1
         return reference_automaton(pattern)
 
