@@ -21,7 +21,7 @@ taking the process down (`x{1000}{1000}` is an error, not a hang).
 from __future__ import annotations
 
 import functools
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 
 from railcall.errors import GrammarError
 
@@ -288,7 +288,7 @@ class _Parser:
 def parse(pattern: str):
     """Parse `pattern` (search semantics) into an AST anchored at both ends."""
     ast = _Parser(pattern).parse()
-    return _anchor(ast, pattern)
+    return _absorb(_anchor(ast, pattern))
 
 
 def _anchor(ast, pattern: str):
@@ -321,6 +321,64 @@ def _has_anchor(items) -> bool:
         if n[0] == "rep" and _has_anchor([n[1]]):
             return True
     return False
+
+
+def _absorb(node):
+    """`node` with every bounded repetition beside a star that absorbs it cut to its minimum:
+    `S*X{m,n}` and `X{m,n}S*` are `S*X{m}` and `X{m}S*` wherever every X is also an S* (the
+    star can take the optional copies), and X{0} is dropped. The same language, so the same
+    masks, from far fewer states: an unanchored `[a-zA-Z0-9_\\-]{1,2048}$` is `.*` and then
+    2,048 classes, whose subset construction kept every start position alive (2,050 states,
+    each a set of up to 2,048 NFA states: ~1 s compiled); absorbed it is `.*[...]`, 3 states.
+    Only the plain case is recognised: S a character set (any X beside `.*`, the padding of an
+    unanchored end; a set X inside S otherwise)."""
+    kind = node[0]
+    if kind == "alt":
+        return ("alt", [_absorb(x) for x in node[1]])
+    if kind == "rep":
+        return ("rep", _absorb(node[1]), node[2], node[3])
+    if kind != "cat":
+        return node
+    items = [_absorb(x) for x in node[1]]
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(items) - 1):
+            if _star_absorbs(items[i], items[i + 1]):
+                j = i + 1
+            elif _star_absorbs(items[i + 1], items[i]):
+                j = i
+            else:
+                continue
+            _, sub, lo, _ = items[j]
+            if lo == 0:
+                del items[j]
+            else:
+                items[j] = ("rep", sub, lo, lo)
+            changed = True
+            break
+    return ("cat", items)
+
+
+def _star_absorbs(star, rep) -> bool:
+    """Is `star` S* over a character set S, and `rep` X{m,n} (n > m, or unbounded) with every
+    X in S*?"""
+    if star[0] != "rep" or star[2] != 0 or star[3] is not None or star[1][0] != "set":
+        return False
+    if rep[0] != "rep" or rep[3] == rep[2]:
+        return False
+    outer = star[1][1]
+    if outer == ANY:
+        return True
+    inner = rep[1]
+    if inner[0] != "set":
+        return False
+    los = [lo for lo, _ in outer]
+    for lo, hi in inner[1]:
+        i = bisect_right(los, lo) - 1
+        if i < 0 or outer[i][1] < hi:
+            return False
+    return True
 
 
 # -- AST -> NFA -> DFA ----------------------------------------------------------------------------
@@ -403,36 +461,31 @@ class CharDFA:
     so every transition leads somewhere that can still finish. `lengths[k]` is a bitset (a Python
     int) of the completion lengths possible from k, up to `length_cap`; it lets a string with
     minLength/maxLength offer only characters after which some accepted length is reachable.
+
+    `lengths`, `dist` and `max_dist` are computed on first use (`_completion_lengths`): the
+    schema front end builds a pattern's automaton to check it and to match enum values and
+    property names against it, which needs none of them, and the compiler then asks for the
+    pattern at the string's own maxLength (2,048 for most of cfn-lint's ARNs), which shares the
+    automaton (`_pattern_automaton`) and computes its lengths once, at that cap.
     """
 
     def __init__(self, starts, targets, accepting, length_cap: int):
         self.starts = starts
         self.targets = targets
         self.accepting = accepting
-        n = len(starts)
         self.length_cap = length_cap
-        lengths = [1 if accepting[k] else 0 for k in range(n)]
-        # a transition only on surrogates (a pattern with a lone "\ud800") leads nowhere: no
-        # UTF-8 text holds one, so it does not count towards what a state can still reach
-        succ = [sorted({t for i, t in enumerate(targets[k]) if t >= 0 and not _surrogates_only(starts[k], i)})
-                for k in range(n)]
-        full = (1 << (length_cap + 1)) - 1
-        changed = True
-        rounds = 0
-        while changed and rounds <= length_cap + 1:
-            changed = False
-            rounds += 1
-            for k in range(n):
-                v = lengths[k]
-                for t in succ[k]:
-                    v |= lengths[t] << 1
-                v &= full
-                if v != lengths[k]:
-                    lengths[k] = v
-                    changed = True
+
+    def __getattr__(self, name: str):
+        # only reached while `lengths`, `dist` and `max_dist` are unset: set them, then they are
+        # plain attributes (the byte machine reads them per character)
+        if name not in ("lengths", "dist", "max_dist"):
+            raise AttributeError(name)
+        lengths = _completion_lengths(self.starts, self.targets, self.accepting, self.length_cap)
+        dist = [(v & -v).bit_length() - 1 if v else None for v in lengths]
+        self.max_dist = max((d for d in dist if d is not None), default=0)
+        self.dist = dist
         self.lengths = lengths
-        self.dist = [(v & -v).bit_length() - 1 if v else None for v in lengths]
-        self.max_dist = max((d for d in self.dist if d is not None), default=0)
+        return getattr(self, name)
 
     @property
     def size(self) -> int:
@@ -474,7 +527,111 @@ class CharDFA:
         return bool(self.accepting[k])
 
 
+def _completion_lengths(starts, targets, accepting, length_cap: int) -> list[int]:
+    """Per state, the bitset of completion lengths (bit L: some path of L characters reaches an
+    accepting state), up to `length_cap`: the least solution of
+    `lengths[k] = accepting[k] | OR over successors t of lengths[t] << 1`.
+
+    Solved one strongly connected component at a time, successors' components first (Tarjan's
+    algorithm emits them in that order), so a state's value is final once its component is done
+    and a component is swept only until its own cycles stop adding lengths. Sweeping all states
+    until nothing changed took up to `length_cap` rounds of the whole automaton: a bounded
+    repetition is a chain as long as its count (`^arn:.{16,2044}$`, 2,049 states), and one new
+    length crossed one state per round. On cfn-lint's ARN patterns at maxLength 2,048 that was
+    0.5-2 s a pattern, most of its schemas' compile time; by components it is 2-40 ms (the
+    source, not the compiled build)."""
+    n = len(starts)
+    # a transition only on surrogates (a pattern with a lone "\ud800") leads nowhere: no
+    # UTF-8 text holds one, so it does not count towards what a state can still reach
+    succ = [sorted({t for i, t in enumerate(targets[k]) if t >= 0 and not _surrogates_only(starts[k], i)})
+            for k in range(n)]
+    full = (1 << (length_cap + 1)) - 1
+    lengths = [0] * n
+    index = [-1] * n  # Tarjan: discovery order
+    low = [0] * n
+    comp = [-1] * n  # the component a finished state belongs to
+    onstack = [False] * n
+    stack: list[int] = []
+    count = 0
+    ncomp = 0
+    for root in range(n):
+        if index[root] >= 0:
+            continue
+        index[root] = low[root] = count
+        count += 1
+        stack.append(root)
+        onstack[root] = True
+        work = [(root, 0)]  # the depth-first path: (state, next successor to visit)
+        while work:
+            k, j = work[-1]
+            sk = succ[k]
+            if j < len(sk):
+                work[-1] = (k, j + 1)
+                t = sk[j]
+                if index[t] < 0:
+                    index[t] = low[t] = count
+                    count += 1
+                    stack.append(t)
+                    onstack[t] = True
+                    work.append((t, 0))
+                elif onstack[t] and index[t] < low[k]:
+                    low[k] = index[t]
+                continue
+            work.pop()
+            if work and low[k] < low[work[-1][0]]:
+                low[work[-1][0]] = low[k]
+            if low[k] != index[k]:
+                continue
+            # k roots a component: pop it (its members come off deepest first, which is close to
+            # successors first, the order a sweep converges fastest in)
+            members = []
+            while True:
+                x = stack.pop()
+                onstack[x] = False
+                comp[x] = ncomp
+                members.append(x)
+                if x == k:
+                    break
+            c = ncomp
+            ncomp += 1
+            inner = []  # per member, its successors inside the component
+            for x in members:
+                v = 1 if accepting[x] else 0
+                mine = []
+                for t in succ[x]:
+                    if comp[t] == c:
+                        mine.append(t)
+                    else:
+                        v |= lengths[t] << 1  # another component's: final already
+                lengths[x] = v & full
+                inner.append(mine)
+            if len(members) == 1 and not inner[0]:
+                continue
+            # a cycle: sweep until nothing changes; after r sweeps every length up to r is in, so
+            # length_cap + 1 sweeps are enough (the bound the whole-automaton sweep had)
+            changed = True
+            rounds = 0
+            while changed and rounds <= length_cap + 1:
+                changed = False
+                rounds += 1
+                for x, mine in zip(members, inner):
+                    v = lengths[x]
+                    for t in mine:
+                        v |= lengths[t] << 1
+                    v &= full
+                    if v != lengths[x]:
+                        lengths[x] = v
+                        changed = True
+    return lengths
+
+
 def compile_ast(ast, length_cap: int) -> CharDFA:
+    return CharDFA(*_automaton(ast), length_cap)
+
+
+def _automaton(ast) -> tuple[list, list, list]:
+    """(starts, targets, accepting) of the DFA of `ast`, trimmed (see CharDFA); independent of
+    any length cap. Subset construction over the NFA's epsilon closures."""
     nfa = _NFA()
     s0 = nfa.state()
     final = nfa.build(ast, s0)
@@ -482,24 +639,42 @@ def compile_ast(ast, length_cap: int) -> CharDFA:
     ids = {start: 0}
     order = [start]
     trans: list[list[tuple[int, int, frozenset]]] = []
+    closures: dict[frozenset, frozenset] = {}  # NFA targets -> their closure (a DFA state)
     i = 0
     while i < len(order):
         cur = order[i]
         i += 1
-        # Split the code-point line at every interval edge of every outgoing edge; on each piece
-        # the set of NFA targets is constant.
-        pts = set()
+        # The outgoing edges by character class: a DFA state of a bounded repetition holds many
+        # NFA states on the same class (`[a-z0-9-]{0,63}`), and each class is placed once.
+        by_class: dict[tuple, list[int]] = {}
         for s in cur:
-            for ranges, _ in nfa.edges[s]:
-                for lo, hi in ranges:
-                    pts.add(lo)
-                    pts.add(hi + 1)
+            for ranges, t in nfa.edges[s]:
+                ts = by_class.get(ranges)
+                if ts is None:
+                    by_class[ranges] = [t]
+                else:
+                    ts.append(t)
+        # Split the code-point line at every interval edge of every class; on each piece the
+        # set of NFA targets is constant, and a class covers a run of pieces.
+        pts = set()
+        for ranges in by_class:
+            for lo, hi in ranges:
+                pts.add(lo)
+                pts.add(hi + 1)
         pts = sorted(pts)
+        pieces: list[list[int]] = [[] for _ in range(len(pts) - 1)]
+        for ranges, ts in by_class.items():
+            for lo, hi in ranges:
+                for j in range(bisect_left(pts, lo), bisect_left(pts, hi + 1)):
+                    pieces[j] += ts
         row = []
-        for a, b in zip(pts, pts[1:]):
-            tgt = {t for s in cur for ranges, t in nfa.edges[s] if _covers(ranges, a)}
+        for j, tgt in enumerate(pieces):
             if tgt:
-                row.append((a, b - 1, nfa.closure(tgt)))
+                key = frozenset(tgt)
+                state = closures.get(key)
+                if state is None:
+                    state = closures[key] = nfa.closure(key)
+                row.append((pts[j], pts[j + 1] - 1, state))
         for _, _, t in row:
             if t not in ids:
                 if len(order) >= MAX_DFA_STATES:
@@ -530,21 +705,13 @@ def compile_ast(ast, length_cap: int) -> CharDFA:
             tg.insert(0, -1)
         starts.append(st)
         targets.append(tg)
-    return _trim(starts, targets, accepting, length_cap)
+    return starts, _trim(targets, accepting), accepting
 
 
-def _covers(ranges, cp: int) -> bool:
-    for lo, hi in ranges:
-        if lo <= cp <= hi:
-            return True
-        if lo > cp:
-            return False
-    return False
-
-
-def _trim(starts, targets, accepting, length_cap: int) -> CharDFA:
-    """Drop transitions into states that cannot reach acceptance (ignoring the length cap)."""
-    n = len(starts)
+def _trim(targets, accepting) -> list[list[int]]:
+    """`targets` without the transitions into states that cannot reach acceptance (ignoring the
+    length cap)."""
+    n = len(targets)
     rev = [set() for _ in range(n)]
     for k in range(n):
         for t in targets[k]:
@@ -559,8 +726,14 @@ def _trim(starts, targets, accepting, length_cap: int) -> CharDFA:
                 todo.append(p)
     if 0 not in live:
         raise RegexError("the pattern matches no string")
-    targets = [[t if t in live else -1 for t in row] for row in targets]
-    return CharDFA(starts, targets, accepting, length_cap)
+    return [[t if t in live else -1 for t in row] for row in targets]
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern_automaton(pattern: str) -> tuple[list, list, list]:
+    """The automaton of a pattern, for every length cap: the schema front end checks a pattern
+    (at 256) and the compiler builds it at the string's maxLength; both share this."""
+    return _automaton(parse(pattern))
 
 
 @functools.lru_cache(maxsize=256)
@@ -569,7 +742,7 @@ def compile_pattern(pattern: str, length_cap: int = 256) -> CharDFA:
     end checks a pattern and the compiler builds it, and the same pattern recurs across grammars."""
     if not isinstance(pattern, str):
         raise RegexError(f"a pattern must be a string, not {type(pattern).__name__}")
-    return compile_ast(parse(pattern), length_cap)
+    return CharDFA(*_pattern_automaton(pattern), length_cap)
 
 
 def excluding(words, length_cap: int = 256) -> CharDFA:
@@ -606,7 +779,7 @@ def excluding(words, length_cap: int = 256) -> CharDFA:
         starts.append(st)
         targets.append(tg)
         accepting.append(k == other or not word_end[k])
-    return _trim(starts, targets, accepting, length_cap)
+    return CharDFA(starts, _trim(targets, accepting), accepting, length_cap)
 
 
 def product(parts, length_cap: int = 256) -> CharDFA:
@@ -655,4 +828,4 @@ def product(parts, length_cap: int = 256) -> CharDFA:
         rows.append((st, tg))
     accepting = [all((k >= 0 and dfa.accepting[k]) if must else not (k >= 0 and dfa.accepting[k])
                      for (dfa, must), k in zip(parts, state)) for state in order]
-    return _trim([r[0] for r in rows], [r[1] for r in rows], accepting, length_cap)
+    return CharDFA([r[0] for r in rows], _trim([r[1] for r in rows], accepting), accepting, length_cap)
