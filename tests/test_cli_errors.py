@@ -108,6 +108,7 @@ def test_require_finds_without_importing(monkeypatch):
     (["agent", "hi", "-w", ".", "--format", "yaml"], "--format must be one of json"),
     (["chat", "-w", ".", "--routing", "first"], "--routing must be greedy or scored"),
     (["serve", "--format", "xml"], "--format must be one of json"),
+    (["eval", "agent", "--routing", "best"], "--routing must be greedy or scored"),
     (["eval", "bfcl", "--category", "multiple", "--variants", "format=yaml"], "format 'yaml' is not one of"),
     (["eval", "bfcl", "--category", "multiple", "--variants", "colour=red"], "AXIS=VALUE"),
     (["eval", "bfcl", "--category", "multiple", "--variants", "model=/nonexistent/m.gguf"], "not found"),

@@ -121,6 +121,28 @@ def test_eval_agent_command_writes_the_report_and_resumes(tmp_path, monkeypatch)
     assert r.exit_code == 2 and "unknown option" in r.output
 
 
+def test_eval_agent_takes_the_call_format_and_records_it(tmp_path, monkeypatch):
+    """--format openai: the agent's grammar and parser take {"name":...,"arguments":...} calls (a
+    JSON-format reply would not parse under it), and the run's settings say which format it was."""
+    from railcall.runtime.prompt import call_text
+
+    openai_solutions = {t.task: [call_text(c["tool"], c["args"], "openai") for c in t.solution_calls()] for t in TASKS}
+    monkeypatch.setattr(cli, "_agent_model", lambda model: oracle_model(lambda task: openai_solutions[task]))
+    out = tmp_path / "out"
+    r = runner.invoke(cli.app, ["eval", "agent", "--tasks", "compute-prices", "--out", str(out), "--max-tokens", "128",
+                                "--format", "openai"])
+    assert r.exit_code == 0 and "1/1 solved" in r.output, r.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["call_format"] == "openai" and summary["settings"]["routing"] == "greedy"
+    r = runner.invoke(cli.app, ["eval", "agent", "--tasks", "compute-prices", "--out", str(out), "--max-tokens", "128",
+                                "--resume"])
+    assert r.exit_code == 2 and "other options" in r.output  # a resume in another format is refused
+    monkeypatch.setattr(cli, "_agent_model", lambda model: perfect)  # JSON-format replies
+    r = runner.invoke(cli.app, ["eval", "agent", "--tasks", "compute-prices", "--out", str(tmp_path / "json-in-openai"),
+                                "--max-tokens", "128", "--format", "openai"])
+    assert r.exit_code == 0 and "0/1 solved" in r.output, r.output
+
+
 def test_ablation_runs_each_option_off(tmp_path, monkeypatch):
     rows = agent_eval.ablation(tmp_path, model=perfect, tasks=["readme-notes"])
     assert list(rows) == ["defaults", "without no_repeats", "without short_results", "without facts"]

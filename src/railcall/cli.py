@@ -934,6 +934,10 @@ def eval_agent(
     max_tokens: int = typer.Option(64, "--max-tokens", help="Token ceiling per call."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     list_tasks: bool = typer.Option(False, "--list", help="Print the suite's tasks and exit."),
+    call_format: str = typer.Option("json", "--format", help="The call format of the agent's grammar, prompt and "
+                                    "parser: json, openai, hermes or pythonic."),
+    routing: str = typer.Option("greedy", "--routing", help="How the tool name is chosen: greedy (token by token) or "
+                                "scored (by the likelihood of each whole name)."),
 ) -> None:
     """The agent task suite: each task in a fresh workspace, its outcome checked; success rate, steps, time, traces."""
     from pathlib import Path
@@ -951,6 +955,7 @@ def eval_agent(
         helps = Helps.off(*[n.strip() for n in off.split(",") if n.strip()]) if off else Helps()
         if limit is not None and limit < 1 or max_steps < 1 or max_tokens < 1:
             raise ValueError("--limit, --max-steps and --max-tokens must be at least 1")
+        _check_format_and_routing(call_format, routing)
         loaded = _agent_model(model)
     except (RailcallError, ValueError) as e:
         _fail(e)
@@ -963,7 +968,7 @@ def eval_agent(
                           markup=False, highlight=False)
 
     kw = dict(model=loaded, tasks=ids, limit=limit, max_steps=max_steps, max_tokens=max_tokens, resume=resume,
-              progress=progress, log=lambda m: console.print(m, style="dim", markup=False))
+              call_format=call_format, routing=routing, progress=progress, log=lambda m: console.print(m, style="dim", markup=False))
     try:
         if ablation:
             rows = agent_eval.ablation(Path(out), **kw)

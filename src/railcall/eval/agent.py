@@ -50,8 +50,9 @@ def _keys_in(folder: Path):
 
 
 def run_task(model, task: AgentTask, folder: Path, trace: Path, *, helps: Helps, max_steps: int = 6,
-             params=None) -> dict:
-    """One task on `model` (an AgentModel) in a fresh `folder`; the checked outcome as a record."""
+             params=None, call_format: str = "json", routing: str = "greedy") -> dict:
+    """One task on `model` (an AgentModel) in a fresh `folder`, its calls in `call_format`, the tool
+    name chosen by `routing`; the checked outcome as a record."""
     from railcall.agent.loop import Agent
     from railcall.agent.policy import Policy
 
@@ -62,7 +63,7 @@ def run_task(model, task: AgentTask, folder: Path, trace: Path, *, helps: Helps,
         trace.unlink()
     policy = Policy(name="read-only" if task.read_only else "auto", read_only=task.read_only, approve="auto")
     agent = Agent.for_workspace(ws, model, policy=policy, max_steps=max_steps, params=params, trace=trace,
-                                learn=False, helps=helps)
+                                learn=False, helps=helps, call_format=call_format, routing=routing)
     if task.skill:
         agent.skills.save(f"(stored for {task.id})", list(task.skill))
     before = state(folder)
@@ -87,6 +88,7 @@ def record_problem(r) -> str:
 
 def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int | None = None,
         helps: Helps | None = None, max_steps: int = 6, max_tokens: int = 64, resume: bool = False,
+        call_format: str = "json", routing: str = "greedy",
         progress: Callable[[int, int, dict | None], None] | None = None, log=None) -> dict:
     """Run the suite (or `tasks`, the first `limit`) on `model` (an AgentModel, or a model name
     or None for the embedded one, loaded here); results.jsonl is appended as each task ends, so
@@ -102,10 +104,12 @@ def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"helps": {n: getattr(helps, n) for n in Helps.names()}, "max_steps": max_steps,
-                "max_tokens": max_tokens}
+                "max_tokens": max_tokens, "call_format": call_format, "routing": routing}
     run_path = out / "run.json"
     if resume and run_path.is_file():
-        before = {k: v for k, v in results.read_run(run_path)["settings"].items() if k != "model"}
+        # runs from before the call format and routing were settings were json and greedy
+        before = {"call_format": "json", "routing": "greedy",
+                  **{k: v for k, v in results.read_run(run_path)["settings"].items() if k != "model"}}
         if before != settings:
             raise ValueError(f"{out} holds a run with other options ({run_path}: {json.dumps(before)}); "
                              "use another --out, or drop --resume")
@@ -120,7 +124,7 @@ def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int
             rec = None
             if t.id not in done:
                 rec = run_task(model, t, out / "work" / t.id, out / "traces" / f"{t.id}.jsonl", helps=helps,
-                               max_steps=max_steps, params=params)
+                               max_steps=max_steps, params=params, call_format=call_format, routing=routing)
                 results.append_records(f, [rec])
             if progress:
                 progress(i + 1, len(chosen), rec)
