@@ -133,7 +133,7 @@ def test_eval_agent_takes_the_call_format_and_records_it(tmp_path, monkeypatch):
                                 "--format", "openai"])
     assert r.exit_code == 0 and "1/1 solved" in r.output, r.output
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["settings"]["call_format"] == "openai" and summary["settings"]["routing"] == "greedy"
+    assert summary["settings"]["call_format"] == "openai" and summary["settings"]["routing"] == "scored"  # the default
     r = runner.invoke(cli.app, ["eval", "agent", "--tasks", "compute-prices", "--out", str(out), "--max-tokens", "128",
                                 "--resume"])
     assert r.exit_code == 2 and "other options" in r.output  # a resume in another format is refused

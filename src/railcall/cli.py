@@ -542,7 +542,7 @@ def _agent_model(model):
 
 
 def _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed,
-                trace, ask=None, call_format="json", routing="greedy"):
+                trace, ask=None, call_format="json", routing="scored"):
     from pathlib import Path
 
     from railcall.agent import Agent, Approver, Policy, load_policies
@@ -639,8 +639,9 @@ _AGENT_OPTIONS = dict(
     model=typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
     call_format=typer.Option("json", "--format", help="The call format of the grammar, the prompt and the parser: "
                              "json, openai, hermes or pythonic."),
-    routing=typer.Option("greedy", "--routing", help="How the tool name is chosen: greedy (token by token) or scored "
-                         "(by the likelihood of each whole name; one extra forward pass per call)."),
+    routing=typer.Option("scored", "--routing", help="How the tool name is chosen: scored (by the likelihood of each "
+                         "whole name, one extra forward pass per call; the default, measured on the task suite: 13 of "
+                         "39 tasks against 10) or greedy (token by token)."),
 )
 
 
@@ -936,8 +937,8 @@ def eval_agent(
     list_tasks: bool = typer.Option(False, "--list", help="Print the suite's tasks and exit."),
     call_format: str = typer.Option("json", "--format", help="The call format of the agent's grammar, prompt and "
                                     "parser: json, openai, hermes or pythonic."),
-    routing: str = typer.Option("greedy", "--routing", help="How the tool name is chosen: greedy (token by token) or "
-                                "scored (by the likelihood of each whole name)."),
+    routing: str = typer.Option("scored", "--routing", help="How the tool name is chosen: scored (by the likelihood "
+                                "of each whole name; the agent's default) or greedy (token by token)."),
 ) -> None:
     """The agent task suite: each task in a fresh workspace, its outcome checked; success rate, steps, time, traces."""
     from pathlib import Path

@@ -143,7 +143,7 @@ class Agent:
                  approver: Approver | None = None, skills: SkillStore | None = None,
                  memory: MemoryStore | None = None, params: SamplingParams | None = None, max_steps: int = 6,
                  trace: str | Path | None = None, learn: bool = True, on_step: Callable[[dict], None] | None = None,
-                 helps: Helps | None = None, call_format: str = "json", routing: str = "greedy"):
+                 helps: Helps | None = None, call_format: str = "json", routing: str = "scored"):
         from railcall.grammar.tools import FORMATS
 
         if call_format not in FORMATS:
@@ -151,7 +151,9 @@ class Agent:
         if routing not in ROUTINGS:
             raise ValueError(f"unknown routing {routing!r}; use {' or '.join(ROUTINGS)}")
         self.call_format = call_format  # the grammar's, the prompt's and the parser's
-        self.routing = routing  # "scored": the tool name chosen by whole-name likelihood
+        # "scored" (the default): the tool name chosen by whole-name likelihood; on the task suite it
+        # solved 13 of 39 tasks against greedy's 10 (docs/agent.md)
+        self.routing = routing
         self.table, self.model = table, model
         self.helps = helps or Helps()
         self.policy = policy or Policy()

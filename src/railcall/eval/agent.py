@@ -50,7 +50,7 @@ def _keys_in(folder: Path):
 
 
 def run_task(model, task: AgentTask, folder: Path, trace: Path, *, helps: Helps, max_steps: int = 6,
-             params=None, call_format: str = "json", routing: str = "greedy") -> dict:
+             params=None, call_format: str = "json", routing: str = "scored") -> dict:
     """One task on `model` (an AgentModel) in a fresh `folder`, its calls in `call_format`, the tool
     name chosen by `routing`; the checked outcome as a record."""
     from railcall.agent.loop import Agent
@@ -88,7 +88,7 @@ def record_problem(r) -> str:
 
 def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int | None = None,
         helps: Helps | None = None, max_steps: int = 6, max_tokens: int = 64, resume: bool = False,
-        call_format: str = "json", routing: str = "greedy",
+        call_format: str = "json", routing: str = "scored",
         progress: Callable[[int, int, dict | None], None] | None = None, log=None) -> dict:
     """Run the suite (or `tasks`, the first `limit`) on `model` (an AgentModel, or a model name
     or None for the embedded one, loaded here); results.jsonl is appended as each task ends, so
