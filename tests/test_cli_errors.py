@@ -111,6 +111,7 @@ def test_require_finds_without_importing(monkeypatch):
     (["eval", "agent", "--routing", "best"], "--routing must be greedy or scored"),
     (["eval", "bfcl", "--category", "multiple", "--variants", "format=yaml"], "format 'yaml' is not one of"),
     (["eval", "bfcl", "--category", "multiple", "--variants", "colour=red"], "AXIS=VALUE"),
+    (["eval", "bfcl", "--category", "multiple", "--shot-pair"], "give --shots 1 or more"),
     (["eval", "bfcl", "--category", "multiple", "--variants", "model=/nonexistent/m.gguf"], "not found"),
     (["eval", "bfcl", "--category", "multiple", "--variants", "routing=scored", "--no-grammar"], "drop --no-grammar"),
 ])

@@ -21,6 +21,10 @@ def test_the_spec_gives_every_combination_in_the_order_written():
     vs = variants.parse("format=json,pythonic | model=gemma3 format=json | format=json model=smollm2")
     assert [variants.label(v) for v in vs] == ["json-greedy-0shot-smollm2", "pythonic-greedy-0shot-smollm2",
                                                "json-greedy-0shot-gemma3"]
+    # 2p: two examples, the last a pair of calls
+    vs = variants.parse("shots=2,2p")
+    assert [variants.label(v) for v in vs] == ["json-greedy-2shot-smollm2", "json-greedy-2pshot-smollm2"]
+    assert [variants.shot_count(v) for v in vs] == [(2, False), (2, True)]
 
 
 @pytest.mark.parametrize("spec, says", [
@@ -28,6 +32,8 @@ def test_the_spec_gives_every_combination_in_the_order_written():
     ("format=yaml", "'yaml' is not one of"),
     ("routing=best", "not greedy or scored"),
     ("shots=two", "whole numbers"),
+    ("shots=0p", "whole numbers"),
+    ("shots=p2", "whole numbers"),
     ("colour=red", "AXIS=VALUE"),
     ("format", "AXIS=VALUE"),
     ("format=json format=openai", "given twice"),
@@ -73,6 +79,7 @@ def test_run_writes_one_table_and_shares_the_baselines_free_replies(tmp_path):
     # asked for the scored variant only: the baseline ran for it, but only what was asked is tabled
     assert [c[0] for c in calls] == ["json-greedy-0shot-smollm2", "json-scored-0shot-smollm2"]
     assert calls[1][1]["call_format"] == "json" and calls[1][1]["shots"] == 0 and calls[1][1]["model"] == "smollm2"
+    assert calls[1][1]["shot_pair"] is False
     (row,) = table["rows"]
     assert row["variant"] == "json-scored-0shot-smollm2" and row["with_grammar"]["ast_accuracy"] == 0.5
     assert row["without_grammar"]["ast_accuracy"] == 0.0  # the greedy run's

@@ -105,6 +105,30 @@ def test_bfcl_examples_are_valid_calls_of_their_tools(byte_vocab, fmt):
     assert seen >= 100
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_paired_example_asks_for_two_things_and_makes_both_calls(byte_vocab, fmt):
+    """shots(..., pair=True): the last example names the tool with two sets of values and its
+    reply is the two calls in the format's form for several calls, accepted by the grammar that
+    allows several calls (each call's arguments valid) and read back as two calls; the examples
+    before it are unchanged."""
+    from railcall.eval.runner import read_calls
+
+    tools = [WEATHER, Tool("ping", "Ping.", {"type": "object", "properties": {}})]
+    plain, paired = shots(tools, 2, fmt), shots(tools, 2, fmt, pair=True)
+    assert paired[0] == plain[0] and paired[1] != plain[1]
+    last = paired[1]
+    assert last.request == ("Get weather with city San Francisco and unit celsius, "
+                            "and with city Tokyo and unit celsius.")
+    m = Matcher(compiled_grammar(tool_grammar(tools, fmt, parallel=True), byte_vocab))
+    assert m.consume_bytes(last.call.encode()) and m.is_accepting(), last.call
+    calls, _ = read_calls(byte_vocab, list(last.call.encode()), fmt, "required")
+    assert calls == [{"tool": "get_weather", "args": {"city": "San Francisco", "unit": "celsius"}},
+                     {"tool": "get_weather", "args": {"city": "Tokyo", "unit": "celsius"}}]
+    # no tool with two different sets of values (ping has no arguments): no pair, the plain examples
+    assert shots([tools[1]], 2, fmt, pair=True) == shots([tools[1]], 2, fmt)
+    assert shots(tools, 0, fmt, pair=True) == []
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_random_tables_give_valid_examples(byte_vocab, seed):
     rng = random.Random(seed)
@@ -205,3 +229,12 @@ def test_shots_go_in_the_prompt_and_the_settings(tmp_path, monkeypatch, smollm2_
     run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, resume=True)  # shots 0: as before
     with pytest.raises(ValueError, match="shots must be 0 or more"):
         run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, shots=-1)
+    # --shot-pair: the last example of each prompt is the pair, and a setting of the run
+    seen.clear()
+    run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, shots=2, shot_pair=True)
+    assert sorted(seen) == sorted(bfcl.prompt_ids(smollm2_tokenizer, t, examples=examples(t, 2, "json", True))
+                                  for t in tasks)
+    assert examples(tasks[0], 2, "json", True)[-1]["content"].startswith("[")  # two calls: a JSON array
+    assert json.loads((tmp_path / "run.json").read_text())["settings"]["shot_pair"] is True
+    with pytest.raises(ValueError, match="shot_pair"):
+        run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, shots=2, resume=True)

@@ -332,6 +332,17 @@ def _plain_progress(say, clock=time.monotonic, every: float = PLAIN_PROGRESS_EVE
     return progress
 
 
+FORMAT_DEFAULT_HELP = ("json, openai, hermes or pythonic (default: the model's own, the one `railcall eval bfcl "
+                       "--variants` measured best: json for SmolLM2, pythonic for Gemma 3, json for a model given by path).")
+
+
+def _call_format(call_format: str | None, model: str | None) -> str:
+    """--format as given, else the model's own (railcall.models.store.CALL_FORMATS)."""
+    from railcall.models.store import default_call_format
+
+    return call_format or default_call_format(model)
+
+
 def _check_format_and_routing(call_format: str | None, routing: str | None) -> None:
     """--format and --routing, checked before anything loads."""
     from railcall.grammar.tools import FORMATS
@@ -498,8 +509,9 @@ def serve(
                                           "other processes keep busy, fewer threads than cores avoids OpenMP "
                                           "spin-waits: one row beside one busy process took 68 ms per step with 1 thread, 720 ms with 2)."),
     call_format: Optional[str] = typer.Option(None, "--format", help="The call format where a request names none "
-                                              "(call_format): json, openai, hermes or pythonic (default: hermes where "
-                                              "the model has a <tool_call> token and a tools template, else json)."),
+                                              "(call_format): json, openai, hermes or pythonic (default: an embedded "
+                                              "model's own, as for --format elsewhere; for a model given by path, hermes "
+                                              "where it has a <tool_call> token and a tools template, else json)."),
 ) -> None:
     """Serve the model over an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health, /metrics)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -521,6 +533,10 @@ def serve(
     _at_least_1(threads=threads)
     _check_format_and_routing(call_format, None)
     _check_model_arg(model, "railcall serve", extra="serve")
+    from railcall.models.store import EMBEDDED
+
+    if call_format is None and (model is None or model in EMBEDDED):
+        call_format = _call_format(None, model)
     if threads:
         import torch
 
@@ -542,7 +558,7 @@ def _agent_model(model):
 
 
 def _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed,
-                trace, ask=None, call_format="json", routing="scored"):
+                trace, ask=None, call_format=None, routing="scored"):
     from pathlib import Path
 
     from railcall.agent import Agent, Approver, Policy, load_policies
@@ -553,6 +569,7 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
         _fail(ValueError(f"--approve must be ask, auto or deny, not {approve!r}"))
     _at_least_1(max_steps=max_steps, max_tokens=max_tokens)
     _check_format_and_routing(call_format, routing)
+    call_format = _call_format(call_format, model)
     try:
         chosen, source = Policy(), "--policy"
         if policy and policy != "default":
@@ -637,8 +654,8 @@ _AGENT_OPTIONS = dict(
     seed=typer.Option(0, "--seed", help="Sampling seed."),
     trace=typer.Option(None, "--trace", help="JSON-lines trace file (default: WORKSPACE/.railcall/trace.jsonl)."),
     model=typer.Option(None, "--model", help="A .gguf file or a local Hugging Face folder (default: the embedded SmolLM2)."),
-    call_format=typer.Option("json", "--format", help="The call format of the grammar, the prompt and the parser: "
-                             "json, openai, hermes or pythonic."),
+    call_format=typer.Option(None, "--format", help="The call format of the grammar, the prompt and the parser: "
+                             + FORMAT_DEFAULT_HELP),
     routing=typer.Option("scored", "--routing", help="How the tool name is chosen: scored (by the likelihood of each "
                          "whole name, one extra forward pass per call; the default, measured on the task suite: 13 of "
                          "39 tasks against 10) or greedy (token by token)."),
@@ -653,7 +670,7 @@ def agent(
     policies: Optional[str] = _AGENT_OPTIONS["policies"], max_steps: int = _AGENT_OPTIONS["max_steps"],
     max_tokens: int = _AGENT_OPTIONS["max_tokens"], temperature: float = _AGENT_OPTIONS["temperature"],
     seed: int = _AGENT_OPTIONS["seed"], trace: Optional[str] = _AGENT_OPTIONS["trace"],
-    model: Optional[str] = _AGENT_OPTIONS["model"], call_format: str = _AGENT_OPTIONS["call_format"],
+    model: Optional[str] = _AGENT_OPTIONS["model"], call_format: Optional[str] = _AGENT_OPTIONS["call_format"],
     routing: str = _AGENT_OPTIONS["routing"],
 ) -> None:
     """Run one task: calls under the grammar, approval for mutating ones, a JSON-lines trace."""
@@ -672,7 +689,7 @@ def chat(
     policies: Optional[str] = _AGENT_OPTIONS["policies"], max_steps: int = _AGENT_OPTIONS["max_steps"],
     max_tokens: int = _AGENT_OPTIONS["max_tokens"], temperature: float = _AGENT_OPTIONS["temperature"],
     seed: int = _AGENT_OPTIONS["seed"], trace: Optional[str] = _AGENT_OPTIONS["trace"],
-    model: Optional[str] = _AGENT_OPTIONS["model"], call_format: str = _AGENT_OPTIONS["call_format"],
+    model: Optional[str] = _AGENT_OPTIONS["model"], call_format: Optional[str] = _AGENT_OPTIONS["call_format"],
     routing: str = _AGENT_OPTIONS["routing"],
 ) -> None:
     """Interactive: one task per line; /tools, /skills, /quit (or end of input)."""
@@ -790,22 +807,24 @@ def eval_bfcl(
     max_tokens: int = typer.Option(192, "--max-tokens", help="Token ceiling per reply, the same for every category."),
     shots: int = typer.Option(0, "--shots", help="In-context examples before each question: made-up requests for "
                               "the task's own tools and their calls in the run's call format (never its question or answer)."),
+    shot_pair: bool = typer.Option(False, "--shot-pair", help="With --shots: the last example asks for one tool with two "
+                                   "sets of values and answers with both calls in one reply."),
     batch: int = typer.Option(16, "--batch", help="Tasks decoded together (each gives one row per condition)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; 1 helps on a busy machine)."),
     tool_choice: Optional[str] = typer.Option(None, "--tool-choice", help="auto or required for every category (default: "
                                               "required where every task has gold calls, else auto). Under auto the "
                                               "parse rate is the share of replies that make a call."),
-    call_format: str = typer.Option("json", "--format", help="The call format of the grammar, the prompt and the "
-                                    "parser: json, openai, hermes or pythonic."),
+    call_format: Optional[str] = typer.Option(None, "--format", help="The call format of the grammar, the prompt and "
+                                              "the parser: " + FORMAT_DEFAULT_HELP),
     routing: str = typer.Option("greedy", "--routing", help="How the tool name is chosen under the grammar: greedy "
                                 "(token by token) or scored (by the likelihood of each whole name; one extra "
                                 "forward pass per call)."),
     prompt_example: bool = typer.Option(False, "--prompt-example", help="The prompt also shows one call built from the "
                                         "table (the first tool, placeholders of its required arguments' types)."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Run every combination of the axes given, e.g. "
-                                           "'format=json,pythonic routing=greedy,scored shots=0,2 model=smollm2,gemma3' "
-                                           "(an axis not given keeps its default; --format, --routing, --shots and "
-                                           "--model are then not used), each into --out/<variant>/, and write "
+                                           "'format=json,pythonic routing=greedy,scored shots=0,2,2p model=smollm2,gemma3' "
+                                           "(2p: --shots 2 --shot-pair; an axis not given keeps its default; --format, "
+                                           "--routing, --shots, --shot-pair and --model are then not used), each into --out/<variant>/, and write "
                                            "--out/variants.md, variants.json and variants.png."),
 ) -> None:
     """Each BFCL task on the model with and without the grammar: parse rate, schema validity, AST accuracy."""
@@ -819,9 +838,12 @@ def eval_bfcl(
     _at_least_1(limit=limit, max_tokens=max_tokens, batch=batch, threads=threads)
     if shots < 0:
         _fail(ValueError(f"--shots must be 0 or more, not {shots}"))
+    if shot_pair and shots == 0:
+        _fail("--shot-pair changes the last in-context example: give --shots 1 or more as well")
     if tool_choice not in (None, "auto", "required"):
         _fail(f"--tool-choice must be auto or required, not {tool_choice!r}")
     _check_format_and_routing(call_format, routing)
+    call_format = _call_format(call_format, model)
     _check_eval_packages(model, "jsonschema", "matplotlib")
     data = _bfcl_folder(data)
     cats = [c.strip() for item in category for c in item.split(",") if c.strip()]
@@ -840,6 +862,7 @@ def eval_bfcl(
     with _progress_bars() as progress:
         try:
             summary = run_bfcl(cats, Path(out), data=Path(data), limit=limit, grammar=not no_grammar, model=model, shots=shots,
+                               shot_pair=shot_pair,
                                max_tokens=max_tokens, batch=batch, resume=resume, threads=threads, progress=progress,
                                tool_choice=tool_choice, call_format=call_format, routing=routing,
                                prompt_example=prompt_example,
@@ -935,8 +958,8 @@ def eval_agent(
     max_tokens: int = typer.Option(64, "--max-tokens", help="Token ceiling per call."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     list_tasks: bool = typer.Option(False, "--list", help="Print the suite's tasks and exit."),
-    call_format: str = typer.Option("json", "--format", help="The call format of the agent's grammar, prompt and "
-                                    "parser: json, openai, hermes or pythonic."),
+    call_format: Optional[str] = typer.Option(None, "--format", help="The call format of the agent's grammar, prompt "
+                                              "and parser: " + FORMAT_DEFAULT_HELP),
     routing: str = typer.Option("scored", "--routing", help="How the tool name is chosen: scored (by the likelihood "
                                 "of each whole name; the agent's default) or greedy (token by token)."),
 ) -> None:
@@ -957,6 +980,7 @@ def eval_agent(
         if limit is not None and limit < 1 or max_steps < 1 or max_tokens < 1:
             raise ValueError("--limit, --max-steps and --max-tokens must be at least 1")
         _check_format_and_routing(call_format, routing)
+        call_format = _call_format(call_format, model)
         loaded = _agent_model(model)
     except (RailcallError, ValueError) as e:
         _fail(e)

@@ -59,6 +59,7 @@ class Settings:
     model: str
     max_tokens: int = 192
     shots: int = 0  # in-context examples from the task's tool table (railcall.runtime.shots)
+    shot_pair: bool = False  # the last example asks for two things and makes two calls
     temperature: float = 0.0
     prompt: str = bfcl.PROMPT_VERSION
     grammar: str = "one call or a JSON array of calls, JsonCall wire format"
@@ -68,7 +69,7 @@ class Settings:
 
 
 # What a run.json written before a setting existed ran with (its resume compares like with like).
-SETTINGS_BEFORE = {"shots": 0, "call_format": "json", "routing": "greedy"}
+SETTINGS_BEFORE = {"shots": 0, "shot_pair": False, "call_format": "json", "routing": "greedy"}
 ROUTINGS = ("greedy", "scored")
 # The grammar's description per format (the run's settings say which grammar its figures are of).
 GRAMMARS = {"json": "one call or a JSON array of calls, JsonCall wire format",
@@ -184,16 +185,18 @@ def score(task: bfcl.Task, text: str, calls: list[dict] | None = None, *, auto: 
             "ast": verdict.ok, "reason": verdict.reason, "calls": len(calls) if calls else 0}
 
 
-def examples(task: bfcl.Task, shots: int, call_format: str = "json") -> list[dict]:
+def examples(task: bfcl.Task, shots: int, call_format: str = "json", pair: bool = False) -> list[dict]:
     """`shots` in-context examples for `task` as chat turns: made-up requests for its tools and
-    their calls in `call_format`, built from the tool table alone (never its question or answer)."""
+    their calls in `call_format`, built from the tool table alone (never its question or answer);
+    `pair`: the last one asks for one tool twice and makes both calls."""
     from railcall.runtime.shots import shot_messages, shots as make_shots
 
-    return shot_messages(make_shots(task.tools, shots, call_format))
+    return shot_messages(make_shots(task.tools, shots, call_format, pair=pair))
 
 
 def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limit: int | None = None,
-             grammar: bool = True, model: str | None = None, max_tokens: int = 192, shots: int = 0, batch: int = 16,
+             grammar: bool = True, model: str | None = None, max_tokens: int = 192, shots: int = 0, shot_pair: bool = False,
+             batch: int = 16,
              resume: bool = False, tool_choice: str | None = None, threads: int | None = None,
              call_format: str = "json", routing: str = "greedy", prompt_example: bool = False,
              without_grammar: bool = True,
@@ -202,6 +205,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     the grammar's, the parser's and the prompt's format; `routing="scored"`: the tool name chosen
     by whole-name likelihood (`railcall.runtime.routing`) under the grammar; `prompt_example`:
     the prompt shows one call built from the table (`railcall.runtime.prompt.call_example`).
+    `shots` in-context examples before each question, the last a request for two calls where
+    `shot_pair` (`railcall.runtime.shots`).
     `grammar` / `without_grammar`: whether the run decodes each task under the grammar / free
     (both by default; `railcall.eval.variants` runs a scored variant under the grammar alone)."""
     from railcall.runtime.batch import decode_stream
@@ -240,7 +245,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     lm = load_model(model)
     vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
     conditions = [c for c in CONDITIONS if (grammar if c == "with_grammar" else without_grammar)]
-    settings = Settings(model=lm.name, max_tokens=max_tokens, shots=shots, conditions=list(CONDITIONS),
+    settings = Settings(model=lm.name, max_tokens=max_tokens, shots=shots, shot_pair=shot_pair and shots > 0,
+                        conditions=list(CONDITIONS),
                         grammar=GRAMMARS[call_format], call_format=call_format, routing=routing,
                         prompt=bfcl.PROMPT_VERSION + ("+example" if prompt_example else ""))
     results_path, run_path = out / "results.jsonl", out / "run.json"
@@ -270,7 +276,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         if progress:
             progress(cat, finished[cat], len(tasks))
     prompts = {(cat, t.id): bfcl.prompt_ids(lm.tokenizer, t, call_format, prompt_example,
-                                            examples=examples(t, shots, call_format))
+                                            examples=examples(t, shots, call_format, shot_pair))
                for ws in windows.values() for w in ws for cat, t in w}
     order = []
     for k in range(max((len(ws) for ws in windows.values()), default=0)):

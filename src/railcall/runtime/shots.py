@@ -20,7 +20,9 @@ for sure (a pattern the value does not match, a $ref) is left out of the example
 
 Deterministic: the same table gives the same examples, in any process. The k examples take the
 table's tools in order, one each; a table with fewer tools than k gives a tool a second example
-with other values. Pure functions, nothing cached.
+with other values. With `pair`, the last example asks for one tool with two sets of values and
+answers with two calls ("Get weather with city Paris, and with city Tokyo."). Pure functions,
+nothing cached.
 """
 
 from __future__ import annotations
@@ -48,8 +50,11 @@ class NoPlaceholder(ValueError):
     """No value is sure to fit this schema (the tool is left out of the examples)."""
 
 
-def shots(tools: Sequence[Tool], k: int, fmt: str = "json") -> list[Shot]:
-    """k examples over `tools` in call format `fmt` (fewer when no tool can be filled in)."""
+def shots(tools: Sequence[Tool], k: int, fmt: str = "json", *, pair: bool = False) -> list[Shot]:
+    """k examples over `tools` in call format `fmt` (fewer when no tool can be filled in).
+    `pair`: the last example asks for one tool twice, with two sets of values, and answers with
+    both calls in one reply (the format's form for several calls), so the examples show that a
+    request for several things gets several calls."""
     if k <= 0:
         return []
     fillable = []
@@ -65,7 +70,23 @@ def shots(tools: Sequence[Tool], k: int, fmt: str = "json") -> list[Shot]:
         variant = i // len(fillable)
         args = placeholder_args(tool, variant)
         out.append(Shot(request(tool, args), tool.name, args, write_calls(tools, [(tool.name, args)], fmt)))
+    if pair and out:
+        twice = _pair(tools, fillable, fmt)
+        if twice is not None:
+            out[-1] = twice
     return out
+
+
+def _pair(tools: Sequence[Tool], fillable: Sequence[Tool], fmt: str) -> Shot | None:
+    """The first fillable tool whose first two placeholder sets differ, asked for with both and
+    called twice: "Get weather with city Paris, and with city Tokyo." (None: no tool has two)."""
+    for tool in fillable:
+        first, second = placeholder_args(tool, 0), placeholder_args(tool, 1)
+        if first == second:
+            continue
+        text = request(tool, first)[:-1] + f", and with {_given(second)}."
+        return Shot(text, tool.name, first, write_calls(tools, [(tool.name, first), (tool.name, second)], fmt))
+    return None
 
 
 def shot_messages(examples: Sequence[Shot]) -> list[dict]:
@@ -86,10 +107,13 @@ def request(tool: Tool, args: dict) -> str:
     """A made-up request for `tool` with `args`: the tool's name in words, then each argument."""
     head = words(tool.name) or tool.name
     head = head[:1].upper() + head[1:]
+    return f"{head} with {_given(args)}." if args else head + "."
+
+
+def _given(args: dict) -> str:
+    """"base 10 and height 10": each argument in words, then its value."""
     parts = [f"{words(k) or k} {_say(v)}" for k, v in args.items()]
-    if not parts:
-        return head + "."
-    return f"{head} with " + (parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]) + "."
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def _say(value) -> str:

@@ -1,0 +1,67 @@
+"""Each embedded model's own call format (railcall.models.store.CALL_FORMATS): what `railcall eval
+bfcl`, `railcall eval agent` and `railcall serve` use where --format is not given, and --format
+still wins. The model never loads: the command's runner is replaced by one that records what
+it was given."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from railcall.cli import app
+from railcall.models.store import CALL_FORMATS, DEFAULT_MODEL, EMBEDDED, default_call_format
+
+
+def test_the_measured_formats():
+    assert default_call_format() == default_call_format(DEFAULT_MODEL) == "json"
+    assert default_call_format("gemma3") == "pythonic"
+    assert default_call_format("/models/other.gguf") == "json"  # a model given by path: not measured
+    assert set(CALL_FORMATS) <= set(EMBEDDED)
+
+
+@pytest.mark.parametrize("args, fmt", [([], "json"), (["--model", "gemma3"], "pythonic"),
+                                       (["--model", "gemma3", "--format", "openai"], "openai")])
+def test_eval_bfcl_takes_the_models_format(monkeypatch, tmp_path, args, fmt):
+    import railcall.eval.runner
+
+    seen = {}
+
+    def stand_in(categories, out, **kw):
+        seen.update(kw)
+        raise ValueError("stopped before decoding")
+
+    monkeypatch.setattr(railcall.eval.runner, "run_bfcl", stand_in)
+    r = CliRunner().invoke(app, ["eval", "bfcl", "--category", "multiple", "--limit", "1", "--out", str(tmp_path), *args])
+    assert "stopped before decoding" in r.output
+    assert seen["call_format"] == fmt
+
+
+@pytest.mark.parametrize("args, fmt", [([], "json"), (["--model", "gemma3"], "pythonic"),
+                                       (["--model", "gemma3", "--format", "json"], "json")])
+def test_eval_agent_takes_the_models_format(monkeypatch, tmp_path, args, fmt):
+    import railcall.cli
+    import railcall.eval.agent
+
+    seen = {}
+
+    def stand_in(out, **kw):
+        seen.update(kw)
+        raise ValueError("stopped before the suite")
+
+    monkeypatch.setattr(railcall.cli, "_agent_model", lambda model: object())
+    monkeypatch.setattr(railcall.eval.agent, "run", stand_in)
+    r = CliRunner().invoke(app, ["eval", "agent", "--limit", "1", "--out", str(tmp_path), *args])
+    assert "stopped before the suite" in r.output
+    assert seen["call_format"] == fmt
+
+
+@pytest.mark.parametrize("args, fmt", [([], "json"), (["--model", "gemma3"], "pythonic"),
+                                       (["--model", "gemma3", "--format", "hermes"], "hermes")])
+def test_serve_takes_the_models_format(monkeypatch, args, fmt):
+    import railcall.server.app
+
+    seen = {}
+    monkeypatch.setattr(railcall.server.app, "serve", lambda model, **kw: seen.update(kw))
+    r = CliRunner().invoke(app, ["serve", *args])
+    assert r.exit_code == 0, r.output
+    assert seen["call_format"] == fmt
