@@ -78,6 +78,50 @@ def test_write_creates_folders_inside_and_replaces_whole(box):
     assert not list(box.workspace.root.rglob(TMP_PREFIX + "*"))
 
 
+def test_append_adds_a_line_and_keeps_what_the_file_held(box):
+    root, append = box.workspace.root, box.table.entry("append_file")
+    (root / "list.txt").write_text("milk\nbread")  # no newline at the end
+    assert "6 bytes" in append.call({"path": "list.txt", "text": "eggs"})  # "\n" + "eggs" + "\n"
+    append.call({"path": "list.txt", "text": "tea\n"})
+    assert (root / "list.txt").read_text() == "milk\nbread\neggs\ntea\n"
+    append.call({"path": "sub/a.md", "text": "B"})
+    assert (root / "sub" / "a.md").read_text() == "A\nB\n"
+    # through a link inside, to its target; never to a file outside or a folder
+    append.call({"path": "link_in", "text": "more"})
+    assert (root / "notes.txt").read_text() == "inside\nmore\n"
+    for path in ("link_out", "dir_out/x.txt", "../secret.txt", ".railcall/memory.jsonl"):
+        with pytest.raises((PathRefused, OSError)):
+            append.call({"path": path, "text": "x"})
+    assert (box.workspace.root.parent / "secret.txt").read_text() == "outside"
+    assert (box.workspace.root.parent / "outdir" / "x.txt").read_text() == "outside"
+    assert append.call({"path": "sub", "text": "x"}).startswith("error:")
+    # its path is one of the files that exist: appending to a new file is write_file's job
+    assert box.view().tool("append_file").parameters["properties"]["path"]["enum"] == box.workspace.files()
+
+
+APPENDER = """
+import sys
+from railcall.agent.files import Workspace
+ws = Workspace(sys.argv[1])
+for i in range(int(sys.argv[3])):
+    ws.append("log.txt", f"{sys.argv[2]} {i}".encode())
+"""
+
+
+def test_two_processes_appending_at_once_lose_nothing(tmp_path):
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "log.txt").write_text("first\n")
+    n = 150
+    procs = [subprocess.Popen([sys.executable, "-c", APPENDER, str(root), who, str(n)], stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": SRC}) for who in ("a", "b")]
+    for p in procs:
+        assert p.wait(60) == 0, p.stderr.read()
+    lines = (root / "log.txt").read_text().splitlines()
+    assert lines[0] == "first" and len(lines) == 1 + 2 * n
+    assert sorted(lines[1:]) == sorted(f"{w} {i}" for w in ("a", "b") for i in range(n))
+
+
 def _writer(target: Path, size: int, hook: str) -> subprocess.Popen:
     code = ("import os, sys, time\nfrom pathlib import Path\nfrom railcall.agent import files\n" + hook
             + f"\nfiles.atomic_write(Path({str(target)!r}), b'N' * {size})\nprint('finished', flush=True)\n")

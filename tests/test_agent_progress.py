@@ -117,3 +117,51 @@ def test_helps_options():
         assert "unknown option" in str(e) and "no_repeats" in str(e)
     else:
         raise AssertionError("an unknown option was accepted")
+
+
+def test_helps_turned_on_and_off():
+    assert Helps.chosen(on=["examples"]).label() == "with examples"
+    assert Helps.chosen(on=["examples"], off=["facts"]).label() == "without facts; with examples"
+    assert Helps().toggled("examples").examples and not Helps().toggled("facts").facts
+    for on, off, says in ((["speed"], [], "unknown option"), (["facts"], ["facts"], "both on and off")):
+        try:
+            Helps.chosen(on=on, off=off)
+        except ValueError as e:
+            assert says in str(e)
+        else:
+            raise AssertionError(f"{on} / {off} was accepted")
+
+
+def test_examples_show_a_request_and_its_call_for_each_tool(tmp_path):
+    """Helps.examples: the system prompt shows each built-in's own example (never `answer` or
+    `run`), and a made-up one for a tool of the user's; each example call parses in the format;
+    off, the prompt has none."""
+    from railcall.agent.builtins import EXAMPLES
+    from railcall.agent.progress import tool_examples
+    from railcall.eval.runner import read_calls
+    from railcall.vocab import Vocabulary
+
+    renders = []
+    a = make(tmp_path, [call("answer", text="x")], renders, helps=Helps.chosen(on=["examples"]))
+    def get_weather(city: str) -> str:
+        """Weather in a city."""
+        return city
+
+    a.table.register(get_weather)
+    a.run("anything")
+    system = renders[0][0]["content"]
+    assert "Examples of requests and the call for each:" in system
+    assert '- "Save the text \'see you at 5\' to memo.txt." -> ' + call("write_file", path="memo.txt", text="see you at 5") in system
+    assert '{"tool":"answer"' not in system.split("Examples")[1] and '"tool":"run"' not in system
+    assert '-> {"tool":"get_weather","args":{"city":' in system  # built from the tool's schema
+    bytes_vocab = Vocabulary.from_pieces([bytes([b]) for b in range(256)], name="bytes-256")
+    for fmt in ("json", "openai", "pythonic"):
+        lines = tool_examples(a.view().tools, fmt).splitlines()[1:]
+        assert len(lines) == len(EXAMPLES) + 1
+        for line in lines:
+            text = line.split(" -> ", 1)[1]
+            calls, _ = read_calls(bytes_vocab, list(text.encode()), fmt, "required")
+            assert calls and len(calls) == 1, (fmt, text)
+    renders.clear()
+    make(tmp_path, [call("answer", text="x")], renders).run("anything")
+    assert "Examples of requests" not in renders[0][0]["content"]

@@ -44,7 +44,7 @@ def test_a_folder_swapped_for_a_symlink_mid_call_never_leaks_or_lands_outside(tm
     outside.mkdir()
     (outside / "f.txt").write_text("SECRET")
     a = Agent.for_workspace(root, None)
-    read, write = a.table.entry("read_file"), a.table.entry("write_file")
+    read, write, append = a.table.entry("read_file"), a.table.entry("write_file"), a.table.entry("append_file")
     swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(root), str(outside), str(time.time() + 4)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen, reads, writes = set(), 0, 0
@@ -59,12 +59,18 @@ def test_a_folder_swapped_for_a_symlink_mid_call_never_leaks_or_lands_outside(tm
             writes += 1
         except (PathRefused, OSError):
             pass
+        try:
+            append.call({"path": "d/f.txt", "text": "appended"})
+        except (PathRefused, OSError):
+            pass
     out, err = swapper.communicate()
     assert swapper.returncode == 0, err
     swaps = int(out)
-    assert "SECRET" not in seen and seen <= {"inside"}
+    # what was read is the folder's own file: "inside" and the lines appended to it (or to the
+    # file an append made afresh in a new folder while the real one stood aside)
+    assert {line for x in seen for line in x.splitlines()} <= {"inside", "appended"}
     assert sorted(p.name for p in outside.iterdir()) == ["f.txt"]  # no new.txt, no temporary file
-    assert (outside / "f.txt").read_text() == "SECRET"
+    assert (outside / "f.txt").read_text() == "SECRET"  # nothing appended there either
     assert swaps > 100 and reads > 0 and writes > 10, (swaps, reads, writes)  # the race was really run
 
 
@@ -86,6 +92,9 @@ def test_a_hard_link_is_refused_unless_the_policy_allows_it(linked):
     for path in ("hard.txt", "mem.txt"):
         with pytest.raises(PathRefused, match="hard link"):
             read.call({"path": path})
+        with pytest.raises(PathRefused, match="hard link"):
+            linked.table.entry("append_file").call({"path": path, "text": "x"})
+    assert (linked.workspace.root.parent / "secret.txt").read_text() == "outside secret"
     assert linked.workspace.files() == ["notes.txt"]
     assert read.call({"path": "notes.txt"}) == "inside"
     linked.policy = Policy(hard_links=True)

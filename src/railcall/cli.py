@@ -951,7 +951,9 @@ def eval_agent(
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task ids (default: the whole suite; --list shows them)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N tasks."),
     off: Optional[str] = typer.Option(None, "--off", help="Progress options to turn off, comma-separated: no_repeats, short_results, facts."),
-    ablation: bool = typer.Option(False, "--ablation", help="Run with the defaults and with each option off (each in OUT/<options>/; OUT/ablation.md)."),
+    on: Optional[str] = typer.Option(None, "--on", help="Progress options to turn on, comma-separated: examples (a request "
+                                     "and its call for each tool in the system prompt)."),
+    ablation: bool = typer.Option(False, "--ablation", help="Run with the defaults and with each option the other way (each in OUT/<options>/; OUT/ablation.md)."),
     out: str = typer.Option("eval-out/agent", "--out", help="The folder for results.jsonl, summary.json, report.md, traces/ and work/."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks."),
     max_steps: int = typer.Option(6, "--max-steps", help="Step limit per task."),
@@ -976,7 +978,8 @@ def eval_agent(
     try:
         ids = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
         by_id(ids, limit)  # an unknown id is reported before the model loads
-        helps = Helps.off(*[n.strip() for n in off.split(",") if n.strip()]) if off else Helps()
+        helps = Helps.chosen(on=[n.strip() for n in (on or "").split(",") if n.strip()],
+                             off=[n.strip() for n in (off or "").split(",") if n.strip()])
         if limit is not None and limit < 1 or max_steps < 1 or max_tokens < 1:
             raise ValueError("--limit, --max-steps and --max-tokens must be at least 1")
         _check_format_and_routing(call_format, routing)

@@ -105,6 +105,19 @@ class MemoryStore:
         return len(self.items())
 
 
+# A request and the call that does it, for each built-in the model calls itself (Helps.examples
+# shows them in the system prompt). Written for these tools, with files and values of their own:
+# a request in a user's words, not the tool's name read aloud.
+EXAMPLES = {
+    "list_dir": ("Which files are in the folder reports?", {"path": "reports"}),
+    "read_file": ("What does memo.txt say?", {"path": "memo.txt"}),
+    "write_file": ("Save the text 'see you at 5' to memo.txt.", {"path": "memo.txt", "text": "see you at 5"}),
+    "append_file": ("Add 'apples' at the end of groceries.txt.", {"path": "groceries.txt", "text": "apples"}),
+    "calc": ("What is 14 plus 9, times 2?", {"expr": "(14+9)*2"}),
+    "remember": ("Remember that the door code is 4411.", {"text": "the door code is 4411"}),
+}
+
+
 def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory: MemoryStore,
                     run_skill: Callable[[str], str], policy: Callable[[], Policy] = Policy) -> ToolTable:
     """Register the built-ins on `table` (run_skill: the runtime's way to replay a skill, so each
@@ -146,6 +159,19 @@ def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory:
             return f"error: {path!r} is a folder"
         return f"wrote {len(text.encode())} bytes to {path}"
 
+    def append_file(path: str, text: str) -> str:
+        """Add text at the end of a file of the workspace, on a line of its own, keeping what it holds.
+
+        Args:
+            path: the file, relative to the workspace.
+            text: the line to add.
+        """
+        try:
+            n = ws.append(path, text.encode(), hard_links=policy().hard_links)
+        except IsADirectoryError:
+            return f"error: {path!r} is a folder"
+        return f"added {n} bytes to the end of {path}"
+
     def remember(text: str) -> str:
         """Remember a fact for later tasks.
 
@@ -176,6 +202,9 @@ def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory:
     table.register(read_file, domains={"path": lambda ctx: ws.files(hard_links=ctx.policy.hard_links)},
                    canonical={"path": ws.real})
     table.register(write_file, mutates=True, canonical={"path": ws.real})
+    # the files that exist: appending to a new file is writing it
+    table.register(append_file, mutates=True, domains={"path": lambda ctx: ws.files(hard_links=ctx.policy.hard_links)},
+                   canonical={"path": ws.real})
     table.register(calc)
     table.register(remember, mutates=True)
     table.register(run, domains={"name": skills.runnable})

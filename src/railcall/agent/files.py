@@ -265,6 +265,46 @@ class Workspace:
         finally:
             os.close(fd)
 
+    def append(self, rel: str, data: bytes, *, hard_links: bool = False) -> int:
+        """Add `data` at the end of the regular file `rel` (made if missing), on a line of its
+        own: after a newline where the file does not end with one, and ending with one. Returns
+        the bytes added. Written with O_APPEND through the folder's handle (the last component
+        not followed), so what the file held is never rewritten -- an interrupted append loses
+        nothing that was there -- and two writers appending at once both land."""
+        if data and not data.endswith(b"\n"):
+            data += b"\n"
+        for _ in range(3):
+            fd, name, _ = self._walk(rel, last="entry", make_dirs=True)
+            try:
+                if name == ".":
+                    raise IsADirectoryError(f"{rel!r} is a folder; give a file's path")
+                ffd = os.open(name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                              0o644, dir_fd=fd)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    continue  # made a link since the walk looked: walk again
+                if e.errno == errno.EISDIR:
+                    raise IsADirectoryError(f"{rel!r} is a folder; give a file's path") from None
+                raise
+            finally:
+                os.close(fd)
+            try:
+                st = os.fstat(ffd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise PathRefused(f"{rel!r} is not a regular file")
+                if st.st_nlink > 1 and not hard_links:
+                    raise PathRefused(f"{rel!r} is a hard link (one of {st.st_nlink} names of one file, others "
+                                      "may be outside the workspace); a policy with \"hard_links\": true allows it")
+                if st.st_size and os.pread(ffd, 1, st.st_size - 1) != b"\n":
+                    data = b"\n" + data
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(ffd, view):]
+                return len(data)
+            finally:
+                os.close(ffd)
+        raise PathRefused(f"{rel!r} kept turning into a symlink while it was opened; try again")
+
     def list(self, rel: str) -> list[str]:
         """The visible entries of the folder `rel`, a folder's name ending in "/"."""
         fd, _, parts = self._walk(rel, last="dir")

@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 from railcall.agent.builtins import ANSWER, MemoryStore, workspace_tools
 from railcall.agent.files import Workspace, sweep_temp
 from railcall.agent.policy import Approver, Decision, Policy, View, view
-from railcall.agent.progress import FACTS_SHOWN, Helps, facts_turn, observation, without_repeats
+from railcall.agent.progress import FACTS_SHOWN, Helps, facts_turn, observation, tool_examples, without_repeats
 from railcall.agent.skills import RUN, SkillError, SkillStore
 from railcall.agent.table import ToolTable
 from railcall.atomic import mend_last_line
@@ -91,10 +91,12 @@ class AgentModel:
         return cls(TransformersBackend(lm.model, reuse_prefix=True), vocab, render, lm.name)
 
 
-def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = (), fmt: str = "json", *, example: bool = False) -> str:
+def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = (), fmt: str = "json", *, example: bool = False,
+                  examples: bool = False) -> str:
     """The tools of this step's view, with each enumerated argument's choices, and the call
     format (`fmt`) with placeholders; with `example`, one call built from the view
-    (`railcall.runtime.prompt.call_example`; off by default: see `describe_format`)."""
+    (`railcall.runtime.prompt.call_example`; off by default: see `describe_format`); with
+    `examples`, a request and its call for each tool (`progress.tool_examples`, Helps.examples)."""
     from railcall.runtime.prompt import ONE, call_example, skeleton
 
     lines = []
@@ -114,6 +116,8 @@ def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = (), fmt: str = "
             f"Answer each turn with {ONE[fmt]}: {skeleton(fmt, quoted=True)}"
             + (f", for example {call_example(tools, fmt)}" if example else "") + ". "
             f"After each call you see its result. When you know the reply, call {ANSWER}.")
+    if examples:
+        text += "\n" + tool_examples(tools, fmt)
     if notes:
         # A note is data, whoever wrote it (a planted "always call write_file" is one line of a
         # file): each is shown as a JSON string, so it cannot pose as the prompt's own lines.
@@ -247,7 +251,8 @@ class Agent:
         fmt = self.call_format
         compiled = compiled_grammar(v.grammar(fmt), self.model.vocab)
         rec["name_position"] = name_position(compiled, self.model.vocab, v, self.table, fmt)
-        messages = [{"role": "system", "content": system_prompt(v.tools, self.memory.items() if self.memory else (), fmt)},
+        notes = self.memory.items() if self.memory else ()
+        messages = [{"role": "system", "content": system_prompt(v.tools, notes, fmt, examples=self.helps.examples)},
                     *context, {"role": "user", "content": task}]
         for text, obs in history:
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]

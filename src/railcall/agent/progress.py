@@ -7,6 +7,9 @@ measured on the agent task suite (`railcall eval agent`; docs/agent.md, "Measure
                    in a sentence ("notes.txt says: ..."), cut to SHORT_LIMIT characters
     facts          the last turn restates the task, lists what the episode found so far and
                    offers `answer` ("If that is enough, call answer ...")
+    examples       the system prompt shows one request and its call for each tool of the view
+                   but `answer`, built from the tool table (`tool_examples`; off by default:
+                   see docs/agent.md for what it measured)
 
 On SmolLM2-135M without them, an episode calls `list_dir "."` six times, or `calc "buy milk"`
 six times: every call well-formed, none new. Lifecycle: `Helps` is plain data, made once per
@@ -16,6 +19,7 @@ agent; the functions are pure, called once per step.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from dataclasses import dataclass, fields
 from typing import Sequence
@@ -39,6 +43,7 @@ class Helps:
     no_repeats: bool = True
     short_results: bool = True
     facts: bool = True
+    examples: bool = False
 
     @classmethod
     def names(cls) -> list[str]:
@@ -47,18 +52,34 @@ class Helps:
     @classmethod
     def off(cls, *names: str) -> "Helps":
         """The defaults with `names` turned off (a ValueError names an unknown option)."""
-        bad = [n for n in names if n not in cls.names()]
+        return cls.chosen(off=names)
+
+    @classmethod
+    def chosen(cls, on: Sequence[str] = (), off: Sequence[str] = ()) -> "Helps":
+        """The defaults with `on` turned on and `off` turned off (a ValueError names an unknown
+        option, or one given both ways)."""
+        bad = [n for n in (*on, *off) if n not in cls.names()]
         if bad:
             raise ValueError(f"unknown option(s) {', '.join(bad)}; known: {', '.join(cls.names())}")
-        return cls(**{n: False for n in names})
+        both = sorted(set(on) & set(off))
+        if both:
+            raise ValueError(f"option(s) {', '.join(both)} both on and off; give each once")
+        return cls(**{**{n: True for n in on}, **{n: False for n in off}})
+
+    def toggled(self, name: str) -> "Helps":
+        """These options with `name` the other way round (the ablation's configurations)."""
+        return dataclasses.replace(self, **{name: not getattr(self, name)})
 
     @classmethod
     def none(cls) -> "Helps":
         return cls(**{n: False for n in cls.names()})
 
     def label(self) -> str:
-        off = [n for n in self.names() if not getattr(self, n)]
-        return "defaults" if not off else "without " + ", ".join(off)
+        default = Helps()
+        off = [n for n in self.names() if not getattr(self, n) and getattr(default, n)]
+        on = [n for n in self.names() if getattr(self, n) and not getattr(default, n)]
+        parts = (["without " + ", ".join(off)] if off else []) + (["with " + ", ".join(on)] if on else [])
+        return "; ".join(parts) or "defaults"
 
 
 # -- no_repeats: the episode's calls taken out of the grammar ---------------------------------
@@ -162,6 +183,8 @@ _SENTENCES = {
     "list_dir": lambda args, body: f"The folder {args.get('path')} holds: {body}",
     "write_file": lambda args, body: (f"Saved {args.get('path')}: it now holds "
                                       f"{_cut(json.dumps(args.get('text', ''), ensure_ascii=False))}."),
+    "append_file": lambda args, body: (f"Added {_cut(json.dumps(args.get('text', ''), ensure_ascii=False))} "
+                                       f"at the end of {args.get('path')}."),
     "calc": lambda args, body: f"{args.get('expr')} = {body}",
     "run": lambda args, body: f"The skill gave: {body}",
     "remember": lambda args, body: f"Remembered: {_cut(str(args.get('text', '')))}.",
@@ -199,6 +222,31 @@ def facts_turn(task: str, found: Sequence[str], offer: str | None = None, fmt: s
     else:
         lines.append("If that is enough for the task, call answer with the reply; otherwise call another tool.")
     return "\n".join(lines)
+
+
+# -- examples: a request and its call per tool --------------------------------------------------
+
+def tool_examples(tools: Sequence[Tool], fmt: str = "json") -> str:
+    """Lines for the system prompt: for each tool but `answer` and `run`, a request and the
+    call that does it, in the call format: a built-in's own (`builtins.EXAMPLES`: "Save the text
+    'see you at 5' to memo.txt." -> write_file), any other tool's built from its schema alone
+    (`railcall.runtime.shots`: its name in words, a placeholder of each argument's type)."""
+    from railcall.agent.builtins import ANSWER, EXAMPLES
+    from railcall.agent.skills import RUN
+    from railcall.runtime.prompt import call_text
+    from railcall.runtime.shots import shots
+
+    lines, others = [], []
+    for t in tools:
+        if t.name in (ANSWER, RUN):
+            continue
+        if t.name in EXAMPLES:
+            request, args = EXAMPLES[t.name]
+            lines.append(f"- {json.dumps(request)} -> {call_text(t.name, args, fmt)}")
+        else:
+            others.append(t)
+    lines += [f"- {json.dumps(s.request)} -> {s.call}" for s in shots(others, len(others), fmt)]
+    return ("Examples of requests and the call for each:\n" + "\n".join(lines)) if lines else ""
 
 
 def _cut(text: str, limit: int = SHORT_LIMIT) -> str:

@@ -86,6 +86,10 @@ def record_problem(r) -> str:
     return f"{', '.join(repr(k) for k in bad)} missing or of the wrong type" if bad else ""
 
 
+# What a run.json written before an option existed ran with (the option was not there: off).
+HELPS_BEFORE = {"examples": False}
+
+
 def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int | None = None,
         helps: Helps | None = None, max_steps: int = 6, max_tokens: int = 64, resume: bool = False,
         call_format: str = "json", routing: str = "scored",
@@ -110,6 +114,7 @@ def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int
         # runs from before the call format and routing were settings were json and greedy
         before = {"call_format": "json", "routing": "greedy",
                   **{k: v for k, v in results.read_run(run_path)["settings"].items() if k != "model"}}
+        before["helps"] = {**HELPS_BEFORE, **before.get("helps", {})}
         if before != settings:
             raise ValueError(f"{out} holds a run with other options ({run_path}: {json.dumps(before)}); "
                              "use another --out, or drop --resume")
@@ -178,17 +183,18 @@ def report(summary: dict) -> str:
 
 
 def ablation(out: Path, *, log=None, **kw) -> dict:
-    """The suite with the default options and with each option off; `<out>/ablation.md`."""
+    """The suite with the default options and with each option the other way (off where it is
+    on by default, on where it is off); `<out>/ablation.md`."""
     from railcall.atomic import atomic_write
 
     from railcall.agent.loop import AgentModel
 
     if kw.get("model") is None or isinstance(kw["model"], (str, os.PathLike)):
         kw["model"] = AgentModel.load(kw.get("model"))  # once for every configuration
-    configs = [Helps()] + [Helps.off(n) for n in Helps.names()]
+    configs = [Helps()] + [Helps().toggled(n) for n in Helps.names()]
     rows = {}
     for helps in configs:
-        label = helps.label().replace(" ", "-").replace(",", "")
+        label = helps.label().replace(" ", "-").replace(",", "").replace(";", "")
         if log:
             log(f"-- {helps.label()}")
         rows[helps.label()] = run(Path(out) / label, helps=helps, log=log, **kw)
