@@ -70,10 +70,10 @@ EMBEDDED = {
     ),
 }
 # The call format each embedded model gets where none is asked for: the one `railcall eval bfcl
-# --variants` measured best for it (docs/evaluation.md; 6 categories x 15 tasks, AST accuracy
-# under the grammar): SmolLM2 writes JSON as well as any other format (pythonic: one task more
-# in two categories, one fewer in two others); Gemma 3 writes pythonic calls best (as many or
-# more tasks right in every category, 17 against 13 in all).
+# --variants` measured best for it (docs/evaluation.md; every single-turn BFCL category, 15 tasks
+# each, AST accuracy under the grammar): SmolLM2 writes JSON best (59 tasks right against 53 in
+# pythonic, which is ahead in two categories and behind in five); Gemma 3 writes pythonic calls
+# best (50 against 45, as many or more in every category).
 CALL_FORMATS = {"smollm2": "json", "gemma3": "pythonic"}
 # Embedded names whose package carries a tokenizer and no weights: vocabulary work only.
 TOKENIZER_ONLY = {"qwen2"}
