@@ -222,26 +222,43 @@ class Workspace:
 
     def read(self, rel: str, limit: int, *, hard_links: bool = False) -> bytes:
         """Up to `limit` bytes of the regular file `rel`."""
+        ffd = self._open_file(rel, os.O_RDONLY, hard_links=hard_links,
+                              folder=f"{rel!r} is a folder; list it with list_dir")
+        with os.fdopen(ffd, "rb") as f:
+            return f.read(limit)
+
+    def _open_file(self, rel: str, flags: int, *, hard_links: bool, folder: str, make_dirs: bool = False) -> int:
+        """A descriptor of the regular file `rel`, opened with `flags` relative to its folder's
+        handle, the last component not followed (a link made there since the walk looked: walk
+        again, three times at most). A folder is an IsADirectoryError saying `folder`; anything
+        but a regular file, or a hard link unless `hard_links`, is refused."""
         for _ in range(3):
-            fd, name, _ = self._walk(rel, last="entry")
+            fd, name, _ = self._walk(rel, last="entry", make_dirs=make_dirs)
             try:
-                ffd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+                if name == ".":
+                    raise IsADirectoryError(folder)
+                ffd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=fd)
             except OSError as e:
                 if e.errno == errno.ELOOP:
-                    continue  # made a link since the walk looked: walk again
+                    continue
+                if e.errno == errno.EISDIR:
+                    raise IsADirectoryError(folder) from None
                 raise
             finally:
                 os.close(fd)
-            with os.fdopen(ffd, "rb") as f:
+            try:
                 st = os.fstat(ffd)
                 if stat.S_ISDIR(st.st_mode):
-                    raise IsADirectoryError(f"{rel!r} is a folder; list it with list_dir")
+                    raise IsADirectoryError(folder)
                 if not stat.S_ISREG(st.st_mode):
                     raise PathRefused(f"{rel!r} is not a regular file")
                 if st.st_nlink > 1 and not hard_links:
                     raise PathRefused(f"{rel!r} is a hard link (one of {st.st_nlink} names of one file, others "
                                       "may be outside the workspace); a policy with \"hard_links\": true allows it")
-                return f.read(limit)
+            except BaseException:
+                os.close(ffd)
+                raise
+            return ffd
         raise PathRefused(f"{rel!r} kept turning into a symlink while it was opened; try again")
 
     def write(self, rel: str, data: bytes) -> None:
@@ -273,37 +290,18 @@ class Workspace:
         nothing that was there -- and two writers appending at once both land."""
         if data and not data.endswith(b"\n"):
             data += b"\n"
-        for _ in range(3):
-            fd, name, _ = self._walk(rel, last="entry", make_dirs=True)
-            try:
-                if name == ".":
-                    raise IsADirectoryError(f"{rel!r} is a folder; give a file's path")
-                ffd = os.open(name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                              0o644, dir_fd=fd)
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    continue  # made a link since the walk looked: walk again
-                if e.errno == errno.EISDIR:
-                    raise IsADirectoryError(f"{rel!r} is a folder; give a file's path") from None
-                raise
-            finally:
-                os.close(fd)
-            try:
-                st = os.fstat(ffd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise PathRefused(f"{rel!r} is not a regular file")
-                if st.st_nlink > 1 and not hard_links:
-                    raise PathRefused(f"{rel!r} is a hard link (one of {st.st_nlink} names of one file, others "
-                                      "may be outside the workspace); a policy with \"hard_links\": true allows it")
-                if st.st_size and os.pread(ffd, 1, st.st_size - 1) != b"\n":
-                    data = b"\n" + data
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(ffd, view):]
-                return len(data)
-            finally:
-                os.close(ffd)
-        raise PathRefused(f"{rel!r} kept turning into a symlink while it was opened; try again")
+        ffd = self._open_file(rel, os.O_RDWR | os.O_APPEND | os.O_CREAT, hard_links=hard_links, make_dirs=True,
+                              folder=f"{rel!r} is a folder; give a file's path")
+        try:
+            size = os.fstat(ffd).st_size
+            if size and os.pread(ffd, 1, size - 1) != b"\n":
+                data = b"\n" + data
+            view = memoryview(data)
+            while view:
+                view = view[os.write(ffd, view):]
+            return len(data)
+        finally:
+            os.close(ffd)
 
     def list(self, rel: str) -> list[str]:
         """The visible entries of the folder `rel`, a folder's name ending in "/"."""
