@@ -26,9 +26,11 @@ Nodes (all immutable):
                                    a JSON string whose *value* matches a character automaton:
                                    kind "regex" (arg: an ECMA pattern, search semantics),
                                    "except" (arg: a tuple of strings the value may not be), or
-                                   "keys" (arg: (excluded names, ((pattern, must match), ...))):
-                                   an object key outside the declared names, matching some
-                                   patterns and not others (patternProperties classes);
+                                   "product" (arg: (excluded strings, ((pattern, must match),
+                                   ...))): a string that is none of the excluded ones and
+                                   matches some patterns and not others (an object key of a
+                                   patternProperties class; a value under allOf's patterns, a
+                                   pattern with a format, or `not: {"enum": [...]}`);
                                    dialect "python": the same value set spelled as a Python
                                    string literal in double quotes (the escapes JSON and Python
                                    read alike: no `\\/`; see railcall.grammar.pythonic)
@@ -123,8 +125,8 @@ class JsonNumber:
 
 @dataclass(frozen=True)
 class JsonPattern:
-    kind: str  # "regex" | "except"
-    arg: object  # the pattern (str) or the excluded values (tuple of str)
+    kind: str  # "regex" | "except" | "product"
+    arg: object  # the pattern (str), the excluded values (tuple of str), or both (see the docstring)
     min_len: int = 0
     max_len: int | None = None
     dialect: str = "json"  # "json" | "python": which escapes spell the value (see the docstring)

@@ -76,6 +76,9 @@ HANDLED = frozenset({
 })
 
 ANY_VALUE = "__any_json_value__"
+# The strings a `not: {"enum": [...]}` excludes, as the schema's own keyword once `_handled` has
+# read it (a key no user schema can reach: `_handled` keeps only HANDLED keywords before adding it).
+NOT_STRINGS = "__not_strings__"
 
 # Each format as a regex over the string's value (anchored). Not expressed: leap seconds at UTC
 # offsets other than zero, hostname length limits and IDN rules.
@@ -178,7 +181,7 @@ _SHAPES = {
     "items": ((dict, bool, list), "a schema"), "additionalItems": ((dict, bool), "a schema"),
     "additionalProperties": ((dict, bool), "a schema"), "type": ((str, list), "a type name or an array of them"),
     "patternProperties": (dict, "an object of schemas"), "propertyNames": ((dict, bool), "a schema"),
-    "$ref": (str, "a URI reference"), "pattern": (str, "a regular expression"), "format": (str, "a format name"),
+    "$ref": (str, "a URI reference"), "pattern": ((str, tuple), "a regular expression"), "format": (str, "a format name"),
     "uniqueItems": (bool, "a boolean"),
 }
 
@@ -309,11 +312,14 @@ def _handled(ctx: _Ctx, schema, pointer: str) -> dict:
         raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", pointer=pointer)
     if ctx.dialect <= 7 and "$ref" in schema:  # up to draft-07, a $ref's siblings are ignored
         schema = {"$ref": schema["$ref"]}
+    excluded = _not_strings(schema.get("not"))
     for k in schema:
-        if k in UNENFORCED:
-            _unsupported(ctx, k, pointer)
+        if k in UNENFORCED and not (k == "not" and excluded is not None):
+            _unsupported(ctx, k, pointer, "only `not` of an enum or const of strings is enforced" if k == "not" else "")
     _check_shapes(schema, pointer)
-    out = {k: v for k, v in schema.items() if k in HANDLED}
+    out = {k: v for k, v in schema.items() if k in HANDLED or k == NOT_STRINGS}  # a merged schema read again
+    if excluded:
+        out[NOT_STRINGS] = tuple(dict.fromkeys([*out.get(NOT_STRINGS, ()), *excluded]))
     if schema.get("nullable") is True and isinstance(out.get("type"), (str, list)):
         # OpenAPI 3.0: null joins the types that `type` names (without a `type`, nullable adds
         # nothing); enum and the other keywords still apply to it.
@@ -326,6 +332,30 @@ def _handled(ctx: _Ctx, schema, pointer: str) -> dict:
             if out.pop(ex) and bound in out:
                 out[ex] = out.pop(bound)
     return out
+
+
+def _not_strings(body) -> tuple | None:
+    """The strings `not: {"enum": [...]}` or `not: {"const": ...}` excludes (annotations beside
+    them aside), when each excluded value is a string; None for any other `not`. A value of
+    another type is unaffected by such a `not`, so only strings need excluding."""
+    if not isinstance(body, dict):
+        return None
+    asserted = {k: v for k, v in body.items() if k in HANDLED or k in UNENFORCED}
+    if set(asserted) == {"enum"} and isinstance(asserted["enum"], list):
+        values = asserted["enum"]
+    elif set(asserted) == {"const"}:
+        values = [asserted["const"]]
+    else:
+        return None
+    if not all(isinstance(v, str) for v in values):
+        return None
+    return tuple(dict.fromkeys(values))
+
+
+def _patterns(schema: dict) -> tuple:
+    """The patterns a string must match: `pattern` (one, or several gathered by an allOf merge)."""
+    p = schema.get("pattern")
+    return () if p is None else p if isinstance(p, tuple) else (p,)
 
 
 def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Node:
@@ -575,7 +605,9 @@ def _admits_string(ctx: _Ctx, s: dict, value: str, pointer: str) -> bool:
     hi = _int_kw(s, "maxLength", pointer)
     if hi is not None and n > hi:
         return False
-    for kw, regex in (("pattern", s.get("pattern")), ("format", FORMATS.get(s.get("format")))):
+    if value in s.get(NOT_STRINGS, ()):
+        return False
+    for kw, regex in [*(("pattern", p) for p in _patterns(s)), ("format", FORMATS.get(s.get("format")))]:
         if regex is None:
             continue
         try:
@@ -679,7 +711,6 @@ def _string(ctx: _Ctx, schema: dict, pointer: str, required: bool) -> ir.Node:
                           empty=True)
     if required and ctx.options.required_nonempty and not ctx.options.standard:
         lo = max(lo, 1) if hi is None or hi >= 1 else lo
-    pattern = schema.get("pattern")
     fmt = schema.get("format")
     if fmt is not None:
         if not isinstance(fmt, str):
@@ -688,27 +719,29 @@ def _string(ctx: _Ctx, schema: dict, pointer: str, required: bool) -> ir.Node:
             warnings.warn(f"railcall: format {fmt!r} at {pointer or '/'} is not enforced (known formats: "
                           f"{', '.join(sorted(FORMATS))})", stacklevel=3)
             fmt = None
-    if pattern is not None and fmt is not None:
-        _unsupported(ctx, "format", pointer, "pattern and format together (railcall enforces one automaton per "
-                                             "string); the pattern is kept")
-        fmt = None
-    if pattern is None and fmt is None:
-        return ir.JsonString(lo, hi)
-    kw = "pattern" if pattern is not None else "format"
-    regex = pattern if pattern is not None else FORMATS[fmt]
-    if not isinstance(regex, str):
-        raise SchemaError(f"pattern must be a string, not {regex!r}", pointer=pointer + "/pattern", keyword="pattern")
-    if len(regex) > ctx.options.max_pattern:
-        raise SchemaError(f"a pattern of {len(regex)} characters exceeds the limit of {ctx.options.max_pattern}",
-                          pointer=pointer + "/" + kw, keyword=kw, option="max_pattern")
-    try:
-        compile_pattern(regex, 256)  # parse and size-check now, to report the pointer
-    except RegexError as e:
-        if ctx.options.lenient:
-            warnings.warn(f"railcall: ignoring {kw} at {pointer or '/'} ({e})", stacklevel=3)
-            return ir.JsonString(lo, hi)
-        raise SchemaError(str(e), pointer=pointer + "/" + kw, keyword=kw) from None
-    return ir.JsonPattern("regex", regex, lo, hi)
+    # Every pattern (allOf may gather several), the format's, and the strings `not` excludes:
+    # one automaton, their product, when there is more than one.
+    regexes = []
+    for kw, regex in [*(("pattern", p) for p in _patterns(schema)), *([("format", FORMATS[fmt])] if fmt else [])]:
+        if not isinstance(regex, str):
+            raise SchemaError(f"pattern must be a string, not {regex!r}", pointer=pointer + "/pattern", keyword="pattern")
+        if len(regex) > ctx.options.max_pattern:
+            raise SchemaError(f"a pattern of {len(regex)} characters exceeds the limit of {ctx.options.max_pattern}",
+                              pointer=pointer + "/" + kw, keyword=kw, option="max_pattern")
+        try:
+            compile_pattern(regex, 256)  # parse and size-check now, to report the pointer
+        except RegexError as e:
+            if ctx.options.lenient:
+                warnings.warn(f"railcall: ignoring {kw} at {pointer or '/'} ({e})", stacklevel=3)
+                continue
+            raise SchemaError(str(e), pointer=pointer + "/" + kw, keyword=kw) from None
+        regexes.append(regex)
+    excluded = schema.get(NOT_STRINGS, ())
+    if not regexes:
+        return ir.JsonPattern("except", excluded, lo, hi) if excluded else ir.JsonString(lo, hi)
+    if len(regexes) == 1 and not excluded:
+        return ir.JsonPattern("regex", regexes[0], lo, hi)
+    return ir.JsonPattern("product", (excluded, tuple((r, True) for r in dict.fromkeys(regexes))), lo, hi)
 
 
 def _bound(schema: dict, pointer: str, kw: str):
@@ -934,11 +967,11 @@ def _extra_classes(ctx: _Ctx, declared: tuple, pprops: dict, ap, pnames, pointer
             try:
                 from railcall.grammar.strings import char_dfa
 
-                if not char_dfa("keys", spec, 256).fits(0, 0, lo, 256 if hi is None else hi):
+                if not char_dfa("product", spec, 256).fits(0, 0, lo, 256 if hi is None else hi):
                     continue
             except RegexError:
                 continue  # no key falls into this class
-            key = ir.JsonPattern("keys", spec, lo, hi)
+            key = ir.JsonPattern("product", spec, lo, hi)
         subs = [x for x in schemas if x is not True]
         value = True if not subs else subs[0] if len(subs) == 1 else {"allOf": subs}
         where = f"{pointer}/patternProperties" if chosen else f"{pointer}/additionalProperties"
@@ -1003,11 +1036,11 @@ def _distinct_member(ctx: _Ctx, extras: tuple, slot: int, need: int) -> ir.Node:
             spec = (names, pats + ((cycle, True),))
         lo, hi = key.min_len, key.max_len
         try:
-            if not char_dfa("keys", spec, 256).fits(0, 0, lo, 256 if hi is None else hi):
+            if not char_dfa("product", spec, 256).fits(0, 0, lo, 256 if hi is None else hi):
                 continue
         except RegexError:
             continue  # no key of this class has a length of this slot's residue
-        members.append(ir.Seq(ir.JsonPattern("keys", spec, lo, hi), ir.Lit(b":"), value))
+        members.append(ir.Seq(ir.JsonPattern("product", spec, lo, hi), ir.Lit(b":"), value))
     if not members:  # lenient: the plain member, whose key may repeat another's
         _unsupported(ctx, "minProperties", "", f"{need} distinct undeclared keys are kept apart by their lengths, "
                      "and the keys allowed here cannot vary enough in length")
@@ -1192,6 +1225,10 @@ def _merge(ctx: _Ctx, a: dict, b, pointer: str, depth: int) -> dict:
             continue  # merged below, position by position
         elif k in ("properties", "additionalProperties"):
             continue  # merged below, together
+        elif k == "pattern":  # both must match: the string's automaton is their product
+            out[k] = tuple(dict.fromkeys([*_patterns(out), *_patterns(b)]))
+        elif k == NOT_STRINGS:
+            out[k] = tuple(dict.fromkeys([*va, *vb]))
         else:
             raise SchemaError(f"allOf branches give {k!r} two different values ({va!r}, {vb!r}), which railcall "
                               "cannot combine", pointer=pointer, keyword=k)

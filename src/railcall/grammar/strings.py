@@ -24,7 +24,7 @@ def char_dfa(kind: str, arg, length_cap: int):
         return regex.compile_pattern(arg, length_cap)
     if kind == "except":
         return regex.excluding(arg, length_cap)
-    if kind == "keys":
+    if kind == "product":
         names, patterns = arg
         parts = [(regex.excluding(names, length_cap), True)] if names else []
         parts += [(regex.compile_pattern(p, length_cap), must) for p, must in patterns]
