@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import random
-import re
 
 from agentkit import scripted_model
 
 from railcall.agent.loop import Agent
 from railcall.agent.policy import Policy, View
 from railcall.runtime.decode import SamplingParams
-from railcall.agent.progress import Helps, complement, facts_turn, observation, without_repeats
+from railcall.agent.progress import Helps, facts_turn, observation, without_repeats
 from railcall.grammar.tools import Tool
 
 
@@ -57,16 +56,27 @@ def test_a_repeated_free_text_call_is_unspellable_but_its_neighbours_are_not():
         assert (v.check({"tool": "calc", "args": {"expr": expr}}) == "") is ok, expr
 
 
-def test_the_complement_pattern_matches_exactly_the_other_strings():
+def test_the_exclusion_refuses_exactly_the_used_strings():
     rng = random.Random(0)
-    alphabet = "ab1*. é\n\"\\"  # BMP: Python's re reads \\uHHHH as ECMA does (a non-BMP one: the grammar test above)
-    for _ in range(200):
+    alphabet = "ab1*. é\n\"\\🎉"
+    for _ in range(60):
         values = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 3))]
-        pattern = re.compile(complement(values))  # the subset is Python-compatible: \\uHHHH, (?:), [\\s\\S]
-        probes = values + [v[:k] for v in values for k in range(len(v))] + [v + c for v in values for c in "ab"]
-        probes += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 7))) for _ in range(30)]
+        tools, _ = without_repeats([CALC], [{"tool": "calc", "args": {"expr": v}} for v in values])
+        v = View(tools, Policy(), 0, {})
+        probes = values + [x[:k] for x in values for k in range(1, len(x))] + [x + c for x in values for c in "ab"]
+        probes += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 7))) for _ in range(20)]
         for s in probes:
-            assert (pattern.fullmatch(s) is not None) is (s not in values), (values, s)
+            assert (v.check({"tool": "calc", "args": {"expr": s}}) == "") is (s not in values), (values, s)
+
+
+def test_a_repeat_of_calc_is_unspellable_inside_its_arithmetic_pattern(tmp_path):
+    a = make(tmp_path, [])
+    calc = a.view().tool("calc")
+    assert "pattern" in calc.parameters["properties"]["expr"]  # calc's own grammar: arithmetic only
+    tools, _ = without_repeats([calc], [{"tool": "calc", "args": {"expr": "17*23"}}])
+    v = View(tools, Policy(), 0, {})
+    for expr, ok in [("17*23", False), ("17*2", True), ("17*23+1", True), ("buy milk", False), ("(1+2)*3", True)]:
+        assert (v.check({"tool": "calc", "args": {"expr": expr}}) == "") is ok, expr
 
 
 def test_a_successful_write_makes_earlier_reads_spellable_again(tmp_path):
@@ -165,3 +175,70 @@ def test_examples_show_a_request_and_its_call_for_each_tool(tmp_path):
     renders.clear()
     make(tmp_path, [call("answer", text="x")], renders).run("anything")
     assert "Examples of requests" not in renders[0][0]["content"]
+
+
+# -- task_files and copied_text: the episode's scope ------------------------------------------
+
+def test_the_files_a_request_names():
+    from railcall.agent.progress import task_files
+
+    assert task_files("Write 'hello world' to hello.txt.") == ["hello.txt"]
+    assert task_files("What colour is the car in docs/car.md?") == ["docs/car.md"]
+    assert task_files("open ./a.txt and report.v2.csv, then a.txt") == ["a.txt", "report.v2.csv"]
+    # a number, an abbreviation, a phone number: no file
+    assert task_files("pi is 3.14, e.g. this; call 555-0199") == []
+
+
+def test_the_runs_of_a_requests_words():
+    from railcall.agent.progress import request_spans
+
+    spans = request_spans("Save 'buy milk' to shopping.txt.")
+    assert "buy milk" in spans and "shopping.txt" in spans and "Save 'buy milk' to shopping.txt" in spans
+    assert "'buy milk'" not in spans and "" not in spans  # quotes and a sentence's end trimmed
+    assert len(spans) == len(set(spans))
+    assert max(len(s.split()) for s in request_spans(" ".join(f"w{i}" for i in range(40)))) == 12
+
+
+def test_the_episode_scope_narrows_writes_to_the_named_files_and_the_requests_words(tmp_path):
+    from railcall.agent.policy import view
+    from railcall.agent.progress import episode_scoped
+
+    a = make(tmp_path, [])
+    task = "Save 'buy milk' to shopping.txt"
+    policy, scope = episode_scoped(a.policy, a.table, task, files=True, text=True, computed=["42"])
+    assert scope["files"] == ["shopping.txt"] and scope["text"] > 10
+    v = view(a.table, policy)
+    ok = lambda tool, **args: v.check({"tool": tool, "args": args}) == ""  # noqa: E731
+    assert ok("write_file", path="shopping.txt", text="buy milk") and ok("write_file", path="shopping.txt", text="42")
+    assert not ok("write_file", path="notes.txt", text="buy milk")  # a file the request does not name
+    assert not ok("write_file", path="shopping.txt", text="the folder holds notes.txt")  # words of its own
+    assert "append_file" not in v.names  # shopping.txt does not exist: nothing to append to
+    assert ok("read_file", path="notes.txt") and ok("calc", expr="1+2")  # reads are not scoped
+    # a policy's own narrowing still holds: the scope meets it
+    narrowed = a.policy.with_(args={"write_file": {"path": ["other.txt"]}})
+    policy, _ = episode_scoped(narrowed, a.table, task, files=True, text=False)
+    assert "write_file" not in view(a.table, policy).names
+    # each option alone; a request that names no file leaves paths as they were
+    policy, scope = episode_scoped(a.policy, a.table, "Remember the code 4411", files=True, text=False)
+    assert scope == {} and policy is a.policy
+    policy, _ = episode_scoped(a.policy, a.table, task, files=False, text=True)
+    assert view(a.table, policy).check({"tool": "write_file", "args": {"path": "notes.txt", "text": "buy milk"}}) == ""
+
+
+def test_an_episode_writes_only_what_its_scope_allows(tmp_path):
+    # the scripted model tries notes.txt first: unspellable, the grammar writes shopping.txt
+    renders: list = []
+    a = make(tmp_path, [call("write_file", path="notes.txt", text="buy milk"), call("answer", text="saved")], renders,
+             policy=Policy(approve="auto"), max_steps=2, params=SamplingParams(max_tokens=128))
+    ep = a.run("Save 'buy milk' to shopping.txt")
+    assert ep.calls[0]["tool"] == "write_file" and ep.calls[0]["args"]["path"] == "shopping.txt"
+    assert (tmp_path / "notes.txt").read_text() == "Meeting on Thursday."
+    assert ep.steps[0]["scope"]["files"] == ["shopping.txt"]
+    # the prompt describes write_file as the table does, not the ~20 runs of the request's words
+    system = renders[0][0]["content"]
+    assert "write_file" in system and '"buy milk"' not in system
+    (tmp_path / "b").mkdir()
+    off = make(tmp_path / "b", [call("write_file", path="notes.txt", text="anything")], max_steps=1,
+               policy=Policy(approve="auto"), helps=Helps.off("task_files", "copied_text"),
+               params=SamplingParams(max_tokens=128))
+    assert off.run("Save 'buy milk' to shopping.txt").calls[0]["args"] == {"path": "notes.txt", "text": "anything"}

@@ -50,6 +50,24 @@ def sample(path: str, count: int, ratio: float = 0.5, loud: bool = False, mode: 
     return f"{path}:{count}"
 
 
+def test_annotated_json_schema_keywords_join_the_type_and_reach_the_grammar():
+    from railcall.agent.table import ToolTable
+
+    def code(value: Annotated[str, "a room code", {"pattern": "^[A-D][0-9]{2}$", "maxLength": 3}]) -> str:
+        return value
+
+    _, params = function_schema(code)
+    assert params["properties"]["value"] == {"type": "string", "description": "a room code",
+                                             "pattern": "^[A-D][0-9]{2}$", "maxLength": 3}
+    t = ToolTable()
+    t.register(code)
+    from railcall.agent.policy import view
+
+    v = view(t)
+    assert v.check({"tool": "code", "args": {"value": "B07"}}) == ""
+    assert "do not fit" in v.check({"tool": "code", "args": {"value": "E07"}})
+
+
 def test_function_schema_from_hints_and_docstring():
     desc, params = function_schema(sample)
     assert desc == "Do a sample thing."

@@ -950,9 +950,11 @@ def eval_multi_turn(
 def eval_agent(
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task ids (default: the whole suite; --list shows them)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N tasks."),
-    off: Optional[str] = typer.Option(None, "--off", help="Progress options to turn off, comma-separated: no_repeats, short_results, facts."),
+    off: Optional[str] = typer.Option(None, "--off", help="Progress options to turn off, comma-separated: no_repeats, short_results, facts, "
+                                      "task_files (writes scoped to the files the request names)."),
     on: Optional[str] = typer.Option(None, "--on", help="Progress options to turn on, comma-separated: examples (a request "
-                                     "and its call for each tool in the system prompt)."),
+                                     "and its call for each tool in the system prompt), copied_text (a write holds only "
+                                     "a run of the request's words or a calc result)."),
     ablation: bool = typer.Option(False, "--ablation", help="Run with the defaults and with each option the other way (each in OUT/<options>/; OUT/ablation.md)."),
     out: str = typer.Option("eval-out/agent", "--out", help="The folder for results.jsonl, summary.json, report.md, traces/ and work/."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks."),

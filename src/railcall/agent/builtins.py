@@ -22,7 +22,7 @@ import operator as op
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Annotated, Callable
 
 from railcall.agent.files import Workspace
 from railcall.agent.policy import Policy
@@ -34,7 +34,15 @@ ANSWER = "answer"
 READ_LIMIT = 4000  # characters of a file shown to the model: a 135M model's context is 8k tokens
 
 
-def calc(expr: str) -> str:
+# What calc's grammar lets the model write: numbers (at most 9 digits, 6 after the point) joined
+# by + - * / // % **, in parentheses or not, in at most 48 characters: a call of well under the
+# agent's 64-token ceiling. "buy milk", or a number that grows to the ceiling (SmolLM2 wrote
+# "100000000000000.0000000000" and was cut), is unspellable; the handler still parses what it gets.
+_NUMBER = r"\(*-?[0-9]{1,9}(\.[0-9]{1,6})?\)*"
+ARITHMETIC = {"pattern": rf"^{_NUMBER}( ?(\*\*|//|[-+*/%]) ?{_NUMBER})*$", "maxLength": 48}
+
+
+def calc(expr: Annotated[str, ARITHMETIC]) -> str:
     """Evaluate an arithmetic expression (numbers, + - * / // % ** and parentheses)."""
     ops = {ast.Add: op.add, ast.Sub: op.sub, ast.Mult: op.mul, ast.Div: op.truediv, ast.FloorDiv: op.floordiv,
            ast.Mod: op.mod, ast.Pow: op.pow, ast.USub: op.neg, ast.UAdd: op.pos}

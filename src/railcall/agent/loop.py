@@ -35,7 +35,8 @@ from typing import Callable, Sequence
 from railcall.agent.builtins import ANSWER, MemoryStore, workspace_tools
 from railcall.agent.files import Workspace, sweep_temp
 from railcall.agent.policy import Approver, Decision, Policy, View, view
-from railcall.agent.progress import FACTS_SHOWN, Helps, facts_turn, observation, tool_examples, without_repeats
+from railcall.agent.progress import (FACTS_SHOWN, Helps, episode_scoped, facts_turn, observation, tool_examples,
+                                     without_repeats)
 from railcall.agent.skills import RUN, SkillError, SkillStore
 from railcall.agent.table import ToolTable
 from railcall.atomic import mend_last_line
@@ -205,8 +206,9 @@ class Agent:
         made: list[dict] = []  # the calls whose repeat is unspellable (Helps.no_repeats)
         found: list[str] = []  # what successful calls found (Helps.facts)
         offer: list[str] = []  # the text of the answer offered: the facts gathered (Helps.facts)
+        computed: list[str] = []  # calc's results: what copied_text lets a write hold besides the request's words
         for i in range(self.max_steps):
-            rec = self._step(task, history, i, context, made, found, offer[0] if offer else None)
+            rec = self._step(task, history, i, context, made, found, offer[0] if offer else None, computed)
             rec["episode"] = self._episodes
             ep.steps.append(rec)
             self._write_trace(rec)
@@ -220,6 +222,8 @@ class Agent:
             if rec["ok"] and entry is not None and entry.tool.mutates:
                 made.clear()  # the workspace changed: an earlier read may now find something new
             made.append(call)
+            if rec["ok"] and call["tool"] == "calc":
+                computed.append(rec["result"])
             if rec["ok"] and call["tool"] != ANSWER:
                 found.append(observation(call, rec["result"], True))
                 # The answer offered holds the facts gathered, not only the latest: offered the
@@ -237,14 +241,18 @@ class Agent:
         return ep
 
     def _step(self, task: str, history, index: int, context: Sequence[dict] = (), made: Sequence[dict] = (),
-              found: Sequence[str] = (), offer: str | None = None) -> dict:
+              found: Sequence[str] = (), offer: str | None = None, computed: Sequence[str] = ()) -> dict:
         t0 = time.perf_counter()
-        v = self.view()
+        policy, scope = episode_scoped(self.policy, self.table, task, files=self.helps.task_files,
+                                       text=self.helps.copied_text, computed=computed)
+        shown = self.view()  # the tools as the prompt describes them: the episode's scope narrows the grammar alone
+        v = view(self.table, policy) if scope else shown
         if self.helps.no_repeats and made:
-            tools, gone = without_repeats(v.tools, made)
-            v = View(tools, v.policy, v.table_version, {**v.left_out, **gone})
+            v, shown = (self._without(x, made) for x in (v, shown))
         rec: dict = {"step": index + 1, "task": task, "policy": self.policy.name, "table_version": v.table_version,
                      "view": v.names, "left_out": v.left_out}
+        if scope:
+            rec["scope"] = scope
         if not v.tools:
             rec.update(call=None, ok=False, result="error: the policy view has no callable tool")
             return rec
@@ -252,7 +260,10 @@ class Agent:
         compiled = compiled_grammar(v.grammar(fmt), self.model.vocab)
         rec["name_position"] = name_position(compiled, self.model.vocab, v, self.table, fmt)
         notes = self.memory.items() if self.memory else ()
-        messages = [{"role": "system", "content": system_prompt(v.tools, notes, fmt, examples=self.helps.examples)},
+        # (listing the ~300 runs of the request's words copied_text allows as "one of ..." made
+        # SmolLM2 open "Save 'buy milk' to shopping.txt" with calc)
+        described = [shown.tool(t.name) or t for t in v.tools]
+        messages = [{"role": "system", "content": system_prompt(described, notes, fmt, examples=self.helps.examples)},
                     *context, {"role": "user", "content": task}]
         for text, obs in history:
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]
@@ -263,7 +274,7 @@ class Agent:
             from railcall.runtime.routing import NameRouter
 
             router = NameRouter.for_tools(self.model.vocab, v.tools, fmt)  # scored on the model's backend
-        g = generate(self.model.backend, self.model.vocab, self.model.render(messages, v.tools), Matcher(compiled),
+        g = generate(self.model.backend, self.model.vocab, self.model.render(messages, described), Matcher(compiled),
                      self.params, router=router)
         rec.update(text=g.text, tokens=len(g.tokens), legal=[s.legal for s in g.steps],
                    forced=sum(s.forced for s in g.steps), cut=g.cut)
@@ -285,6 +296,11 @@ class Agent:
         rec.update(approval={"mode": decision.mode, "approved": decision.approved, "reason": decision.reason},
                    result=result[:OBSERVATION_LIMIT], ok=ok, program=program, seconds=round(time.perf_counter() - t0, 3))
         return rec
+
+    @staticmethod
+    def _without(v: View, made: Sequence[dict]) -> View:
+        tools, gone = without_repeats(v.tools, made)
+        return View(tools, v.policy, v.table_version, {**v.left_out, **gone})
 
     def dispatch(self, call: dict, v: View | None = None) -> tuple[Decision, str, bool, list]:
         """Check `call` against the view, pass the approval gate, run it. Returns (decision,

@@ -1,4 +1,4 @@
-"""What helps a small model make progress in an episode: three options of the loop, each
+"""What helps a small model make progress in an episode: the options of the loop, each
 measured on the agent task suite (`railcall eval agent`; docs/agent.md, "Measured").
 
     no_repeats     a call already made in this episode is unspellable at the next step
@@ -10,6 +10,16 @@ measured on the agent task suite (`railcall eval agent`; docs/agent.md, "Measure
     examples       the system prompt shows one request and its call for each tool of the view
                    but `answer`, built from the tool table (`tool_examples`; off by default:
                    see docs/agent.md for what it measured)
+    task_files     a request that names files ("Save 'buy milk' to shopping.txt") scopes the
+                   episode's writes to them: every mutating tool's path argument is narrowed to
+                   the names the request spells out (`task_files`, `task_scoped`: least
+                   privilege, and the grammar cannot write notes.txt over for a small model)
+    copied_text    what a mutating tool writes is copied: a run of the request's words or a
+                   result calc computed in the episode (`episode_scoped`); a file's content or a
+                   model's own composition cannot be written, so a planted line in a file read
+                   cannot become a write either. Off by default: it also forbids a read-modify-
+                   write (the suite's append tasks rewrite the file whole), and it did not
+                   measure better (docs/agent.md)
 
 On SmolLM2-135M without them, an episode calls `list_dir "."` six times, or `calc "buy milk"`
 six times: every call well-formed, none new. Lifecycle: `Helps` is plain data, made once per
@@ -21,6 +31,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, fields
 from typing import Sequence
 
@@ -30,9 +41,10 @@ SHORT_LIMIT = 500  # characters of an observation with short_results: SmolLM2 lo
 FACT_LIMIT = 200  # characters of each fact in the facts turn
 FACTS_SHOWN = 4  # the latest facts; older ones are still in the history above
 OFFER_LIMIT = 300  # characters of the answer offered (up to FACTS_SHOWN facts): ~75 tokens to copy
-# A free-text value longer than this is not excluded: its complement pattern has ~n^2/2
-# characters and the regex compiler's NFA grows with it (48: 1.2k alternatives' worth, <30 ms).
-COMPLEMENT_LIMIT = 48
+SPAN_WORDS = 12  # the longest run of a request's words copied_text offers (a 30-word request: ~300 runs)
+SPAN_CHARS = 200  # ... and its most characters; only the request's first SPAN_SOURCE characters are read
+SPAN_SOURCE = 2000  # (a 3 MB request would otherwise be a 3 MB value in the grammar)
+_QUOTES = "'\"`\u2018\u2019\u201c\u201d"
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,8 @@ class Helps:
     short_results: bool = True
     facts: bool = True
     examples: bool = False
+    task_files: bool = True
+    copied_text: bool = False
 
     @classmethod
     def names(cls) -> list[str]:
@@ -88,14 +102,14 @@ def without_repeats(tools: Sequence[Tool], made: Sequence[dict]) -> tuple[list[T
     """`tools` (a view's, domains applied) with each call in `made` made unspellable, and the
     tools that have no call left, with why.
 
-    Exact, and only where the grammar can say it: the grammar has no `not`, so a value is taken
-    out of an argument's schema in one of two ways, and only for a tool whose one required
-    argument decides the call (a call of such a tool is that value):
+    Exact, and only where the grammar can say it: a value is taken out of an argument's schema
+    in one of two ways, and only for a tool whose one required argument decides the call (a call
+    of such a tool is that value):
       - an enumerated argument (read_file's path, list_dir's path, run's name) loses the value
         from its enum; a tool left with no value is left out, as the policy view does;
-      - a free string (calc's expr, remember's text, answer's text) gets a `pattern` matching
-        every string except the ones used (`complement`), when it has no pattern of its own
-        and each value is at most COMPLEMENT_LIMIT characters.
+      - a string (calc's expr, remember's text, answer's text) gets `not: {"enum": used}` beside
+        its own schema: the grammar takes its automaton (calc's arithmetic pattern included) in
+        product with "none of these".
     A tool of two or more arguments (write_file's path and text) keeps its schema: excluding a
     pair would need `anyOf` over which argument differs, a grammar per pair; such a repeat is
     left to the facts turn. The caller forgets the calls made before a successful mutating
@@ -123,55 +137,15 @@ def without_repeats(tools: Sequence[Tool], made: Sequence[dict]) -> tuple[list[T
                 left_out[tool.name] = "every value was called already in this episode"
                 continue
             params["properties"][arg]["enum"] = left
-        elif schema.get("type") == "string" and "pattern" not in schema and "format" not in schema \
-                and all(isinstance(v, str) and len(v) <= COMPLEMENT_LIMIT for v in values):
-            params["properties"][arg]["pattern"] = complement(values)
+        elif schema.get("type") == "string" and all(isinstance(v, str) for v in values):
+            # `not` of the used strings: the grammar's automaton for the argument (its own pattern
+            # too, calc's arithmetic) is taken in product with "none of these"
+            params["properties"][arg] = {"allOf": [schema, {"not": {"enum": list(dict.fromkeys(values))}}]}
         else:
             out.append(tool)
             continue
         out.append(Tool(tool.name, tool.description, params, mutates=tool.mutates))
     return out, left_out
-
-
-def complement(values: Sequence[str]) -> str:
-    """A pattern (anchored, ECMA-262 subset of grammar.regex) matching every string except the
-    `values`: a string differs from v when it is a proper prefix of v, leaves v at some
-    character, or goes on past its end. Over several values: the strings no value equals is
-    the intersection, which a regex without lookahead cannot write directly, so the pattern
-    enumerates, per value, the ways to differ, and a string must differ from all values -- done
-    here by building the complement of a trie of the values (the same three ways, per node)."""
-    trie: dict = {}
-    for v in values:
-        node = trie
-        for ch in v:
-            node = node.setdefault(ch, {})
-        node[""] = {}  # the end of a value
-
-    def differ(node) -> str:
-        # the strings s such that prefix+s is no value, for the prefix that reached `node`
-        alts = []
-        if "" not in node:
-            alts.append("")  # stopping here is no value
-        chars = [c for c in node if c]
-        if chars:
-            alts.append("[^" + "".join(_lit(c) for c in sorted(chars)) + r"][\s\S]*")
-            alts += [_lit(c) + "(?:" + differ(node[c]) + ")" for c in sorted(chars)]
-        else:
-            alts.append(r"[\s\S]+")  # past every value's end
-        return "|".join(alts)
-
-    return "^(?:" + differ(trie) + ")$"
-
-
-def _lit(ch: str) -> str:
-    """One character as a pattern literal: ASCII letters and digits as they are, the rest of the
-    BMP as \\uHHHH, so no character is read as syntax; a character beyond the BMP as itself (the
-    regex runs on code points: a surrogate pair \\ud83c\\udf89 would be two of them, matching no
-    character, and no such character is syntax)."""
-    if ch.isascii() and ch.isalnum():
-        return ch
-    cp = ord(ch)
-    return f"\\u{cp:04x}" if cp <= 0xFFFF else ch
 
 
 # -- short_results and facts: observations a small model can use -------------------------------
@@ -222,6 +196,84 @@ def facts_turn(task: str, found: Sequence[str], offer: str | None = None, fmt: s
     else:
         lines.append("If that is enough for the task, call answer with the reply; otherwise call another tool.")
     return "\n".join(lines)
+
+
+# -- task_files: writes go only where the request says ---------------------------------------
+
+# A file name as a request spells it: a name with an extension of two or more characters that
+# starts with a letter, optionally under folders ("hello.txt", "docs/car.md", "report.v2.csv");
+# not a number ("3.5"), not "e.g.", and a sentence's full stop is not part of it.
+_FILE_NAME = re.compile(r"(?<![\w./-])((?:\./)?(?:[\w-]+/)*[\w-]+(?:\.[\w-]+)*\.[A-Za-z][A-Za-z0-9]{1,9})(?![\w/-])")
+
+
+def task_files(task: str) -> list[str]:
+    """The file names `task` spells out, in order, each once ("./a.txt" as "a.txt")."""
+    names = (m.group(1) for m in _FILE_NAME.finditer(task))
+    return list(dict.fromkeys(n[2:] if n.startswith("./") else n for n in names))
+
+
+def request_spans(task: str, max_words: int = SPAN_WORDS) -> list[str]:
+    """Every run of up to `max_words` consecutive words of `task`, with quotes and a sentence's
+    end trimmed from its edges ("Save 'buy milk' to shopping.txt" gives "buy milk"), once each,
+    in order: what `copied_text` lets a mutating tool write."""
+    words = task[:SPAN_SOURCE].split()
+    out = []
+    for i in range(len(words)):
+        for j in range(i + 1, min(len(words), i + max_words) + 1):
+            span = " ".join(words[i:j]).strip(_QUOTES).rstrip(".,;:!?").strip(_QUOTES)
+            if len(span) > SPAN_CHARS:
+                break
+            if span:
+                out.append(span)
+    return list(dict.fromkeys(out))
+
+
+def episode_scoped(policy, table, task: str, *, files: bool, text: bool, computed: Sequence[str] = ()):
+    """`policy` (a `Policy`) narrowed for one episode, per option:
+      - files (task_files): the path argument of every mutating tool of `table` (an argument the
+        table gives a canonical form: the built-ins' `path`) narrowed to the files `task` names;
+        nothing when it names none;
+      - text (copied_text): every free string argument of a mutating tool (a plain string, no
+        enum, pattern, format or domain, not a path) narrowed to a run of the request's words
+        (`request_spans`) or a value the episode computed (`computed`: calc's results).
+    Each narrowing meets the policy's own: a list or enum is intersected, a glob still applies.
+    Returns (the policy, what was narrowed for the trace)."""
+    scope = {}
+    named = task_files(task) if files else []
+    copies = list(dict.fromkeys([*request_spans(task), *computed])) if text else []
+    if named:
+        scope["files"] = named
+    if copies:
+        scope["text"] = len(copies)
+    if not scope:
+        return policy, scope
+    args = copy.deepcopy(policy.args)
+    for name in table.names():
+        entry = table.entry(name)
+        if not entry.tool.mutates:
+            continue
+        for arg, schema in entry.tool.parameters.get("properties", {}).items():
+            if arg in entry.canonical:
+                values = named
+            elif copies and _free_string(schema) and arg not in entry.domains:
+                values = copies
+            else:
+                continue
+            if not values:
+                continue
+            rule = args.setdefault(name, {}).get(arg)
+            if rule is None:
+                rule = list(values)
+            elif isinstance(rule, list):
+                rule = [v for v in rule if v in values]
+            else:
+                rule = {**rule, "enum": [v for v in rule.get("enum", values) if v in values]}
+            args[name][arg] = rule
+    return policy.with_(args=args), scope
+
+
+def _free_string(schema: dict) -> bool:
+    return schema.get("type") == "string" and not any(k in schema for k in ("enum", "const", "pattern", "format"))
 
 
 # -- examples: a request and its call per tool --------------------------------------------------

@@ -18,7 +18,8 @@ types, its defaults say what is optional, its docstring says what the tool and e
         "required": ["path"]}
 
 Types understood: str, int, float, bool, None, list[T] / tuple[T, ...], Literal[...], Enum
-subclasses, Optional[T] / T | None (anyOf with null), Annotated[T, "description"], and pydantic
+subclasses, Optional[T] / T | None (anyOf with null), Annotated[T, "description"] (and
+Annotated[T, {"pattern": ...}]: a dict's JSON Schema keywords join the type's), and pydantic
 models (their own `model_json_schema()`, with `$defs` hoisted to the top). Anything else is an
 error that names the parameter and its type, because a guessed schema would be a grammar that
 spells calls the function cannot take.
@@ -78,6 +79,8 @@ def type_schema(tp, defs: dict) -> dict:
         notes = [a for a in args[1:] if isinstance(a, str)]
         if notes:
             schema["description"] = " ".join(notes)
+        for extra in (a for a in args[1:] if isinstance(a, dict)):  # JSON Schema keywords: {"pattern": ...}
+            schema.update(extra)
         return schema
     if tp in _SCALARS:
         return {"type": _SCALARS[tp]}
