@@ -82,8 +82,8 @@ def test_a_repeat_of_calc_is_unspellable_inside_its_arithmetic_pattern(tmp_path)
 def test_a_successful_write_makes_earlier_reads_spellable_again(tmp_path):
     replies = [call("read_file", path="notes.txt"), call("write_file", path="notes.txt", text="Moved to Friday."),
                call("read_file", path="notes.txt"), call("answer", text="Friday")]
-    a = make(tmp_path, replies, policy=Policy(approve="auto"), max_steps=4,
-             params=SamplingParams(max_tokens=128))  # one byte per token
+    a = make(tmp_path, replies, policy=Policy(approve="auto"), max_steps=4, helps=Helps.off("copied_text"),
+             params=SamplingParams(max_tokens=128))  # one byte per token; the text is not the request's words
     ep = a.run("move the meeting and check")
     assert [c["args"].get("path") for c in ep.calls[:3]] == ["notes.txt"] * 3
     assert ep.steps[2]["result"] == "Moved to Friday." and ep.answer == "Friday"
@@ -242,3 +242,32 @@ def test_an_episode_writes_only_what_its_scope_allows(tmp_path):
                policy=Policy(approve="auto"), helps=Helps.off("task_files", "copied_text"),
                params=SamplingParams(max_tokens=128))
     assert off.run("Save 'buy milk' to shopping.txt").calls[0]["args"] == {"path": "notes.txt", "text": "anything"}
+
+
+def test_while_a_named_file_is_unused_no_answer_is_offered(tmp_path):
+    renders: list = []
+    a = make(tmp_path, [call("read_file", path="notes.txt"), call("write_file", path="hello.txt", text="hi"),
+                        call("answer", text="done")], renders, policy=Policy(approve="auto"), max_steps=3,
+             params=SamplingParams(max_tokens=128))
+    ep = a.run("Write 'hi' to hello.txt.")
+    second = renders[1][-1]["content"]
+    assert "reply with" not in second and "The task names hello.txt, and no call has used it yet" in second
+    third = renders[2][-1]["content"]  # hello.txt written: the facts are offered as the answer again
+    assert "reply with" in third and "no call has used" not in third
+    assert ep.success and (tmp_path / "hello.txt").read_text() == "hi"
+    # without task_files the answer is offered after the first read, as before
+    renders.clear()
+    (tmp_path / "b").mkdir()
+    b = make(tmp_path / "b", [call("read_file", path="notes.txt"), call("answer", text="x")], renders,
+             helps=Helps.off("task_files"))
+    b.run("Write 'hi' to hello.txt.")
+    assert "reply with" in renders[1][-1]["content"]
+
+
+def test_a_named_file_no_tool_can_reach_is_not_waited_for(tmp_path):
+    # read-only: shopping.txt does not exist and nothing may write it, so the answer is offered
+    renders: list = []
+    a = make(tmp_path, [call("read_file", path="notes.txt"), call("answer", text="no")], renders,
+             policy=Policy(read_only=True), max_steps=2)
+    assert a.run("Save 'buy milk' to shopping.txt.").success
+    assert "reply with" in renders[1][-1]["content"] and "no call has used" not in renders[1][-1]["content"]

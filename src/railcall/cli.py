@@ -558,7 +558,7 @@ def _agent_model(model):
 
 
 def _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed,
-                trace, ask=None, call_format=None, routing="scored"):
+                trace, ask=None, call_format=None, routing="scored", on=None, off=None):
     from pathlib import Path
 
     from railcall.agent import Agent, Approver, Policy, load_policies
@@ -571,6 +571,7 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
     _check_format_and_routing(call_format, routing)
     call_format = _call_format(call_format, model)
     try:
+        helps = _helps(on, off)
         chosen, source = Policy(), "--policy"
         if policy and policy != "default":
             path = Path(policies) if policies else Path(workspace) / ".railcall" / "policies.json"
@@ -588,7 +589,7 @@ def _make_agent(workspace, model, read_only, approve, policy, policies, max_step
             workspace, None, policy=chosen, approver=Approver(ask), max_steps=max_steps,
             params=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed),
             trace=trace or Path(workspace) / ".railcall" / "trace.jsonl", on_step=_show_step,
-            call_format=call_format, routing=routing)
+            call_format=call_format, routing=routing, helps=helps)
         _check_policy_tools(chosen, agent.table.names(), source)
         try:
             agent.view()  # a narrowing this table cannot apply (an argument a tool lacks) fails here, not mid-task
@@ -642,6 +643,20 @@ def _show_episode(ep) -> None:
         console.print(f"learned skill {ep.skill}", style="green")
 
 
+HELPS_OFF_HELP = ("Progress options to turn off, comma-separated: no_repeats, short_results, facts, task_files "
+                  "(writes scoped to the files the request names).")
+HELPS_ON_HELP = ("Progress options to turn on, comma-separated: copied_text (a write holds only a run of the request's "
+                 "words or a calc result), examples (a request and its call for each tool in the system prompt).")
+
+
+def _helps(on: Optional[str], off: Optional[str]):
+    """The agent's progress options from --on/--off (a ValueError names an unknown one)."""
+    from railcall.agent.progress import Helps
+
+    split = lambda v: [n.strip() for n in (v or "").split(",") if n.strip()]  # noqa: E731
+    return Helps.chosen(on=split(on), off=split(off))
+
+
 _AGENT_OPTIONS = dict(
     workspace=typer.Option(..., "--workspace", "-w", help="The sandbox folder the tools may read and write."),
     read_only=typer.Option(False, "--read-only", help="Build the grammar without mutating tools: the model cannot propose one."),
@@ -659,6 +674,8 @@ _AGENT_OPTIONS = dict(
     routing=typer.Option("scored", "--routing", help="How the tool name is chosen: scored (by the likelihood of each "
                          "whole name, one extra forward pass per call; the default, measured on the task suite: 13 of "
                          "39 tasks against 10) or greedy (token by token)."),
+    on=typer.Option(None, "--on", help=HELPS_ON_HELP),
+    off=typer.Option(None, "--off", help=HELPS_OFF_HELP),
 )
 
 
@@ -671,11 +688,12 @@ def agent(
     max_tokens: int = _AGENT_OPTIONS["max_tokens"], temperature: float = _AGENT_OPTIONS["temperature"],
     seed: int = _AGENT_OPTIONS["seed"], trace: Optional[str] = _AGENT_OPTIONS["trace"],
     model: Optional[str] = _AGENT_OPTIONS["model"], call_format: Optional[str] = _AGENT_OPTIONS["call_format"],
-    routing: str = _AGENT_OPTIONS["routing"],
+    routing: str = _AGENT_OPTIONS["routing"], on: Optional[str] = _AGENT_OPTIONS["on"],
+    off: Optional[str] = _AGENT_OPTIONS["off"],
 ) -> None:
     """Run one task: calls under the grammar, approval for mutating ones, a JSON-lines trace."""
     a = _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed, trace,
-                    call_format=call_format, routing=routing)
+                    call_format=call_format, routing=routing, on=on, off=off)
     console.print(f"policy {a.policy.name}: tools {', '.join(a.view().names)}", markup=False, highlight=False)
     ep = a.run(task)
     _show_episode(ep)
@@ -690,11 +708,12 @@ def chat(
     max_tokens: int = _AGENT_OPTIONS["max_tokens"], temperature: float = _AGENT_OPTIONS["temperature"],
     seed: int = _AGENT_OPTIONS["seed"], trace: Optional[str] = _AGENT_OPTIONS["trace"],
     model: Optional[str] = _AGENT_OPTIONS["model"], call_format: Optional[str] = _AGENT_OPTIONS["call_format"],
-    routing: str = _AGENT_OPTIONS["routing"],
+    routing: str = _AGENT_OPTIONS["routing"], on: Optional[str] = _AGENT_OPTIONS["on"],
+    off: Optional[str] = _AGENT_OPTIONS["off"],
 ) -> None:
     """Interactive: one task per line; /tools, /skills, /quit (or end of input)."""
     a = _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed, trace,
-                    call_format=call_format, routing=routing)
+                    call_format=call_format, routing=routing, on=on, off=off)
     console.print("railcall chat: one task per line; /tools, /skills, /quit.")
     while True:
         try:
@@ -950,11 +969,8 @@ def eval_multi_turn(
 def eval_agent(
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task ids (default: the whole suite; --list shows them)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N tasks."),
-    off: Optional[str] = typer.Option(None, "--off", help="Progress options to turn off, comma-separated: no_repeats, short_results, facts, "
-                                      "task_files (writes scoped to the files the request names)."),
-    on: Optional[str] = typer.Option(None, "--on", help="Progress options to turn on, comma-separated: examples (a request "
-                                     "and its call for each tool in the system prompt), copied_text (a write holds only "
-                                     "a run of the request's words or a calc result)."),
+    off: Optional[str] = typer.Option(None, "--off", help=HELPS_OFF_HELP),
+    on: Optional[str] = typer.Option(None, "--on", help=HELPS_ON_HELP),
     ablation: bool = typer.Option(False, "--ablation", help="Run with the defaults and with each option the other way (each in OUT/<options>/; OUT/ablation.md)."),
     out: str = typer.Option("eval-out/agent", "--out", help="The folder for results.jsonl, summary.json, report.md, traces/ and work/."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks."),
@@ -970,7 +986,6 @@ def eval_agent(
     """The agent task suite: each task in a fresh workspace, its outcome checked; success rate, steps, time, traces."""
     from pathlib import Path
 
-    from railcall.agent.progress import Helps
     from railcall.eval import agent as agent_eval
     from railcall.eval.agent_tasks import by_id, describe
 
@@ -980,8 +995,7 @@ def eval_agent(
     try:
         ids = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
         by_id(ids, limit)  # an unknown id is reported before the model loads
-        helps = Helps.chosen(on=[n.strip() for n in (on or "").split(",") if n.strip()],
-                             off=[n.strip() for n in (off or "").split(",") if n.strip()])
+        helps = _helps(on, off)
         if limit is not None and limit < 1 or max_steps < 1 or max_tokens < 1:
             raise ValueError("--limit, --max-steps and --max-tokens must be at least 1")
         _check_format_and_routing(call_format, routing)

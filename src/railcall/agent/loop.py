@@ -35,8 +35,8 @@ from typing import Callable, Sequence
 from railcall.agent.builtins import ANSWER, MemoryStore, workspace_tools
 from railcall.agent.files import Workspace, sweep_temp
 from railcall.agent.policy import Approver, Decision, Policy, View, view
-from railcall.agent.progress import (FACTS_SHOWN, Helps, episode_scoped, facts_turn, observation, tool_examples,
-                                     without_repeats)
+from railcall.agent.progress import (FACTS_SHOWN, Helps, episode_scoped, facts_turn, observation, task_files,
+                                     tool_examples, without_repeats)
 from railcall.agent.skills import RUN, SkillError, SkillStore
 from railcall.agent.table import ToolTable
 from railcall.atomic import mend_last_line
@@ -207,8 +207,11 @@ class Agent:
         found: list[str] = []  # what successful calls found (Helps.facts)
         offer: list[str] = []  # the text of the answer offered: the facts gathered (Helps.facts)
         computed: list[str] = []  # calc's results: what copied_text lets a write hold besides the request's words
+        named = task_files(task) if self.helps.task_files else []
+        touched: set[str] = set()  # the paths successful calls used (a named file not among them: nothing offered)
         for i in range(self.max_steps):
-            rec = self._step(task, history, i, context, made, found, offer[0] if offer else None, computed)
+            pending = [f for f in named if f not in touched]
+            rec = self._step(task, history, i, context, made, found, offer[0] if offer else None, computed, pending)
             rec["episode"] = self._episodes
             ep.steps.append(rec)
             self._write_trace(rec)
@@ -222,6 +225,8 @@ class Agent:
             if rec["ok"] and entry is not None and entry.tool.mutates:
                 made.clear()  # the workspace changed: an earlier read may now find something new
             made.append(call)
+            if rec["ok"]:
+                touched.update(v for k, v in call["args"].items() if entry is not None and k in entry.canonical)
             if rec["ok"] and call["tool"] == "calc":
                 computed.append(rec["result"])
             if rec["ok"] and call["tool"] != ANSWER:
@@ -241,7 +246,8 @@ class Agent:
         return ep
 
     def _step(self, task: str, history, index: int, context: Sequence[dict] = (), made: Sequence[dict] = (),
-              found: Sequence[str] = (), offer: str | None = None, computed: Sequence[str] = ()) -> dict:
+              found: Sequence[str] = (), offer: str | None = None, computed: Sequence[str] = (),
+              pending: Sequence[str] = ()) -> dict:
         t0 = time.perf_counter()
         policy, scope = episode_scoped(self.policy, self.table, task, files=self.helps.task_files,
                                        text=self.helps.copied_text, computed=computed)
@@ -267,8 +273,10 @@ class Agent:
                     *context, {"role": "user", "content": task}]
         for text, obs in history:
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]
+        # a named file no tool of this view can reach (a new file under read-only) is not waited for
+        pending = [f for f in pending if self._reachable(v, f)]
         if self.helps.facts and history:
-            messages[-1] = {"role": "user", "content": messages[-1]["content"] + "\n\n" + facts_turn(task, found, offer, fmt)}
+            messages[-1] = {"role": "user", "content": messages[-1]["content"] + "\n\n" + facts_turn(task, found, offer, fmt, pending)}
         router = None
         if self.routing == "scored":
             from railcall.runtime.routing import NameRouter
@@ -296,6 +304,16 @@ class Agent:
         rec.update(approval={"mode": decision.mode, "approved": decision.approved, "reason": decision.reason},
                    result=result[:OBSERVATION_LIMIT], ok=ok, program=program, seconds=round(time.perf_counter() - t0, 3))
         return rec
+
+    def _reachable(self, v: View, path: str) -> bool:
+        """Whether some tool of `v` takes `path` in an argument the table gives a canonical form."""
+        for t in v.tools:
+            entry = self.table.entry(t.name) if t.name in self.table else None
+            for arg in (entry.canonical if entry else ()):
+                schema = t.parameters.get("properties", {}).get(arg)
+                if schema is not None and ("enum" not in schema or path in schema["enum"]):
+                    return True
+        return False
 
     @staticmethod
     def _without(v: View, made: Sequence[dict]) -> View:

@@ -12,18 +12,17 @@ measured on the agent task suite (`railcall eval agent`; docs/agent.md, "Measure
                    see docs/agent.md for what it measured)
     task_files     a request that names files ("Save 'buy milk' to shopping.txt") scopes the
                    episode's writes to them: every mutating tool's path argument is narrowed to
-                   the names the request spells out (`task_files`, `task_scoped`: least
-                   privilege, and the grammar cannot write notes.txt over for a small model)
+                   the names the request spells out (`task_files`, `episode_scoped`: least
+                   privilege, and the grammar cannot write notes.txt over for a small model);
+                   while a named file is unused, the facts turn says so instead of offering
+                   `answer`
     copied_text    what a mutating tool writes is copied: a run of the request's words or a
                    result calc computed in the episode (`episode_scoped`); a file's content or a
                    model's own composition cannot be written, so a planted line in a file read
-                   cannot become a write either. Off by default: it also forbids a read-modify-
-                   write (the suite's append tasks rewrite the file whole), and it did not
-                   measure better (docs/agent.md)
+                   cannot become a write either. With task_files it took the suite from 13 to
+                   18 of 39; turn it off for a model that composes (a read-modify-write, a
+                   summary written to a file)
 
-On SmolLM2-135M without them, an episode calls `list_dir "."` six times, or `calc "buy milk"`
-six times: every call well-formed, none new. Lifecycle: `Helps` is plain data, made once per
-agent; the functions are pure, called once per step.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ class Helps:
     facts: bool = True
     examples: bool = False
     task_files: bool = True
-    copied_text: bool = False
+    copied_text: bool = True
 
     @classmethod
     def names(cls) -> list[str]:
@@ -178,7 +177,8 @@ def observation(call: dict, result: str, short: bool) -> str:
     return sentence(args, body) if sentence else f"{tool} gave: {body}"
 
 
-def facts_turn(task: str, found: Sequence[str], offer: str | None = None, fmt: str = "json") -> str:
+def facts_turn(task: str, found: Sequence[str], offer: str | None = None, fmt: str = "json",
+               pending: Sequence[str] = ()) -> str:
     """The last turn with `facts`: the task again, what the episode found, and `answer` offered
     as a ready call whose text is `offer` (the facts gathered): a 135M model copies a call from
     its context far more readily than it composes one. (A line of the tools here as well, next
@@ -187,7 +187,11 @@ def facts_turn(task: str, found: Sequence[str], offer: str | None = None, fmt: s
     if found:
         lines.append("Found so far:")
         lines += [f"- {_cut(f, FACT_LIMIT)}" for f in found[-FACTS_SHOWN:]]
-    if offer:
+    if pending:
+        # the task names a file no call has used yet: the task is not done, nothing is offered
+        lines.append(f"The task names {', '.join(pending)}, and no call has used "
+                     f"{'it' if len(pending) == 1 else 'them'} yet: call the tool the task needs.")
+    elif offer:
         from railcall.runtime.prompt import call_text
 
         ready = call_text("answer", {"text": _cut(" ".join(offer.split()), OFFER_LIMIT)}, fmt)  # in the call format
