@@ -271,3 +271,24 @@ def test_a_named_file_no_tool_can_reach_is_not_waited_for(tmp_path):
              policy=Policy(read_only=True), max_steps=2)
     assert a.run("Save 'buy milk' to shopping.txt.").success
     assert "reply with" in renders[1][-1]["content"] and "no call has used" not in renders[1][-1]["content"]
+
+
+def test_copied_numbers_calc_computes_with_the_numbers_seen(tmp_path):
+    from railcall.agent.progress import numbers_seen, with_seen_numbers
+
+    a = make(tmp_path, [])
+    tools, gone = with_seen_numbers(a.view().tools, [])
+    assert "calc" not in [t.name for t in tools] and "no number seen" in gone["calc"]
+    assert numbers_seen(["apple 12\npear 30\n", "v1.2.3, 4.50 and 12"]) == ["12", "30", "4.50"]
+    tools, _ = with_seen_numbers(a.view().tools, ["12", "30", "4.50"])
+    v = View(tools, Policy(), 0, {})
+    for expr, ok in [("12+30", True), ("(12+30)*4.50", True), ("12+31", False), ("4.5", False), ("buy", False)]:
+        assert (v.check({"tool": "calc", "args": {"expr": expr}}) == "") is ok, expr
+    # in an episode: before the file is read calc is not callable; after it, its numbers are
+    replies = [call("calc", expr="7*6"), call("read_file", path="prices.txt"), call("calc", expr="12+30"),
+               call("answer", text="42")]
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "prices.txt").write_text("apple 12\npear 30\n")
+    b = make(tmp_path / "b", replies, helps=Helps(copied_numbers=True), max_steps=4)
+    ep = b.run("What is the total of the prices?")
+    assert "calc" not in ep.steps[0]["view"] and ep.calls[0]["tool"] != "calc"

@@ -646,7 +646,8 @@ def _show_episode(ep) -> None:
 HELPS_OFF_HELP = ("Progress options to turn off, comma-separated: no_repeats, short_results, facts, task_files "
                   "(writes scoped to the files the request names).")
 HELPS_ON_HELP = ("Progress options to turn on, comma-separated: copied_text (a write holds only a run of the request's "
-                 "words or a calc result), examples (a request and its call for each tool in the system prompt).")
+                 "words or a calc result), examples (a request and its call for each tool in the system prompt), copied_numbers "
+                 "(calc computes only with numbers the request or a result showed).")
 
 
 def _helps(on: Optional[str], off: Optional[str]):

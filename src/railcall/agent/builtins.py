@@ -38,8 +38,14 @@ READ_LIMIT = 4000  # characters of a file shown to the model: a 135M model's con
 # by + - * / // % **, in parentheses or not, in at most 48 characters: a call of well under the
 # agent's 64-token ceiling. "buy milk", or a number that grows to the ceiling (SmolLM2 wrote
 # "100000000000000.0000000000" and was cut), is unspellable; the handler still parses what it gets.
-_NUMBER = r"\(*-?[0-9]{1,9}(\.[0-9]{1,6})?\)*"
-ARITHMETIC = {"pattern": rf"^{_NUMBER}( ?(\*\*|//|[-+*/%]) ?{_NUMBER})*$", "maxLength": 48}
+def arithmetic_over(numbers=None) -> str:
+    """calc's pattern; with `numbers`, each operand is one of them (Helps.copied_numbers)."""
+    body = "|".join(n.replace(".", "\\.") for n in numbers) if numbers else r"[0-9]{1,9}(\.[0-9]{1,6})?"
+    operand = rf"\(*-?(?:{body})\)*"
+    return rf"^{operand}( ?(\*\*|//|[-+*/%]) ?{operand})*$"
+
+
+ARITHMETIC = {"pattern": arithmetic_over(), "maxLength": 48}
 
 
 def calc(expr: Annotated[str, ARITHMETIC]) -> str:

@@ -35,8 +35,8 @@ from typing import Callable, Sequence
 from railcall.agent.builtins import ANSWER, MemoryStore, workspace_tools
 from railcall.agent.files import Workspace, sweep_temp
 from railcall.agent.policy import Approver, Decision, Policy, View, view
-from railcall.agent.progress import (FACTS_SHOWN, Helps, episode_scoped, facts_turn, observation, task_files,
-                                     tool_examples, without_repeats)
+from railcall.agent.progress import (FACTS_SHOWN, Helps, episode_scoped, facts_turn, numbers_seen, observation,
+                                     task_files, tool_examples, with_seen_numbers, without_repeats)
 from railcall.agent.skills import RUN, SkillError, SkillStore
 from railcall.agent.table import ToolTable
 from railcall.atomic import mend_last_line
@@ -211,7 +211,8 @@ class Agent:
         touched: set[str] = set()  # the paths successful calls used (a named file not among them: nothing offered)
         for i in range(self.max_steps):
             pending = [f for f in named if f not in touched]
-            rec = self._step(task, history, i, context, made, found, offer[0] if offer else None, computed, pending)
+            rec = self._step(task, history, i, context, made, found, offer[0] if offer else None, computed, pending,
+                             [s.get("result", "") for s in ep.steps if s.get("ok")])
             rec["episode"] = self._episodes
             ep.steps.append(rec)
             self._write_trace(rec)
@@ -247,12 +248,15 @@ class Agent:
 
     def _step(self, task: str, history, index: int, context: Sequence[dict] = (), made: Sequence[dict] = (),
               found: Sequence[str] = (), offer: str | None = None, computed: Sequence[str] = (),
-              pending: Sequence[str] = ()) -> dict:
+              pending: Sequence[str] = (), seen: Sequence[str] = ()) -> dict:
         t0 = time.perf_counter()
         policy, scope = episode_scoped(self.policy, self.table, task, files=self.helps.task_files,
                                        text=self.helps.copied_text, computed=computed)
         shown = self.view()  # the tools as the prompt describes them: the episode's scope narrows the grammar alone
         v = view(self.table, policy) if scope else shown
+        if self.helps.copied_numbers:
+            tools, gone = with_seen_numbers(v.tools, numbers_seen([task, *seen]))
+            v = View(tools, v.policy, v.table_version, {**v.left_out, **gone})
         if self.helps.no_repeats and made:
             v, shown = (self._without(x, made) for x in (v, shown))
         rec: dict = {"step": index + 1, "task": task, "policy": self.policy.name, "table_version": v.table_version,
