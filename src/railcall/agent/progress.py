@@ -25,6 +25,10 @@ measured on the agent task suite (`railcall eval agent`; docs/agent.md, "Measure
     copied_numbers calc's operands are numbers the request or a result has shown
                    (`with_seen_numbers`); before any, calc is left out. Off: 20 of 39 against
                    18, within the noise, and computations stayed at 0 of 8
+
+On SmolLM2-135M without them, an episode calls `list_dir "."` six times, or `calc "buy milk"`
+six times: every call well-formed, none new. Lifecycle: `Helps` is plain data, made once per
+agent; the functions are pure, called once per step.
 """
 
 from __future__ import annotations
