@@ -211,8 +211,9 @@ class Agent:
         touched: set[str] = set()  # the paths successful calls used (a named file not among them: nothing offered)
         for i in range(self.max_steps):
             pending = [f for f in named if f not in touched]
+            seen = [s.get("result", "") for s in ep.steps if s.get("ok")] if self.helps.copied_numbers else ()
             rec = self._step(task, history, i, context, made, found, offer[0] if offer else None, computed, pending,
-                             [s.get("result", "") for s in ep.steps if s.get("ok")])
+                             seen)
             rec["episode"] = self._episodes
             ep.steps.append(rec)
             self._write_trace(rec)
@@ -226,8 +227,8 @@ class Agent:
             if rec["ok"] and entry is not None and entry.tool.mutates:
                 made.clear()  # the workspace changed: an earlier read may now find something new
             made.append(call)
-            if rec["ok"]:
-                touched.update(v for k, v in call["args"].items() if entry is not None and k in entry.canonical)
+            if rec["ok"] and entry is not None:
+                touched.update(v for k, v in call["args"].items() if k in entry.canonical)
             if rec["ok"] and call["tool"] == "calc":
                 computed.append(rec["result"])
             if rec["ok"] and call["tool"] != ANSWER:

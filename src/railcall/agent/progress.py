@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import re
 from dataclasses import dataclass, fields
@@ -219,14 +220,24 @@ _FILE_NAME = re.compile(r"(?<![\w./-])((?:\./)?(?:[\w-]+/)*[\w-]+(?:\.[\w-]+)*\.
 
 def task_files(task: str) -> list[str]:
     """The file names `task` spells out, in order, each once ("./a.txt" as "a.txt")."""
+    return list(_task_files(task))
+
+
+@functools.lru_cache(maxsize=8)  # every step of an episode asks again for the same request
+def _task_files(task: str) -> tuple:
     names = (m.group(1) for m in _FILE_NAME.finditer(task))
-    return list(dict.fromkeys(n[2:] if n.startswith("./") else n for n in names))
+    return tuple(dict.fromkeys(n[2:] if n.startswith("./") else n for n in names))
 
 
 def request_spans(task: str, max_words: int = SPAN_WORDS) -> list[str]:
     """Every run of up to `max_words` consecutive words of `task`, with quotes and a sentence's
     end trimmed from its edges ("Save 'buy milk' to shopping.txt" gives "buy milk"), once each,
     in order: what `copied_text` lets a mutating tool write."""
+    return list(_request_spans(task, max_words))
+
+
+@functools.lru_cache(maxsize=8)
+def _request_spans(task: str, max_words: int) -> tuple:
     words = task[:SPAN_SOURCE].split()
     out = []
     for i in range(len(words)):
@@ -236,7 +247,7 @@ def request_spans(task: str, max_words: int = SPAN_WORDS) -> list[str]:
                 break
             if span:
                 out.append(span)
-    return list(dict.fromkeys(out))
+    return tuple(dict.fromkeys(out))
 
 
 def episode_scoped(policy, table, task: str, *, files: bool, text: bool, computed: Sequence[str] = ()):
