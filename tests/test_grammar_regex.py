@@ -9,12 +9,13 @@ same masks (checked on random walks through corpus-like schemas)."""
 
 from __future__ import annotations
 
+import bisect
 import random
 
 import pytest
 
 from railcall.grammar import regex, strings
-from railcall.grammar.regex import MAX_UNICODE, _NFA, CharDFA, RegexError, _surrogates_only
+from railcall.grammar.regex import MAX_UNICODE, SURROGATES, _NFA, CharDFA, RegexError
 from railcall.grammar.schema import schema_grammar
 from railcall.matcher import CompiledGrammar, Matcher
 
@@ -107,6 +108,12 @@ def reference_automaton(pattern: str):
     return starts, [[t if t in live else -1 for t in row] for row in targets], accepting
 
 
+def _surrogates_only(starts: list[int], i: int) -> bool:
+    """Is the i-th interval of a state's sorted interval `starts` made of surrogates only?"""
+    end = starts[i + 1] - 1 if i + 1 < len(starts) else MAX_UNICODE
+    return SURROGATES[0] <= starts[i] and end <= SURROGATES[1]
+
+
 def reference_lengths(starts, targets, accepting, length_cap: int) -> list[int]:
     """Every state swept, in order, until nothing changes."""
     n = len(starts)
@@ -142,20 +149,25 @@ def random_pattern(rng: random.Random, depth: int = 0) -> str:
 
 
 def _same_automaton(pattern: str, caps=CAPS) -> None:
+    """The fast construction against the reference: the same language and completion lengths
+    from every pair of states a string leads to, in no more states (every state that matches
+    any rest of the string is one), and lengths equal to the plain sweep's over its own states."""
     try:
         ref = reference_automaton(pattern)
-    except RegexError:
-        with pytest.raises(RegexError):
-            regex._automaton(plain_ast(pattern))
-        return
-    starts, targets, accepting = regex._automaton(plain_ast(pattern))
-    assert (starts, targets, accepting) == ref, pattern
+    except RegexError as e:
+        if "no string" in str(e):
+            with pytest.raises(RegexError):
+                regex._automaton(plain_ast(pattern))
+        return  # too many states for the plain construction: nothing to compare against
+    ours = regex._automaton(plain_ast(pattern))
+    assert len(ours[0]) <= len(ref[0]), pattern
     for cap in caps:
-        dfa = CharDFA(starts, targets, accepting, cap)
-        lengths = reference_lengths(*ref, cap)
+        dfa = CharDFA(*ours, cap)
+        lengths = reference_lengths(*ours, cap)
         assert dfa.lengths == lengths, (pattern, cap)
         assert dfa.dist == [(v & -v).bit_length() - 1 if v else None for v in lengths]
         assert dfa.max_dist == max((d for d in dfa.dist if d is not None), default=0)
+        assert equivalent(dfa, CharDFA(*ref, cap)), (pattern, cap)
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -167,6 +179,23 @@ def test_random_patterns_build_the_reference_automaton():
     rng = random.Random(7)
     for _ in range(200):
         _same_automaton(random_pattern(rng), caps=(rng.randint(0, 40), 96))
+
+
+def test_the_shortest_string_settles_most_length_checks():
+    rng = random.Random(11)
+    for _ in range(200):
+        p = random_pattern(rng)
+        try:
+            dfa = regex.compile_pattern(p, 40)
+            dist = dfa.dist[0]
+        except RegexError:
+            continue
+        assert dfa.shortest() == dist, p
+        for lo, hi in ((0, 40), (0, 1), (3, 5), (7, 7), (12, 40), (0, 0)):
+            assert dfa.can_end_within(lo, hi) == dfa.fits(0, 0, lo, hi), (p, lo, hi)
+    dfa = regex.compile_pattern(r"^arn:[a-z]{1,20}:.{0,300}$", 2048)
+    assert dfa.can_end_within(1, 2048) and dfa._node_lengths is None  # no lengths needed
+    assert not dfa.can_end_within(0, 5)
 
 
 def equivalent(a: CharDFA, b: CharDFA) -> bool:
@@ -195,6 +224,38 @@ ABSORBED = [  # (pattern, states after absorption at most)
     (r"^[a-z]{3,50}[a-z0-9]*$", 5),
     (r"^[a-z0-9]*[a-z]{0,40}[0-9]{1,4}$", 3),  # [0-9] is in [a-z0-9]: absorbed too
 ]
+
+
+UNIVERSAL = [  # (pattern, states at most): once matched, an unanchored end accepts any rest
+    (r"512|1024|2048|(0.5|1|2) GB", 30),
+    (r"af|sq|ar|hy|eu|bn|bg|ca|zh|hr|cs|da|nl|en|et|fi|fr", 30),
+    (r"^x.*y", 5),
+    (r"ab", 5),
+]
+
+
+@pytest.mark.parametrize("pattern,most", UNIVERSAL)
+def test_every_state_past_an_unanchored_match_is_one(pattern, most):
+    collapsed = regex._automaton(regex.parse(pattern))
+    assert len(collapsed[0]) <= most
+    try:
+        plain = reference_automaton(pattern)
+    except RegexError as e:  # the plain construction grows past MAX_DFA_STATES
+        assert "too complex" in str(e)
+        return
+    assert len(plain[0]) > len(collapsed[0])
+    for cap in (0, 5, 64):
+        assert equivalent(CharDFA(*collapsed, cap), CharDFA(*plain, cap)), (pattern, cap)
+
+
+def test_an_unanchored_alternation_of_many_words_compiles():
+    # cfn-lint's language codes and memory sizes: past MAX_DFA_STATES when every partial match
+    # went on being tracked after the first full one
+    words = "|".join(f"{a}{b}" for a in "abcdefghijklmnop" for b in "qrstuvwxyz")
+    dfa = regex.compile_pattern(words, 2048)
+    assert dfa.size < 400
+    assert dfa.matches("xx aq yy") and not dfa.matches("xx qa yy")
+    assert dfa.lengths[0] >> 2 & 1 and not dfa.lengths[0] & 3
 
 
 @pytest.mark.parametrize("pattern,most", ABSORBED)
@@ -244,31 +305,53 @@ def test_a_long_bounded_repetition_is_quick():
     assert time.perf_counter() - t < 0.5
 
 
-def test_lengths_are_computed_on_first_use_only():
+def test_states_and_lengths_are_built_on_first_use_only():
     pattern = r"^lazy-[a-z]{1,30}$"
     dfa = regex.compile_pattern(pattern, 256)
-    assert "lengths" not in vars(dfa)
+    assert dfa.size == 1 and dfa._node_lengths is None  # the start state, nothing stepped from
     assert dfa.matches("lazy-abc") and not dfa.matches("lazy-")  # matching needs no lengths
-    assert "lengths" not in vars(dfa) and "dist" not in vars(dfa)
+    assert dfa.size <= 10 and dfa._node_lengths is None  # the states those strings visited
     assert dfa.fits(0, 0, 6, 256) and not dfa.fits(0, 0, 36, 256)
-    assert {"lengths", "dist", "max_dist"} <= set(vars(dfa))
+    assert dfa._node_lengths is not None
     assert dfa.max_dist == 6  # "lazy-" + one letter, from the start
-    with pytest.raises(AttributeError):
-        dfa.no_such_attribute
+    assert dfa.size <= 10
 
 
 def test_a_schema_builds_a_pattern_once_and_its_lengths_at_its_own_cap():
     # The front end checks the pattern (at 256), the compiler builds it at maxLength: one
-    # automaton, and lengths at 2,048 only.
+    # automaton, lengths at 2,048 only, and no state beyond the start before a string visits one.
     pattern = r"^arn:aws:once-[a-z]{2}:[0-9]{12}:.{1,300}$"
     schema = {"type": "object", "properties": {"Arn": {"type": "string", "pattern": pattern, "maxLength": 2048}},
               "required": ["Arn"], "additionalProperties": False}
     before = regex._pattern_automaton.cache_info().misses
     g = CompiledGrammar(schema_grammar(schema), byte_level_vocab())
-    Matcher(g).legal_token_ids()
+    m = Matcher(g)
+    m.legal_token_ids()
     assert regex._pattern_automaton.cache_info().misses == before + 1
-    assert "lengths" not in vars(regex.compile_pattern(pattern, 256))
-    assert "lengths" in vars(regex.compile_pattern(pattern, 2048))
+    assert regex.compile_pattern(pattern, 2048)._node_lengths is None  # the shortest string sufficed
+    for b in b'{"Arn":"':
+        assert m.consume_token(b)
+    m.legal_token_ids()  # inside the string: its lengths, at its own cap
+    assert regex.compile_pattern(pattern, 256)._node_lengths is None
+    assert regex.compile_pattern(pattern, 2048)._node_lengths is not None
+    assert regex._pattern_automaton(pattern).explore() > 300  # what it would have cost eagerly
+    assert len(regex._pattern_automaton(pattern).rows) > 300
+
+
+def test_an_exploding_pattern_is_bounded_where_strings_take_it():
+    # `(a|b)*a(a|b){8}`: its DFA remembers the last nine characters (2^9 states). Built on
+    # demand, it costs what strings visit; past the bound, a clean RegexError.
+    ast = regex.parse("^(a|b)*a(a|b){8}$")
+    nfa = _NFA()
+    final = nfa.build(ast, nfa.state())
+    auto = regex._Subsets(nfa, frozenset((final,)), limit=40)
+    dfa = CharDFA.over(auto, 64)
+    assert dfa.matches("ab" * 3 + "a" + "b" * 8) and dfa.size <= 40
+    rng = random.Random(3)
+    with pytest.raises(RegexError, match="more than 40 automaton states"):
+        for _ in range(200):
+            dfa.matches("".join(rng.choice("ab") for _ in range(12)))
+    assert dfa.size == 40
 
 
 # Corpus-like schemas (CloudFormation resource properties), written here rather than read
@@ -325,24 +408,52 @@ def _clear_pattern_caches():
     strings.char_dfa.cache_clear()
 
 
+class ReferenceDFA(CharDFA):
+    """The plain automaton built whole, its lengths swept over every state: what a CharDFA was
+    before it was built on demand, through the interface the byte machine uses."""
+
+    def __init__(self, pattern: str, length_cap: int):
+        self._st, self._tg, self.accepting = reference_automaton(pattern)
+        self._ls = reference_lengths(self._st, self._tg, self.accepting, length_cap)
+        self.length_cap = length_cap
+
+    def row(self, k):
+        return self._st[k], self._tg[k]
+
+    def step(self, k, cp):
+        i = bisect.bisect_right(self._st[k], cp) - 1
+        return self._tg[k][i] if i >= 0 else -1
+
+    def targets_in(self, k, lo, hi):
+        st, tg = self._st[k], self._tg[k]
+        ends = [b - 1 for b in st[1:]] + [MAX_UNICODE]
+        return {t for a, b, t in zip(st, ends, tg) if t >= 0 and a <= hi and b >= lo}
+
+    def length_set(self, k):
+        return self._ls[k]
+
+    def shortest(self):
+        v = self._ls[0]
+        return (v & -v).bit_length() - 1 if v else None
+
+    @property
+    def max_dist(self):
+        return max(((v & -v).bit_length() - 1 for v in self._ls if v), default=0)
+
+
 @pytest.mark.parametrize("i", range(len(SCHEMAS)))
 def test_masks_are_those_of_the_reference_automaton(i, monkeypatch):
-    calls = {"automaton": 0, "lengths": 0}
+    calls = {"reference": 0}
 
-    def ref_automaton(pattern):  # nothing absorbed, nothing fast
-        calls["automaton"] += 1
-        return reference_automaton(pattern)
-
-    def ref_lengths(*args):
-        calls["lengths"] += 1
-        return reference_lengths(*args)
+    def ref_pattern(pattern, length_cap=256):  # nothing absorbed, nothing collapsed, nothing lazy
+        calls["reference"] += 1
+        return ReferenceDFA(pattern, length_cap)
 
     _clear_pattern_caches()
-    monkeypatch.setattr(regex, "_pattern_automaton", ref_automaton)
-    monkeypatch.setattr(regex, "_completion_lengths", ref_lengths)
+    monkeypatch.setattr(regex, "compile_pattern", ref_pattern)
     try:
         expected = _walk_masks(SCHEMAS[i], seed=i)
-        assert calls["automaton"] and calls["lengths"]  # the reference was what ran
+        assert calls["reference"]  # the reference was what ran
     finally:
         monkeypatch.undo()
         _clear_pattern_caches()

@@ -287,14 +287,14 @@ class _Compiler:
         if isinstance(node, ir.JsonPattern):
             hi = self._string_max(node, pattern=True)
             dfa = char_dfa(node.kind, node.arg, hi)
-            if not dfa.fits(0, 0, node.min_len, hi) and node.max_len is None and hi < PATTERN_MAX_LEN:
+            if not dfa.can_end_within(node.min_len, hi) and node.max_len is None and hi < PATTERN_MAX_LEN:
                 # The string cap is below the pattern's shortest match (`^a{300}$`): raised to
                 # it, as it is to a minLength above it.
-                lengths = char_dfa(node.kind, node.arg, PATTERN_MAX_LEN).lengths[0] >> node.min_len
+                lengths = char_dfa(node.kind, node.arg, PATTERN_MAX_LEN).length_set(0) >> node.min_len
                 if lengths:
                     hi = node.min_len + (lengths & -lengths).bit_length() - 1
                     dfa = char_dfa(node.kind, node.arg, hi)
-            if not dfa.fits(0, 0, node.min_len, hi):
+            if not dfa.can_end_within(node.min_len, hi):
                 raise GrammarError(f"no string matching {node.arg!r} has a length in [{node.min_len}, {hi}]")
             body = JPat(dfa, node.min_len, hi, nxt, _PY_ESCAPES if node.dialect == "python" else _SIMPLE_ESCAPES)
             body.margin = self.shared.token_margin

@@ -13,14 +13,20 @@ Supported: literals and escapes (`\\d \\w \\s` and their negations, `\\n \\t \\r
 match the same language), and `^`/`$` at the ends of the pattern. Anything else (lookaround,
 backreferences, `\\b`, `\\p{..}`, anchors in the middle) is a `RegexError` that names it.
 
-The DFA is built eagerly (so that each state's shortest completion is known and no path can
-reach a dead end) and bounded: `MAX_NFA_STATES` and `MAX_DFA_STATES` keep a hostile pattern from
-taking the process down (`x{1000}{1000}` is an error, not a hang).
+The NFA is built when the pattern is compiled, with what keeps every path alive: which NFA
+states can still reach acceptance, and (on first use, per length cap) the completion lengths
+of each. The DFA is built on demand (`_Subsets`): a state's transitions the first time a string
+steps from it, so a pattern whose DFA has thousands of states (an ARN's `[a-z0-9-]{0,63}`
+chains, an unanchored alternation) costs at compile time only its NFA. Bounded:
+`MAX_NFA_STATES`, a work budget for the closures, and `MAX_PATTERN_STATES` keep a hostile
+pattern from taking the process down (`x{1000}{1000}` is an error, not a hang).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
+from collections import deque
 from bisect import bisect_left, bisect_right
 
 from railcall.errors import GrammarError
@@ -28,7 +34,9 @@ from railcall.errors import GrammarError
 MAX_UNICODE = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 MAX_NFA_STATES = 20_000
-MAX_DFA_STATES = 4_000
+MAX_DFA_STATES = 4_000  # a product of patterns, or the keys that exclude names (built whole)
+# a pattern's automaton, built as strings visit it (see _Subsets)
+MAX_PATTERN_STATES = 100_000
 # How deep groups and quantifiers may nest, counted along any path of the pattern (`((a{1}){1})`
 # is 4 deep). The parser and every walk over the syntax tree recurse once or twice per level; an
 # explicit limit keeps a hostile pattern a RegexError, the same from the Python source as from the
@@ -446,208 +454,66 @@ class _NFA:
         return frozenset(out)
 
 
-def _surrogates_only(starts: list[int], i: int) -> bool:
-    """Is the i-th interval of a state's sorted interval `starts` made of surrogates only?"""
-    end = starts[i + 1] - 1 if i + 1 < len(starts) else MAX_UNICODE
-    return SURROGATES[0] <= starts[i] and end <= SURROGATES[1]
+class _Subsets:
+    """The subset construction of an NFA, run on demand: a DFA state's row (its transitions) is
+    built the first time something steps from it, so a pattern costs at compile time only its
+    NFA, and a string pays for the states it visits. Shared by every length cap of a pattern.
 
+    A DFA state is the epsilon closure of a set of NFA states, less those that cannot reach
+    acceptance (`live`), so a transition that could never finish is absent (-1): no dead ends.
+    Every state that accepts any rest of the string is one (`univ`; see _universal_roots).
+    Rows are built under a lock (one automaton serves every request that uses the pattern).
+    Bounded: past `limit` states, stepping into a new one is a RegexError (a pattern whose DFA
+    explodes, `(a|b)*a(a|b){20}`, costs memory only as strings explore it, up to the bound)."""
 
-class CharDFA:
-    """A deterministic automaton over code points. Built once per pattern; immutable; shared.
+    def __init__(self, nfa: _NFA, finals: frozenset, limit: int):
+        self.nfa = nfa
+        self.finals = finals
+        self.limit = limit
+        self.dead = _dead_states(nfa, finals)
+        self.roots = _universal_roots(nfa, finals)
+        self.univ = self._live(nfa.closure([min(self.roots)])) if self.roots else None
+        start = self._canon(nfa.closure([0]))
+        if not start:
+            raise RegexError("the pattern matches no string")
+        self.sets: list[frozenset] = [start]
+        self.ids = {start: 0}
+        self.accepting = [not finals.isdisjoint(start)]
+        self.rows: list = [None]  # (starts, targets) per state, once built
+        self._closures: dict[frozenset, frozenset] = {}  # NFA targets -> their DFA state
+        self._lock = threading.Lock()
 
-    State k has `starts[k]` (sorted interval starts) and `targets[k]` (the state for code points
-    from that start up to the next one; -1 for none), `accepting[k]`, and `dist[k]` (the fewest
-    characters to an accepting state). Dead states (which cannot reach acceptance) are removed,
-    so every transition leads somewhere that can still finish. `lengths[k]` is a bitset (a Python
-    int) of the completion lengths possible from k, up to `length_cap`; it lets a string with
-    minLength/maxLength offer only characters after which some accepted length is reachable.
+    def _live(self, states: frozenset) -> frozenset:
+        return states - self.dead if self.dead and not self.dead.isdisjoint(states) else states
 
-    `lengths`, `dist` and `max_dist` are computed on first use (`_completion_lengths`): the
-    schema front end builds a pattern's automaton to check it and to match enum values and
-    property names against it, which needs none of them, and the compiler then asks for the
-    pattern at the string's own maxLength (2,048 for most of cfn-lint's ARNs), which shares the
-    automaton (`_pattern_automaton`) and computes its lengths once, at that cap.
-    """
+    def _canon(self, closure: frozenset) -> frozenset:
+        if self.roots and not self.roots.isdisjoint(closure):
+            return self.univ
+        return self._live(closure)
 
-    def __init__(self, starts, targets, accepting, length_cap: int):
-        self.starts = starts
-        self.targets = targets
-        self.accepting = accepting
-        self.length_cap = length_cap
+    def row(self, k: int) -> tuple[list, list]:
+        r = self.rows[k]
+        if r is None:
+            with self._lock:
+                r = self.rows[k]
+                if r is None:
+                    r = self.rows[k] = self._build(k)
+        return r
 
-    def __getattr__(self, name: str):
-        # only reached while `lengths`, `dist` and `max_dist` are unset: set them, then they are
-        # plain attributes (the byte machine reads them per character)
-        if name not in ("lengths", "dist", "max_dist"):
-            raise AttributeError(name)
-        lengths = _completion_lengths(self.starts, self.targets, self.accepting, self.length_cap)
-        dist = [(v & -v).bit_length() - 1 if v else None for v in lengths]
-        self.max_dist = max((d for d in dist if d is not None), default=0)
-        self.dist = dist
-        self.lengths = lengths
-        return getattr(self, name)
-
-    @property
-    def size(self) -> int:
-        return len(self.starts)
-
-    def step(self, k: int, cp: int) -> int:
-        st = self.starts[k]
-        i = bisect_right(st, cp) - 1
-        return self.targets[k][i] if i >= 0 else -1
-
-    def targets_in(self, k: int, lo: int, hi: int):
-        """The distinct target states for code points in [lo, hi]."""
-        st, tg = self.starts[k], self.targets[k]
-        i = max(bisect_right(st, lo) - 1, 0)
-        out = set()
-        while i < len(st) and st[i] <= hi:
-            end = st[i + 1] - 1 if i + 1 < len(st) else MAX_UNICODE
-            if end >= lo and tg[i] >= 0:
-                out.add(tg[i])
-            i += 1
-        return out
-
-    def fits(self, k: int, written: int, lo: int, hi: int) -> bool:
-        """Can a string that has `written` characters and stands in state k still end accepted
-        with a total length in [lo, hi]?"""
-        v = self.lengths[k]
-        a = max(0, lo - written)
-        b = hi - written
-        if b < a:
-            return False
-        return bool((v >> a) & ((1 << (b - a + 1)) - 1))
-
-    def matches(self, text: str) -> bool:
+    def explore(self) -> int:
+        """Build every state now (tests, and tables that are small by construction)."""
         k = 0
-        for ch in text:
-            k = self.step(k, ord(ch))
-            if k < 0:
-                return False
-        return bool(self.accepting[k])
+        while k < len(self.sets):
+            self.row(k)
+            k += 1
+        return len(self.sets)
 
-
-def _completion_lengths(starts, targets, accepting, length_cap: int) -> list[int]:
-    """Per state, the bitset of completion lengths (bit L: some path of L characters reaches an
-    accepting state), up to `length_cap`: the least solution of
-    `lengths[k] = accepting[k] | OR over successors t of lengths[t] << 1`.
-
-    Solved one strongly connected component at a time, successors' components first (Tarjan's
-    algorithm emits them in that order), so a state's value is final once its component is done
-    and a component is swept only until its own cycles stop adding lengths. Sweeping all states
-    until nothing changed took up to `length_cap` rounds of the whole automaton: a bounded
-    repetition is a chain as long as its count (`^arn:.{16,2044}$`, 2,049 states), and one new
-    length crossed one state per round. On cfn-lint's ARN patterns at maxLength 2,048 that was
-    0.5-2 s a pattern, most of its schemas' compile time; by components it is 2-40 ms (the
-    source, not the compiled build)."""
-    n = len(starts)
-    # a transition only on surrogates (a pattern with a lone "\ud800") leads nowhere: no
-    # UTF-8 text holds one, so it does not count towards what a state can still reach
-    succ = [sorted({t for i, t in enumerate(targets[k]) if t >= 0 and not _surrogates_only(starts[k], i)})
-            for k in range(n)]
-    full = (1 << (length_cap + 1)) - 1
-    lengths = [0] * n
-    index = [-1] * n  # Tarjan: discovery order
-    low = [0] * n
-    comp = [-1] * n  # the component a finished state belongs to
-    onstack = [False] * n
-    stack: list[int] = []
-    count = 0
-    ncomp = 0
-    for root in range(n):
-        if index[root] >= 0:
-            continue
-        index[root] = low[root] = count
-        count += 1
-        stack.append(root)
-        onstack[root] = True
-        work = [(root, 0)]  # the depth-first path: (state, next successor to visit)
-        while work:
-            k, j = work[-1]
-            sk = succ[k]
-            if j < len(sk):
-                work[-1] = (k, j + 1)
-                t = sk[j]
-                if index[t] < 0:
-                    index[t] = low[t] = count
-                    count += 1
-                    stack.append(t)
-                    onstack[t] = True
-                    work.append((t, 0))
-                elif onstack[t] and index[t] < low[k]:
-                    low[k] = index[t]
-                continue
-            work.pop()
-            if work and low[k] < low[work[-1][0]]:
-                low[work[-1][0]] = low[k]
-            if low[k] != index[k]:
-                continue
-            # k roots a component: pop it (its members come off deepest first, which is close to
-            # successors first, the order a sweep converges fastest in)
-            members = []
-            while True:
-                x = stack.pop()
-                onstack[x] = False
-                comp[x] = ncomp
-                members.append(x)
-                if x == k:
-                    break
-            c = ncomp
-            ncomp += 1
-            inner = []  # per member, its successors inside the component
-            for x in members:
-                v = 1 if accepting[x] else 0
-                mine = []
-                for t in succ[x]:
-                    if comp[t] == c:
-                        mine.append(t)
-                    else:
-                        v |= lengths[t] << 1  # another component's: final already
-                lengths[x] = v & full
-                inner.append(mine)
-            if len(members) == 1 and not inner[0]:
-                continue
-            # a cycle: sweep until nothing changes; after r sweeps every length up to r is in, so
-            # length_cap + 1 sweeps are enough (the bound the whole-automaton sweep had)
-            changed = True
-            rounds = 0
-            while changed and rounds <= length_cap + 1:
-                changed = False
-                rounds += 1
-                for x, mine in zip(members, inner):
-                    v = lengths[x]
-                    for t in mine:
-                        v |= lengths[t] << 1
-                    v &= full
-                    if v != lengths[x]:
-                        lengths[x] = v
-                        changed = True
-    return lengths
-
-
-def compile_ast(ast, length_cap: int) -> CharDFA:
-    return CharDFA(*_automaton(ast), length_cap)
-
-
-def _automaton(ast) -> tuple[list, list, list]:
-    """(starts, targets, accepting) of the DFA of `ast`, trimmed (see CharDFA); independent of
-    any length cap. Subset construction over the NFA's epsilon closures."""
-    nfa = _NFA()
-    s0 = nfa.state()
-    final = nfa.build(ast, s0)
-    start = nfa.closure([s0])
-    ids = {start: 0}
-    order = [start]
-    trans: list[list[tuple[int, int, frozenset]]] = []
-    closures: dict[frozenset, frozenset] = {}  # NFA targets -> their closure (a DFA state)
-    i = 0
-    while i < len(order):
-        cur = order[i]
-        i += 1
+    def _build(self, k: int) -> tuple[list, list]:
+        nfa = self.nfa
         # The outgoing edges by character class: a DFA state of a bounded repetition holds many
         # NFA states on the same class (`[a-z0-9-]{0,63}`), and each class is placed once.
         by_class: dict[tuple, list[int]] = {}
-        for s in cur:
+        for s in self.sets[k]:
             for ranges, t in nfa.edges[s]:
                 ts = by_class.get(ranges)
                 if ts is None:
@@ -667,73 +533,376 @@ def _automaton(ast) -> tuple[list, list, list]:
             for lo, hi in ranges:
                 for j in range(bisect_left(pts, lo), bisect_left(pts, hi + 1)):
                     pieces[j] += ts
-        row = []
+        st: list[int] = []
+        tg: list[int] = []
+        if not pts or pts[0] > 0:
+            st.append(0)
+            tg.append(-1)
         for j, tgt in enumerate(pieces):
+            target = -1
             if tgt:
                 key = frozenset(tgt)
-                state = closures.get(key)
+                state = self._closures.get(key)
                 if state is None:
-                    state = closures[key] = nfa.closure(key)
-                row.append((pts[j], pts[j + 1] - 1, state))
-        for _, _, t in row:
-            if t not in ids:
-                if len(order) >= MAX_DFA_STATES:
-                    raise RegexError(f"pattern too complex: more than {MAX_DFA_STATES} automaton states")
-                ids[t] = len(order)
-                order.append(t)
-        trans.append(row)
-    accepting = [final in st for st in order]
-    starts, targets = [], []
-    for row in trans:
-        st, tg = [], []
-        prev_end = None
-        for a, b, t in row:
-            if prev_end is not None and a > prev_end + 1:
-                st.append(prev_end + 1)
-                tg.append(-1)
-            if tg and tg[-1] == ids[t] and prev_end == a - 1:
-                prev_end = b
+                    state = self._closures[key] = self._canon(nfa.closure(key))
+                if state:
+                    target = self.ids.get(state, -1)
+                    if target < 0:
+                        if len(self.sets) >= self.limit:
+                            raise RegexError(f"pattern too complex: more than {self.limit} automaton states")
+                        target = self.ids[state] = len(self.sets)
+                        self.sets.append(state)
+                        self.accepting.append(not self.finals.isdisjoint(state))
+                        self.rows.append(None)
+            if tg and tg[-1] == target:
                 continue
-            st.append(a)
-            tg.append(ids[t])
-            prev_end = b
-        if prev_end is not None and prev_end < MAX_UNICODE:
-            st.append(prev_end + 1)
+            st.append(pts[j])
+            tg.append(target)
+        if pts and pts[-1] <= MAX_UNICODE and tg[-1] != -1:
+            st.append(pts[-1])
             tg.append(-1)
-        if not st or st[0] > 0:
-            st.insert(0, 0)
-            tg.insert(0, -1)
-        starts.append(st)
-        targets.append(tg)
-    return starts, _trim(targets, accepting), accepting
+        return st, tg
 
 
-def _trim(targets, accepting) -> list[list[int]]:
-    """`targets` without the transitions into states that cannot reach acceptance (ignoring the
-    length cap)."""
-    n = len(targets)
-    rev = [set() for _ in range(n)]
-    for k in range(n):
-        for t in targets[k]:
-            if t >= 0:
-                rev[t].add(k)
-    live = {k for k in range(n) if accepting[k]}
-    todo = list(live)
+def _dead_states(nfa: _NFA, finals: frozenset) -> frozenset:
+    """NFA states from which no path reaches an accepting one."""
+    n = len(nfa.eps)
+    rev: list[list[int]] = [[] for _ in range(n)]
+    for s in range(n):
+        for t in nfa.eps[s]:
+            rev[t].append(s)
+        for _, t in nfa.edges[s]:
+            rev[t].append(s)
+    live = set(finals)
+    todo = list(finals)
     while todo:
         for p in rev[todo.pop()]:
             if p not in live:
                 live.add(p)
                 todo.append(p)
-    if 0 not in live:
-        raise RegexError("the pattern matches no string")
-    return [[t if t in live else -1 for t in row] for row in targets]
+    return frozenset(range(n)) - live if len(live) < n else frozenset()
+
+
+def _universal_roots(nfa: _NFA, finals: frozenset) -> frozenset:
+    """NFA states from which every string is accepted, recognised by their shape: `t` whose
+    closure holds an accepting state and a state with an edge on every code point back to `t`
+    (the `.*` padding of an unanchored end, `[\\s\\S]*$`). A DFA state that holds one matches
+    any rest of the string, whatever else it holds; tracking which partial matches also go on
+    (as the plain subset construction does) multiplies states for nothing: an unanchored
+    `512|1024|...|(0.5|1|2) GB` grew past MAX_DFA_STATES, and is 25 states with this."""
+    out = set()
+    for s, edges in enumerate(nfa.edges):
+        for ranges, t in edges:
+            if ranges == ANY and t not in out:
+                c = nfa.closure([t])
+                if s in c and not finals.isdisjoint(c):
+                    out.add(t)
+    return frozenset(out)
+
+
+def _node_lengths(nfa: _NFA, finals: frozenset, nodes: list[int], length_cap: int) -> dict[int, int]:
+    """Per NFA node (the start, and every target of a character edge), the bitset of completion
+    lengths up to `length_cap` (bit L: some string of L characters leads from the node's closure
+    to acceptance): the least solution of
+
+        L(x) = [closure(x) accepts] | OR over edges (y -> t) with y in closure(x) of L(t) << 1
+
+    over the epsilon-free graph of the nodes. Solved one strongly connected component at a time,
+    successors' components first (Tarjan's order), so a node's value is final once its component
+    is done. A node with a loop onto itself (`[a-z]*`, `.*`) takes every length from its
+    shortest on at once; other cycles are swept until nothing changes. A character edge only on
+    surrogates (a pattern with a lone `\\ud800`) leads nowhere: no UTF-8 text holds one."""
+    succ: dict[int, list[int]] = {}
+    acc: dict[int, bool] = {}
+    budget = [_CLOSURE_BUDGET]
+    todo = list(nodes)
+    while todo:
+        x = todo.pop()
+        if x in succ:
+            continue
+        c = nfa.closure([x])
+        budget[0] -= len(c)
+        if budget[0] < 0:
+            raise RegexError("pattern too large: its automaton's closures exceed the work budget "
+                             "(shorten it or reduce its repetition counts)")
+        acc[x] = not finals.isdisjoint(c)
+        ts = sorted({t for y in c for ranges, t in nfa.edges[y] if not _all_surrogates(ranges)})
+        succ[x] = ts
+        todo.extend(t for t in ts if t not in succ)
+    full = (1 << (length_cap + 1)) - 1
+    lengths: dict[int, int] = {}
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    comp: dict[int, int] = {}
+    onstack: set[int] = set()
+    stack: list[int] = []
+    count = ncomp = 0
+    for root in succ:
+        if root in index:
+            continue
+        index[root] = low[root] = count
+        count += 1
+        stack.append(root)
+        onstack.add(root)
+        work = [(root, 0)]  # the depth-first path: (node, next successor to visit)
+        while work:
+            k, j = work[-1]
+            sk = succ[k]
+            if j < len(sk):
+                work[-1] = (k, j + 1)
+                t = sk[j]
+                if t not in index:
+                    index[t] = low[t] = count
+                    count += 1
+                    stack.append(t)
+                    onstack.add(t)
+                    work.append((t, 0))
+                elif t in onstack and index[t] < low[k]:
+                    low[k] = index[t]
+                continue
+            work.pop()
+            if work and low[k] < low[work[-1][0]]:
+                low[work[-1][0]] = low[k]
+            if low[k] != index[k]:
+                continue
+            members = []
+            while True:
+                x = stack.pop()
+                onstack.discard(x)
+                comp[x] = ncomp
+                members.append(x)
+                if x == k:
+                    break
+            c = ncomp
+            ncomp += 1
+            inner, looped = [], []
+            for x in members:
+                v = 1 if acc[x] else 0
+                mine = []
+                for t in succ[x]:
+                    if comp.get(t) == c:
+                        if t != x:
+                            mine.append(t)
+                    else:
+                        v |= lengths[t] << 1  # another component's: final already
+                loop = x in succ[x]
+                v &= full
+                lengths[x] = full & -(v & -v) if loop and v else v
+                inner.append(mine)
+                looped.append(loop)
+            changed = len(members) > 1
+            while changed:
+                changed = False
+                for x, mine, loop in zip(members, inner, looped):
+                    v = lengths[x]
+                    for t in mine:
+                        v |= lengths[t] << 1
+                    v &= full
+                    if loop and v:
+                        v = full & -(v & -v)
+                    if v != lengths[x]:
+                        lengths[x] = v
+                        changed = True
+    return lengths
+
+
+_CLOSURE_BUDGET = 4_000_000  # NFA states visited by _node_lengths' closures, at the most
+
+
+def _all_surrogates(ranges) -> bool:
+    return all(SURROGATES[0] <= lo and hi <= SURROGATES[1] for lo, hi in ranges)
+
+
+class CharDFA:
+    """A deterministic automaton over code points, at one length cap: a view of a shared
+    `_Subsets` (built on demand) with the completion lengths the cap asks for.
+
+    State k steps on a code point to another state or -1 (`step`; `row(k)` is its sorted
+    interval starts and their targets), is `accepting[k]` or not, and has a bitset (a Python
+    int) of the completion lengths possible from it up to `length_cap` (`length_set(k)`): it lets
+    a string with minLength/maxLength offer only characters after which some accepted length
+    is reachable. `max_dist` bounds the fewest characters to acceptance from any state (the
+    byte machine's mask-cache keys rely on it). Lengths are computed on first use, over the NFA
+    (`_node_lengths`): the schema front end builds a pattern's automaton to check it and to match
+    enum values and property names against it, which needs none of them.
+
+    Built from a table, `CharDFA(starts, targets, accepting, cap)` (the product of patterns, the
+    keys that exclude names, tests), the table is the NFA: one state per row, no epsilon moves.
+    """
+
+    def __init__(self, starts, targets, accepting, length_cap: int):
+        nfa = _NFA()
+        for st, tg in zip(starts, targets):
+            s = nfa.state()
+            for i, t in enumerate(tg):
+                if t >= 0:
+                    nfa.edges[s].append((((st[i], st[i + 1] - 1 if i + 1 < len(st) else MAX_UNICODE),), t))
+        finals = frozenset(k for k, a in enumerate(accepting) if a)
+        self._view(_Subsets(nfa, finals, MAX_DFA_STATES), length_cap)
+
+    @classmethod
+    def over(cls, auto: _Subsets, length_cap: int) -> CharDFA:
+        dfa = cls.__new__(cls)
+        dfa._view(auto, length_cap)
+        return dfa
+
+    def _view(self, auto: _Subsets, length_cap: int) -> None:
+        self.auto = auto
+        self.accepting = auto.accepting  # grows with the automaton
+        self.length_cap = length_cap
+        self._node_lengths: dict[int, int] | None = None
+        self._lengths: list[int] = []  # per state discovered so far, on first use
+        self._max_dist: int | None = None
+
+    @property
+    def size(self) -> int:
+        """States built so far."""
+        return len(self.auto.sets)
+
+    def row(self, k: int) -> tuple[list, list]:
+        return self.auto.row(k)
+
+    def step(self, k: int, cp: int) -> int:
+        st, tg = self.auto.row(k)
+        i = bisect_right(st, cp) - 1
+        return tg[i] if i >= 0 else -1
+
+    def targets_in(self, k: int, lo: int, hi: int):
+        """The distinct target states for code points in [lo, hi]."""
+        st, tg = self.auto.row(k)
+        i = max(bisect_right(st, lo) - 1, 0)
+        out = set()
+        while i < len(st) and st[i] <= hi:
+            end = st[i + 1] - 1 if i + 1 < len(st) else MAX_UNICODE
+            if end >= lo and tg[i] >= 0:
+                out.add(tg[i])
+            i += 1
+        return out
+
+    def _nodes(self) -> dict[int, int]:
+        nl = self._node_lengths
+        if nl is None:
+            auto = self.auto
+            nodes = [0] + sorted({t for edges in auto.nfa.edges for _, t in edges})
+            nl = self._node_lengths = _node_lengths(auto.nfa, auto.finals, nodes, self.length_cap)
+        return nl
+
+    def length_set(self, k: int) -> int:
+        """The completion lengths from state k, as a bitset up to the cap."""
+        ls = self._lengths
+        if k < len(ls):
+            return ls[k]
+        nl = self._nodes()
+        sets = self.auto.sets
+        while len(ls) <= k:
+            v = 0
+            for x in sets[len(ls)]:
+                v |= nl.get(x, 0)
+            ls.append(v)
+        return ls[k]
+
+    @property
+    def max_dist(self) -> int:
+        """At least the fewest characters to acceptance from any state (from any NFA node: a DFA
+        state's is the least of its nodes')."""
+        if self._max_dist is None:
+            self._max_dist = max(((v & -v).bit_length() - 1 for v in self._nodes().values() if v), default=0)
+        return self._max_dist
+
+    # whole-automaton views, for tests and small tables: they build every state
+
+    @property
+    def starts(self) -> list[list[int]]:
+        self.auto.explore()
+        return [self.auto.row(k)[0] for k in range(self.size)]
+
+    @property
+    def targets(self) -> list[list[int]]:
+        self.auto.explore()
+        return [self.auto.row(k)[1] for k in range(self.size)]
+
+    @property
+    def lengths(self) -> list[int]:
+        self.auto.explore()
+        return [self.length_set(k) for k in range(self.size)]
+
+    @property
+    def dist(self) -> list[int | None]:
+        return [(v & -v).bit_length() - 1 if v else None for v in self.lengths]
+
+    def can_end_within(self, lo: int, hi: int) -> bool:
+        """Does the pattern accept a string whose length is in [lo, hi]? (`fits(0, 0, lo, hi)`,
+        without computing the lengths where the shortest accepted string settles it: the
+        compiler asks this of every patterned string, and most are answered so.)"""
+        d = self.shortest()
+        if d is None or d > hi:
+            return False
+        return d >= lo or self.fits(0, 0, lo, hi)
+
+    def shortest(self) -> int | None:
+        """The fewest characters of an accepted string (0-1 breadth-first over the NFA)."""
+        nfa, finals = self.auto.nfa, self.auto.finals
+        best = {0: 0}
+        todo = deque([(0, 0)])
+        while todo:
+            d, x = todo.popleft()
+            if d > best.get(x, d):
+                continue
+            if x in finals:
+                return d
+            for t in nfa.eps[x]:
+                if d < best.get(t, d + 1):
+                    best[t] = d
+                    todo.appendleft((d, t))
+            for ranges, t in nfa.edges[x]:
+                if d + 1 < best.get(t, d + 2) and not _all_surrogates(ranges):
+                    best[t] = d + 1
+                    todo.append((d + 1, t))
+        return None  # only through lone surrogates, which no UTF-8 text holds
+
+    def fits(self, k: int, written: int, lo: int, hi: int) -> bool:
+        """Can a string that has `written` characters and stands in state k still end accepted
+        with a total length in [lo, hi]?"""
+        a = max(0, lo - written)
+        b = hi - written
+        if b < a:
+            return False
+        return bool((self.length_set(k) >> a) & ((1 << (b - a + 1)) - 1))
+
+    def matches(self, text: str) -> bool:
+        k = 0
+        for ch in text:
+            k = self.step(k, ord(ch))
+            if k < 0:
+                return False
+        return bool(self.accepting[k])
+
+
+def _subsets(ast) -> _Subsets:
+    nfa = _NFA()
+    s0 = nfa.state()
+    final = nfa.build(ast, s0)
+    return _Subsets(nfa, frozenset((final,)), MAX_PATTERN_STATES)
+
+
+def compile_ast(ast, length_cap: int) -> CharDFA:
+    return CharDFA.over(_subsets(ast), length_cap)
+
+
+def _automaton(ast) -> tuple[list, list, list]:
+    """(starts, targets, accepting) of the whole DFA of `ast`, every state built (tests)."""
+    auto = _subsets(ast)
+    n = auto.explore()
+    rows = [auto.row(k) for k in range(n)]
+    return [r[0] for r in rows], [r[1] for r in rows], list(auto.accepting)
 
 
 @functools.lru_cache(maxsize=256)
-def _pattern_automaton(pattern: str) -> tuple[list, list, list]:
+def _pattern_automaton(pattern: str) -> _Subsets:
     """The automaton of a pattern, for every length cap: the schema front end checks a pattern
-    (at 256) and the compiler builds it at the string's maxLength; both share this."""
-    return _automaton(parse(pattern))
+    (at 256) and the compiler builds it at the string's maxLength; both share this, and the
+    states either has built."""
+    return _subsets(parse(pattern))
 
 
 @functools.lru_cache(maxsize=256)
@@ -742,7 +911,7 @@ def compile_pattern(pattern: str, length_cap: int = 256) -> CharDFA:
     end checks a pattern and the compiler builds it, and the same pattern recurs across grammars."""
     if not isinstance(pattern, str):
         raise RegexError(f"a pattern must be a string, not {type(pattern).__name__}")
-    return CharDFA(*_pattern_automaton(pattern), length_cap)
+    return CharDFA.over(_pattern_automaton(pattern), length_cap)
 
 
 def excluding(words, length_cap: int = 256) -> CharDFA:
@@ -779,7 +948,7 @@ def excluding(words, length_cap: int = 256) -> CharDFA:
         starts.append(st)
         targets.append(tg)
         accepting.append(k == other or not word_end[k])
-    return CharDFA(starts, _trim(targets, accepting), accepting, length_cap)
+    return CharDFA(starts, targets, accepting, length_cap)
 
 
 def product(parts, length_cap: int = 256) -> CharDFA:
@@ -799,7 +968,7 @@ def product(parts, length_cap: int = 256) -> CharDFA:
         pts = {0}
         for (dfa, _), k in zip(parts, cur):
             if k >= 0:
-                pts.update(dfa.starts[k])
+                pts.update(dfa.row(k)[0])
         pts = sorted(pts)
         st, tg = [], []
         for j, a in enumerate(pts):
@@ -828,4 +997,4 @@ def product(parts, length_cap: int = 256) -> CharDFA:
         rows.append((st, tg))
     accepting = [all((k >= 0 and dfa.accepting[k]) if must else not (k >= 0 and dfa.accepting[k])
                      for (dfa, must), k in zip(parts, state)) for state in order]
-    return CharDFA([r[0] for r in rows], _trim([r[1] for r in rows], accepting), accepting, length_cap)
+    return CharDFA([r[0] for r in rows], [r[1] for r in rows], accepting, length_cap)
