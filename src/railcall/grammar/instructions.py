@@ -34,7 +34,7 @@ MAX_DEPTH = 32
 class Instr:
     """One instruction. Subclasses that consume bytes implement `step` and `allowed`."""
 
-    __slots__ = ("next", "_need")  # _need: see need_of, set when first computed
+    __slots__ = ("next", "_need")  # _need: see need_of; -1 until computed (every __init__ sets it)
     consumes = True  # False for epsilon instructions
     accepting = False
 
@@ -100,6 +100,9 @@ class Accept(Instr):
     __slots__ = ()
     accepting = True
 
+    def __init__(self):
+        self._need = -1
+
     def step(self, local, stack, b, out):
         return
 
@@ -114,6 +117,7 @@ class Lit(Instr):
     __slots__ = ("data",)
 
     def __init__(self, data: bytes, nxt: Instr):
+        self._need = -1
         self.data = data
         self.next = nxt
 
@@ -137,6 +141,7 @@ class Special(Instr):
     __slots__ = ("token_id",)
 
     def __init__(self, token_id: int, nxt: Instr):
+        self._need = -1
         self.token_id = token_id
         self.next = nxt
 
@@ -156,6 +161,7 @@ class Select(Instr):
     __slots__ = ("children", "terminal", "_masks", "_sizes", "_chains")
 
     def __init__(self, keys: list[tuple[bytes, Instr]]):
+        self._need = -1
         self.children: list[dict[int, int]] = [{}]
         self.terminal: dict[int, Instr] = {}
         for key, cont in keys:
@@ -231,6 +237,7 @@ class Split(Instr):
     consumes = False
 
     def __init__(self, targets: list[Instr]):
+        self._need = -1
         self.targets = targets
         self.next = None
 
@@ -266,6 +273,7 @@ class Call(Instr):
     consumes = False
 
     def __init__(self, target: Instr, nxt: Instr):
+        self._need = -1
         self.target = target
         self.next = nxt
 
@@ -290,6 +298,7 @@ class Guard(Instr):
     consumes = False
 
     def __init__(self, need: int, target: Instr):
+        self._need = -1
         self.need = need
         self.target = target
         self.next = None
@@ -305,6 +314,9 @@ class Guard(Instr):
 class Ret(Instr):
     __slots__ = ()
     consumes = False
+
+    def __init__(self):
+        self._need = -1
 
     def arrive(self, local, stack, out):
         ret, ret_local, parent, _ = stack
@@ -329,6 +341,7 @@ class Repeat(Instr):
 
     def __init__(self, item: Instr, sep: Instr | None, min_items: int, max_items: int | None, nxt: Instr,
                  lead_sep: bool = False):
+        self._need = -1
         self.item = item
         self.sep = sep  # a Lit whose next is `item`, or None
         self.min = min_items
@@ -371,6 +384,7 @@ class Ws(Instr):
     _BYTES = _byteset(b" \t\n\r")
 
     def __init__(self, max_ws: int, nxt: Instr):
+        self._need = -1
         self.max = max_ws
         self.next = nxt
 

@@ -68,6 +68,7 @@ class JNum(Instr):
     __slots__ = ("integer", "margin")
 
     def __init__(self, integer: bool, nxt: Instr):
+        self._need = -1
         self.integer = integer
         self.next = nxt
         self.margin = MAX_NUMBER_CHARS  # set by the matcher: the most number bytes one token adds
@@ -166,6 +167,7 @@ class JInt(_Stepper):
     _BYTES = b"-0123456789"
 
     def __init__(self, lo: int | None, hi: int | None, nxt: Instr):
+        self._need = -1
         if lo is not None and hi is not None and lo > hi:
             raise GrammarError(f"integer range is empty: minimum {lo} > maximum {hi}")
         self.lo, self.hi = lo, hi
@@ -283,6 +285,7 @@ class JDec(_Stepper):
     _BYTES = b"-.0123456789"
 
     def __init__(self, lo, hi, xlo: bool, xhi: bool, nxt: Instr):
+        self._need = -1
         self.lo, self.hi, self.xlo, self.xhi = lo, hi, xlo, xhi
         self.next = nxt
         self._memo: dict = {}

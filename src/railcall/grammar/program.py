@@ -163,18 +163,17 @@ def need_of(ins: Instr) -> int:
     """How many references deep the shortest way from `ins` to the end of its frame (the end of
     its rule, or of the grammar) must nest: a thread waiting in `ins` at depth d can be finished
     only if d + need_of(ins) <= MAX_DEPTH. Computed from the instructions (a rule's own comes
-    from its Forward, so recursion needs no fixpoint here) and kept on each of them."""
-    try:
+    from its Forward, so recursion needs no fixpoint here) and kept on each of them (`_need`,
+    -1 until then)."""
+    if ins._need >= 0:
         return ins._need
-    except AttributeError:
-        pass
     todo = [ins]
     while todo:
         x = todo[-1]
-        if hasattr(x, "_need"):
+        if x._need >= 0:
             todo.pop()
             continue
-        missing = [p for p in x.need_parts() if not hasattr(p, "_need")]
+        missing = [p for p in x.need_parts() if p._need < 0]
         if missing:
             todo.extend(missing)
             continue

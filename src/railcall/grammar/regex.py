@@ -481,6 +481,7 @@ class _Subsets:
         self.accepting = [not finals.isdisjoint(start)]
         self.rows: list = [None]  # (starts, targets) per state, once built
         self._closures: dict[frozenset, frozenset] = {}  # NFA targets -> their DFA state
+        self.shortest: tuple | None = None  # (the shortest accepted string's length,), once asked (CharDFA)
         self._lock = threading.Lock()
 
     def _live(self, states: frozenset) -> frozenset:
@@ -840,7 +841,14 @@ class CharDFA:
         return d >= lo or self.fits(0, 0, lo, hi)
 
     def shortest(self) -> int | None:
-        """The fewest characters of an accepted string (0-1 breadth-first over the NFA)."""
+        """The fewest characters of an accepted string (0-1 breadth-first over the NFA; kept on
+        the automaton, which every cap shares)."""
+        auto = self.auto
+        if auto.shortest is None:
+            auto.shortest = (self._shortest(),)
+        return auto.shortest[0]
+
+    def _shortest(self) -> int | None:
         nfa, finals = self.auto.nfa, self.auto.finals
         best = {0: 0}
         todo = deque([(0, 0)])

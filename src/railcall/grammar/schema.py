@@ -1101,7 +1101,10 @@ def _resolve_ref(ctx: _Ctx, ref, pointer: str, holder=None):
         uri = ref  # already absolute (http:, urn:, ...)
     else:
         uri = urljoin(base, ref)
-    doc_uri, frag = urldefrag(uri)
+    if ref.startswith("#") and "#" not in base:
+        doc_uri, frag = base, ref[1:]  # what urldefrag returns, without parsing the URI
+    else:
+        doc_uri, frag = urldefrag(uri)
     doc = ctx.docs.get(doc_uri)
     if doc is None:
         raise SchemaError(f"$ref {ref!r} points outside this schema ({doc_uri}); railcall resolves only references "

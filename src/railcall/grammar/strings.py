@@ -110,6 +110,7 @@ class JStr(Instr):
     __slots__ = ("min", "max", "margin")
 
     def __init__(self, min_len: int, max_len: int, nxt: Instr):
+        self._need = -1
         self.min = min_len
         self.max = max_len
         self.next = nxt
@@ -167,6 +168,7 @@ class JPat(Instr):
     __slots__ = ("dfa", "min", "max", "margin", "_amask", "escapes")
 
     def __init__(self, dfa, min_len: int, max_len: int, nxt: Instr, escapes: dict = _SIMPLE_ESCAPES):
+        self._need = -1
         self.dfa = dfa
         self.min = min_len
         self.max = max_len
