@@ -250,19 +250,24 @@ class Split(Instr):
 
 
 class Forward(Instr):
-    """A placeholder resolved after compilation (recursive rules reference themselves). Its
-    `_need` is its rule's (see need_of), known from the grammar before the rule is compiled."""
+    """A rule's entry (recursive rules reference themselves), its body compiled the first time a
+    thread arrives (`compiler`, see program._Compiler.compile_rule). Its `_need` is its rule's
+    (see need_of), known from the grammar before the rule is compiled."""
 
-    __slots__ = ("target",)
+    __slots__ = ("target", "compiler")
     consumes = False
 
     def __init__(self, need: int = 0):
         self.target = None
+        self.compiler = None
         self.next = None
         self._need = need
 
     def arrive(self, local, stack, out):
-        self.target.arrive(local, stack, out)
+        t = self.target
+        if t is None:
+            t = self.compiler.compile_rule(self)
+        t.arrive(local, stack, out)
 
     def need_parts(self):
         return ()  # its rule's, set when created

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from railcall.errors import GrammarError
 from railcall.grammar import ir
 from railcall.grammar.instructions import MAX_DEPTH, RET, Accept, Call, Forward, Guard, Instr, Lit, Repeat, Select, Special, Split, Ws
@@ -73,6 +75,16 @@ def _check_nesting(roots: list) -> None:
 
 
 _NEVER = float("inf")
+_EMPTY_ALT = "an empty alternative (anyOf with no branches) matches nothing"
+_EMPTY_SELECT = "a choice with no options (an empty enum or tool table) matches nothing"
+
+
+def _array_bounds(node: ir.JsonArray) -> None:
+    lo, hi, k = node.min_items, node.max_items, len(node.prefix)
+    if hi is not None and lo > hi:
+        raise GrammarError(f"array size range is empty: minItems {lo} > maxItems {hi}")
+    if node.item is None and lo > k:
+        raise GrammarError(f"minItems {lo} needs more items than the {k} prefix items allow")
 
 
 def _ref_depth(node, depth: dict) -> float:
@@ -195,21 +207,72 @@ class _Compiler:
         self.memo: dict[tuple[int, int], tuple] = {}
         self._nesting = 0  # compile() calls open on the stack (bounded by MAX_IR_NESTING)
         self.rules: dict[str, Forward] = {}
-        self._pending: list[tuple[str, Forward]] = []
+        self._pending: list[tuple[str, Forward]] = []  # rules met, not yet handed their compiler
+        self._names: dict[int, str] = {}  # id(Forward) -> its rule (the Forwards live in self.rules)
 
     def run(self) -> Program:
         start = self.compile(self.g.start, self.shared.accept)
-        while self._pending:
-            name, fwd = self._pending.pop()
-            try:
-                node = self.g.rule(name)
-            except KeyError:
-                raise GrammarError(f"reference to an undefined rule {name!r}") from None
-            fwd.target = self.compile(node, RET)
+        if self._pending:
+            # A rule's body is compiled the first time a thread enters it (Forward.arrive): a
+            # schema of hundreds of definitions pays at compile time for its start and for the
+            # checks below, not for the definitions a value may never reach. Every error the
+            # compiler could raise in a body is raised now, by those checks.
+            self._check_rules()
+            self._lock = threading.RLock()
+            for _, fwd in self._pending:
+                fwd.compiler = self
+            self._pending.clear()
         if len(self.shared.memo) + len(self.memo) > self.shared.limit:
             self.shared.memo.clear()
-        self.shared.memo.update(self.memo)  # only now: every Forward in these is resolved
+        self.shared.memo.update(self.memo)  # a Forward in these compiles its rule when entered
         return Program(start)
+
+    def compile_rule(self, fwd: Forward) -> Instr:
+        """The body of `fwd`'s rule, compiled on first entry; the rules it refers to stay lazy."""
+        with self._lock:
+            if fwd.target is None:
+                fwd.target = self.compile(self.g.rule(self._names[id(fwd)]), RET)
+                for _, f in self._pending:
+                    f.compiler = self
+                self._pending.clear()
+            return fwd.target
+
+    def _check_rules(self) -> None:
+        """Raise what compiling every rule the start reaches would raise (GrammarError), without
+        compiling them: the same checks, node by node."""
+        seen: set[int] = set()
+        todo = [self.g.start]
+        while todo:
+            node = todo.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            t = type(node)
+            if t is ir.Ref:
+                try:
+                    todo.append(self.g.rule(node.name))
+                except KeyError:
+                    raise GrammarError(f"reference to an undefined rule {node.name!r}") from None
+                continue
+            if t is ir.Alt and not node.items:
+                raise GrammarError(_EMPTY_ALT)
+            if t is ir.Select and not node.choices:
+                raise GrammarError(_EMPTY_SELECT)
+            if t is ir.JsonString:
+                self._string_max(node)
+            elif t is ir.JsonPattern:
+                self._pattern(node)
+            elif t is ir.JsonInteger:
+                if node.minimum is not None or node.maximum is not None:
+                    clamp_int(node.minimum, node.maximum)
+            elif t is ir.JsonNumber:
+                if node.minimum is not None or node.maximum is not None:
+                    self._bounded_number(node, RET)
+            elif t is ir.JsonArray:
+                _array_bounds(node)
+            elif t is ir.JsonObject:
+                todo.extend(key for key, _ in node.extras)
+            todo.extend(_children(node))
 
     def _string_max(self, node, pattern: bool = False) -> int:
         """A string node's maximum length: its maxLength where the schema gives one (a patterned
@@ -260,11 +323,11 @@ class _Compiler:
             return cur
         if isinstance(node, ir.Alt):
             if not node.items:
-                raise GrammarError("an empty alternative (anyOf with no branches) matches nothing")
+                raise GrammarError(_EMPTY_ALT)
             return self._split([self.compile(x, nxt) for x in node.items])
         if isinstance(node, ir.Select):
             if not node.choices:
-                raise GrammarError("a choice with no options (an empty enum or tool table) matches nothing")
+                raise GrammarError(_EMPTY_SELECT)
             return self._select([(k, self.compile(v, nxt)) for k, v in node.choices])
         if isinstance(node, ir.Special):
             tid = self.special_ids.get(node.name)
@@ -276,6 +339,7 @@ class _Compiler:
             fwd = self.rules.get(node.name)
             if fwd is None:
                 fwd = self.rules[node.name] = Forward(self.depths.get(node.name, 0))
+                self._names[id(fwd)] = node.name
                 self._pending.append((node.name, fwd))
             return Call(fwd, nxt)
         if isinstance(node, ir.JsonString):
@@ -284,17 +348,7 @@ class _Compiler:
             body.margin = self.shared.token_margin
             return self.compile(ir.Lit(b'"'), body)
         if isinstance(node, ir.JsonPattern):
-            hi = self._string_max(node, pattern=True)
-            dfa = char_dfa(node.kind, node.arg, hi)
-            if not dfa.can_end_within(node.min_len, hi) and node.max_len is None and hi < PATTERN_MAX_LEN:
-                # The string cap is below the pattern's shortest match (`^a{300}$`): raised to
-                # it, as it is to a minLength above it.
-                lengths = char_dfa(node.kind, node.arg, PATTERN_MAX_LEN).length_set(0) >> node.min_len
-                if lengths:
-                    hi = node.min_len + (lengths & -lengths).bit_length() - 1
-                    dfa = char_dfa(node.kind, node.arg, hi)
-            if not dfa.can_end_within(node.min_len, hi):
-                raise GrammarError(f"no string matching {node.arg!r} has a length in [{node.min_len}, {hi}]")
+            dfa, hi = self._pattern(node)
             body = JPat(dfa, node.min_len, hi, nxt, _PY_ESCAPES if node.dialect == "python" else _SIMPLE_ESCAPES)
             body.margin = self.shared.token_margin
             return self.compile(ir.Lit(b'"'), body)
@@ -313,6 +367,22 @@ class _Compiler:
         if isinstance(node, ir.JsonObject):
             return self._object(node, nxt)
         raise GrammarError(f"unknown grammar node {type(node).__name__}")
+
+    def _pattern(self, node: ir.JsonPattern):
+        """(CharDFA, maximum length) of a patterned string; GrammarError if no matching string
+        has an allowed length."""
+        hi = self._string_max(node, pattern=True)
+        dfa = char_dfa(node.kind, node.arg, hi)
+        if not dfa.can_end_within(node.min_len, hi) and node.max_len is None and hi < PATTERN_MAX_LEN:
+            # The string cap is below the pattern's shortest match (`^a{300}$`): raised to
+            # it, as it is to a minLength above it.
+            lengths = char_dfa(node.kind, node.arg, PATTERN_MAX_LEN).length_set(0) >> node.min_len
+            if lengths:
+                hi = node.min_len + (lengths & -lengths).bit_length() - 1
+                dfa = char_dfa(node.kind, node.arg, hi)
+        if not dfa.can_end_within(node.min_len, hi):
+            raise GrammarError(f"no string matching {node.arg!r} has a length in [{node.min_len}, {hi}]")
+        return dfa, hi
 
     def _split(self, targets: list[Instr]) -> Instr:
         """A choice between `targets`; those that must nest references deeper than the cheapest
@@ -370,10 +440,7 @@ class _Compiler:
         counts on from the prefix length, so min/max items hold over the whole array."""
         lo, hi, ws = node.min_items, node.max_items, node.ws
         k = len(node.prefix)
-        if hi is not None and lo > hi:
-            raise GrammarError(f"array size range is empty: minItems {lo} > maxItems {hi}")
-        if node.item is None and lo > k:
-            raise GrammarError(f"minItems {lo} needs more items than the {k} prefix items allow")
+        _array_bounds(node)
         close = self._punct(b"]", ws, nxt, before=True, after=False)
         if hi is not None:
             k = min(k, hi)
