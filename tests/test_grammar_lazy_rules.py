@@ -133,3 +133,21 @@ def test_threads_entering_a_rule_at_once_share_one_body():
     for t in threads:
         t.join()
     assert len(masks) == 4 and all(x == masks[0] for x in masks)
+
+
+def test_guards_are_left_out_only_where_no_value_can_nest_to_the_limit():
+    from railcall.grammar.instructions import MAX_DEPTH
+
+    def chain(n):  # rule i refers to rule i + 1, the last to none
+        rules = {f"r{i}": ir.Alt(ir.Lit(b"0"), ir.Seq(ir.Lit(b"["), ir.Ref(f"r{i + 1}"), ir.Lit(b"]")))
+                 for i in range(n - 1)}
+        rules[f"r{n - 1}"] = ir.Lit(b"0")
+        return ir.Grammar(ir.Ref("r0"), tuple(rules.items()))
+
+    assert program._deepest_nesting(chain(5)) == 5
+    assert program._deepest_nesting(chain(MAX_DEPTH + 8)) == float("inf")  # past the limit
+    assert program._deepest_nesting(schema_grammar(SCHEMA)) == float("inf")  # Spec refers to itself
+    deep = CompiledGrammar(chain(MAX_DEPTH + 8), byte_level_vocab())
+    m = Matcher(deep)
+    _feed(m, "[" * (MAX_DEPTH - 1))
+    assert m.legal_token_ids().tolist() == [ord("0")]  # one more `[` could not be closed in time

@@ -53,6 +53,8 @@ def compile_grammar(grammar: ir.Grammar, special_ids: dict[str, int], *, max_str
         _check_nesting([grammar.start, *(node for _, node in grammar.rules)])
     try:
         depths = check_finite(grammar)
+        if depths and _deepest_nesting(grammar) <= MAX_DEPTH:
+            depths = {}  # no value can nest to the limit: no branch needs a guard (see _split)
         return _Compiler(grammar, special_ids, max_string, fragments or Fragments(1, 1), depths).run()
     except RecursionError:  # from source, the interpreter's limit can come first
         raise GrammarError(_TOO_DEEP) from None
@@ -169,6 +171,42 @@ def check_finite(grammar: ir.Grammar) -> dict[str, int]:
             f"the shortest value of the grammar nests references {int(top)} deep; railcall allows "
             f"{MAX_DEPTH}: shorten the chain of required recursive properties")
     return {name: int(d) for name, d in depth.items()}
+
+
+def _deepest_nesting(grammar: ir.Grammar) -> float:
+    """How many references deep any value of the grammar can nest: the longest chain of rules
+    from the start, inf where the rules it reaches refer to one another in a cycle."""
+    rules = dict(grammar.rules)
+    refs: dict[str, set[str]] = {}
+
+    def referred(node) -> set[str]:
+        out: set[str] = set()
+        todo = [node]
+        while todo:
+            x = todo.pop()
+            if type(x) is ir.Ref:
+                out.add(x.name)
+            else:
+                todo.extend(_children(x))
+        return out
+
+    longest: dict[str, float] = {}
+    visiting: set[str] = set()
+
+    def chain(name: str) -> float:  # rules nested in a value of `name`, itself included
+        if name in longest:
+            return longest[name]
+        if name in visiting or len(visiting) > MAX_DEPTH:
+            return _NEVER  # a cycle, or deeper than the limit anyway
+        if name not in refs:
+            refs[name] = referred(rules[name]) if name in rules else set()
+        visiting.add(name)
+        d = 1 + max((chain(r) for r in refs[name]), default=0)
+        visiting.discard(name)
+        longest[name] = d
+        return d
+
+    return max((chain(r) for r in referred(grammar.start)), default=0)
 
 
 def need_of(ins: Instr) -> int:
