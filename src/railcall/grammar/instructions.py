@@ -64,7 +64,11 @@ class Instr:
 
     def need_from_parts(self) -> int:
         """need_of from its parts' (all known): a choice takes its cheapest branch."""
-        return min((p._need for p in self.need_parts()), default=0)
+        best = -1
+        for p in self.need_parts():
+            if best < 0 or p._need < best:
+                best = p._need
+        return 0 if best < 0 else best
 
 
 def _byteset(bs) -> np.ndarray:

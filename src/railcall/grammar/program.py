@@ -223,12 +223,14 @@ def need_of(ins: Instr) -> int:
         if x._need >= 0:
             todo.pop()
             continue
-        missing = [p for p in x.need_parts() if p._need < 0]
-        if missing:
-            todo.extend(missing)
-            continue
-        x._need = x.need_from_parts()
-        todo.pop()
+        ready = True
+        for p in x.need_parts():
+            if p._need < 0:
+                todo.append(p)
+                ready = False
+        if ready:
+            x._need = x.need_from_parts()
+            todo.pop()
     return ins._need
 
 

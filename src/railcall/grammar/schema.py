@@ -250,11 +250,14 @@ def _index(ctx: _Ctx, node, base: str) -> None:
     # A loop over an explicit stack, not recursion: this walks the whole document before any
     # depth limit applies (a subschema under $defs is compiled only if referenced), and a
     # document can nest thousands deep.
+    root_base = ctx.root_base
     todo = [(node, base)]
     while todo:
         node, base = todo.pop()
         if isinstance(node, list):
-            todo.extend((x, base) for x in reversed(node))
+            for x in reversed(node):
+                if isinstance(x, (dict, list)):
+                    todo.append((x, base))
             continue
         if not isinstance(node, dict):
             continue
@@ -266,11 +269,14 @@ def _index(ctx: _Ctx, node, base: str) -> None:
         elif isinstance(sid, str):
             base = urldefrag(urljoin(base, sid))[0]
             ctx.docs.setdefault(base, node)
-        ctx.base_of[id(node)] = base
+        if base != root_base:  # a lookup defaults to the document's own base
+            ctx.base_of[id(node)] = base
         anchor = node.get("$anchor")
         if isinstance(anchor, str):
             ctx.anchors[(base, anchor)] = node
-        todo.extend((v, base) for k, v in reversed(node.items()) if k not in _NOT_SCHEMAS and isinstance(v, (dict, list)))
+        for k, v in reversed(node.items()):
+            if isinstance(v, (dict, list)) and k not in _NOT_SCHEMAS:
+                todo.append((v, base))
 
 
 def schema_to_ir(schema: dict, options: SchemaOptions | None = None, *, required: bool = False) -> tuple[ir.Node, tuple]:
