@@ -965,6 +965,8 @@ def product(parts, length_cap: int = 256) -> CharDFA:
     Product construction over the parts' interval partitions; a part whose state is gone (-1)
     can no longer accept, which ends a positive part's path and settles a negative part for
     good. Bounded like every other automaton here."""
+    if len(parts) == 1 and parts[0][1]:
+        return parts[0][0]  # the strings one automaton accepts: itself
     start = tuple(0 for _ in parts)
     ids = {start: 0}
     order = [start]

@@ -973,7 +973,7 @@ def _extra_classes(ctx: _Ctx, declared: tuple, pprops: dict, ap, pnames, pointer
             try:
                 from railcall.grammar.strings import char_dfa
 
-                if not char_dfa("product", spec, 256).fits(0, 0, lo, 256 if hi is None else hi):
+                if not char_dfa("product", spec, 256).can_end_within(lo, 256 if hi is None else hi):
                     continue
             except RegexError:
                 continue  # no key falls into this class
@@ -1042,7 +1042,7 @@ def _distinct_member(ctx: _Ctx, extras: tuple, slot: int, need: int) -> ir.Node:
             spec = (names, pats + ((cycle, True),))
         lo, hi = key.min_len, key.max_len
         try:
-            if not char_dfa("product", spec, 256).fits(0, 0, lo, 256 if hi is None else hi):
+            if not char_dfa("product", spec, 256).can_end_within(lo, 256 if hi is None else hi):
                 continue
         except RegexError:
             continue  # no key of this class has a length of this slot's residue
