@@ -151,3 +151,16 @@ def test_guards_are_left_out_only_where_no_value_can_nest_to_the_limit():
     m = Matcher(deep)
     _feed(m, "[" * (MAX_DEPTH - 1))
     assert m.legal_token_ids().tolist() == [ord("0")]  # one more `[` could not be closed in time
+
+
+def test_the_start_needs_no_depth_guards_where_no_branch_can_nest_to_the_limit(entered, monkeypatch):
+    calls = []
+    real = program.need_of
+    monkeypatch.setattr(program, "need_of", lambda ins: calls.append(ins) or real(ins))
+    g = CompiledGrammar(schema_grammar(SCHEMA), byte_level_vocab())  # Spec is recursive
+    m = Matcher(g)
+    m.legal_token_ids()
+    assert calls == []  # the start runs at depth 0: every branch fits under the limit
+    _feed(m, '{"spec":')
+    m.legal_token_ids()
+    assert entered == ["Spec"] and calls  # a recursive rule's body can run deep: guarded

@@ -241,6 +241,11 @@ class _Compiler:
         # each rule's shortest nesting (check_finite); where the grammar has rules, choices whose
         # branches nest differently get guards (see Guard, need_of)
         self.depths = depths or {}
+        # Whether choices get depth guards (see _split). The start runs at depth 0, where a
+        # branch is refused only if it needs more than MAX_DEPTH levels: none can where every
+        # rule's shortest value nests at most MAX_DEPTH - 1 (a branch nests one reference more,
+        # at most). Rule bodies run at any depth: guarded wherever the grammar has rules.
+        self.guarded = bool(self.depths) and max(self.depths.values(), default=0) + 1 > MAX_DEPTH
         self.special_ids = special_ids
         self.max_string = max_string
         self.shared = fragments
@@ -271,6 +276,7 @@ class _Compiler:
         """The body of `fwd`'s rule, compiled on first entry; the rules it refers to stay lazy."""
         with self._lock:
             if fwd.target is None:
+                self.guarded = bool(self.depths)
                 fwd.target = self.compile(self.g.rule(self._names[id(fwd)]), RET)
                 for _, f in self._pending:
                     f.compiler = self
@@ -429,7 +435,7 @@ class _Compiler:
         are guarded (see Guard), so that none is entered where it could not be finished."""
         if len(targets) == 1:
             return targets[0]
-        if self.depths:
+        if self.guarded:
             needs = [need_of(t) for t in targets]
             low = min(needs)
             targets = [t if n == low else Guard(n, t) for t, n in zip(targets, needs)]
@@ -439,7 +445,7 @@ class _Compiler:
         """A trie of keys. Where the keys' continuations nest references to different depths,
         one trie per depth, each guarded (a key is not offered where what follows it could not
         be finished, and a trie never leads into a branch whose every key is refused)."""
-        if self.depths:
+        if self.guarded:
             groups: dict[int, list] = {}
             for k, cont in choices:
                 groups.setdefault(need_of(cont), []).append((k, cont))
@@ -450,7 +456,7 @@ class _Compiler:
     def _repeat(self, rep: Repeat) -> Repeat:
         """Guard a list's further items where one nests references deeper than what follows it."""
         rep.margin = self.shared.token_margin
-        if self.depths:
+        if self.guarded:
             item = need_of(rep.item)
             if item > need_of(rep.next):
                 rep.item_need = item
