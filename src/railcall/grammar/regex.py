@@ -794,12 +794,13 @@ class CharDFA:
         if k < len(ls):
             return ls[k]
         nl = self._nodes()
-        sets = self.auto.sets
-        while len(ls) <= k:
-            v = 0
-            for x in sets[len(ls)]:
-                v |= nl.get(x, 0)
-            ls.append(v)
+        with self.auto._lock:  # appended in order: two threads must not both append state i
+            sets = self.auto.sets
+            while len(ls) <= k:
+                v = 0
+                for x in sets[len(ls)]:
+                    v |= nl.get(x, 0)
+                ls.append(v)
         return ls[k]
 
     @property
