@@ -304,3 +304,38 @@ def test_a_run_from_before_the_variants_resumes_as_json_greedy(tmp_path):
 
     old = {k: v for k, v in Settings(model="m").__dict__.items() if k not in SETTINGS_BEFORE}
     assert {**SETTINGS_BEFORE, **old} == Settings(model="m").__dict__
+
+
+def test_a_task_with_no_tools_is_answered_as_text(tmp_path, monkeypatch, smollm2_tokenizer):
+    """live_irrelevance has tasks whose tool table is empty: no call can be written, so the grammar
+    row decodes without a grammar (as a server given no tools would) and scores the reply as text;
+    the run goes on (it stopped with 'the tool table is empty')."""
+    import types
+
+    import railcall.runtime.batch
+    from railcall.eval import bfcl
+    from railcall.models import store
+    from railcall.runtime.decode import Generation
+
+    lm = types.SimpleNamespace(tokenizer=smollm2_tokenizer, name="stub",
+                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(smollm2_tokenizer))))
+    monkeypatch.setattr(store, "load_model", lambda model=None: lm)
+    tasks = bfcl.load_category(DATA, "live_irrelevance")
+    empty = [t for t in tasks if not t.tools]
+    assert empty  # BFCL ships such tasks
+    monkeypatch.setattr(bfcl, "load_category", lambda data, cat, limit=None: [empty[0], tasks[0]])
+    seen = []
+
+    def replies(model, vocab, requests, params, max_rows, decided):
+        for i, (prompt, matcher, *_) in enumerate(requests):
+            seen.append(matcher)
+            text = '{"tool": "x", "args": {}}' if i % 2 else "I cannot help with that."
+            yield i, Generation(tokens=smollm2_tokenizer.encode(text), text=text)
+
+    monkeypatch.setattr(railcall.runtime.batch, "decode_stream", replies)
+    run_bfcl(["live_irrelevance"], tmp_path, data=DATA)
+    recs = {(r["id"], r["condition"]): r for r in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines())}
+    row = recs[(empty[0].id, "with_grammar")]
+    assert row["tool_choice"] == "none" and row["calls"] == 0 and row["ast"] is True
+    assert recs[(tasks[0].id, "with_grammar")]["tool_choice"] == "auto"
+    assert sum(m is not None for m in seen) == 1  # only the task with tools got a matcher

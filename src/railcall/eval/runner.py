@@ -287,7 +287,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
 
     def requests():  # matchers made as rows are admitted (a compiled grammar per table, cached)
         for cat, t, c in rows:
-            if c != "with_grammar":
+            if c != "with_grammar" or not t.tools:  # no tool: no call to constrain (tool_choice "none")
                 yield prompts[(cat, t.id)], None
                 continue
             m = make_matcher(t.tools, vocab, modes[cat], call_format)
@@ -303,6 +303,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         return decided(vocab.decode(tokens).decode("utf-8", errors="replace"), call_format, params.stop)
 
     def verdicts(t, g, c, mode):
+        if c == "with_grammar" and not t.tools:
+            return score(t, g.text, None, auto=True)  # as a server without tools: text, no call
         if c == "with_grammar" and mode == "auto":
             return score(t, g.text, auto_calls(vocab, g.tokens, call_format), auto=True)
         if call_format == "json":
@@ -317,7 +319,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
             cat, t, c = rows[i]
             mode = modes[cat]
             held.setdefault((cat, t.id), []).append({
-                "category": cat, "id": t.id, "condition": c, "tool_choice": mode if c == "with_grammar" else "free",
+                "category": cat, "id": t.id, "condition": c,
+                "tool_choice": ("none" if not t.tools else mode) if c == "with_grammar" else "free",
                 "call_format": call_format, "routing": routing if c == "with_grammar" else "free",
                 "output": g.text, **verdicts(t, g, c, mode),
                 "tokens": len(g.tokens), "seconds": round(g.seconds, 3),
