@@ -421,7 +421,7 @@ def spy_automaton(monkeypatch, **wrappers):
     from railcall.matcher.automaton import Automaton
 
     def wrapped(wrap, real):
-        return lambda self, *args: wrap(real, self, *args)
+        return lambda self, *args, **kwargs: wrap(real, self, *args, **kwargs)
 
     methods = {name: wrapped(wrap, getattr(Automaton, name)) for name, wrap in wrappers.items()}
     monkeypatch.setattr(matcher_module, "Automaton", type("SpiedAutomaton", (Automaton,), methods))
