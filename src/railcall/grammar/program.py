@@ -252,7 +252,7 @@ class _Compiler:
         self.memo: dict[tuple[int, int], tuple] = {}
         self._nesting = 0  # compile() calls open on the stack (bounded by MAX_IR_NESTING)
         self.rules: dict[str, Forward] = {}
-        self._pending: list[tuple[str, Forward]] = []  # rules met, not yet handed their compiler
+        self._pending: list[Forward] = []  # rules met, not yet handed their compiler
         self._names: dict[int, str] = {}  # id(Forward) -> its rule (the Forwards live in self.rules)
 
     def run(self) -> Program:
@@ -264,7 +264,7 @@ class _Compiler:
             # compiler could raise in a body is raised now, by those checks.
             self._check_rules()
             self._lock = threading.RLock()
-            for _, fwd in self._pending:
+            for fwd in self._pending:
                 fwd.compiler = self
             self._pending.clear()
         if len(self.shared.memo) + len(self.memo) > self.shared.limit:
@@ -278,7 +278,7 @@ class _Compiler:
             if fwd.target is None:
                 self.guarded = bool(self.depths)
                 fwd.target = self.compile(self.g.rule(self._names[id(fwd)]), RET)
-                for _, f in self._pending:
+                for f in self._pending:
                     f.compiler = self
                 self._pending.clear()
             return fwd.target
@@ -386,7 +386,7 @@ class _Compiler:
             if fwd is None:
                 fwd = self.rules[node.name] = Forward(self.depths.get(node.name, 0))
                 self._names[id(fwd)] = node.name
-                self._pending.append((node.name, fwd))
+                self._pending.append(fwd)
             return Call(fwd, nxt)
         if isinstance(node, ir.JsonString):
             hi = self._string_max(node)

@@ -894,10 +894,6 @@ def _subsets(ast) -> _Subsets:
     return _Subsets(nfa, frozenset((final,)), MAX_PATTERN_STATES)
 
 
-def compile_ast(ast, length_cap: int) -> CharDFA:
-    return CharDFA.over(_subsets(ast), length_cap)
-
-
 def _automaton(ast) -> tuple[list, list, list]:
     """(starts, targets, accepting) of the whole DFA of `ast`, every state built (tests)."""
     auto = _subsets(ast)
