@@ -86,7 +86,7 @@ def test_chat_reads_tasks_from_stdin_and_approvals_from_the_terminal(ws, monkeyp
     learned = r.output.split("learned skill ")[1].split()[0]
     assert r.output.count(learned) == 2  # learned from the first task, then listed by /skills
     assert "not callable" not in r.output  # /tools: run is callable now that a skill exists
-    assert ("policy default: list_dir, read_file, write_file, append_file, calc, remember, run, answer"
+    assert ("policy default: list_dir, read_file, append_file, write_file, calc, remember, run, answer"
             in " ".join(r.output.split()))  # however the terminal wraps it
 
 
@@ -140,7 +140,9 @@ def test_arguments_are_checked_before_the_model_loads(ws, monkeypatch, tmp_path)
 def test_tool_output_reaches_the_terminal_escaped(ws):
     root, replies = ws
     (root / "evil\u202etxt.md").write_text("\x1b[2J\x1b]0;pwned\x07cleared")
-    replies += [call("read_file", path="evil\u202etxt.md"), call("answer", text="\x1b[31mred\u202e")]
+    # the path as the grammar spells it (its enum's JSON, raw UTF-8), so that scored values pick it too
+    replies += [json.dumps({"tool": "read_file", "args": {"path": "evil\u202etxt.md"}}, ensure_ascii=False,
+                           separators=(",", ":")), call("answer", text="\x1b[31mred\u202e")]
     r = runner.invoke(cli.app, ["agent", "read it", "-w", str(root)])
     assert r.exit_code == 0, r.output
     for raw in ("\x1b", "\x07", "\u202e"):

@@ -25,6 +25,9 @@ def make(tmp_path, replies, renders=None, **kw):
     (tmp_path / "docs").mkdir(exist_ok=True)
     (tmp_path / "docs" / "plan.md").write_text("plan")
     kw.setdefault("trace", tmp_path / "trace.jsonl")
+    # the loop's mechanics on a script: calc as written (not joined from numbers seen), and values
+    # token by token (the legal counts per token are part of what is checked)
+    kw.setdefault("helps", Helps.off("copied_numbers", "scored_values"))
     return Agent.for_workspace(tmp_path, scripted_model(replies, renders), **kw)
 
 

@@ -55,7 +55,8 @@ def test_read_only_episodes_never_propose_a_mutating_call(model, tmp_path):
     for r in rows:
         pos = r["name_position"]
         assert not mutating & set(pos["spellable"]) and pos["excluded_tokens_legal"] == 0
-        assert pos["legal"] > 0 and set(r["view"]) >= {"read_file", "list_dir"}
+        first_read = "the request names a file to read first" in r["left_out"].values()  # read_named
+        assert pos["legal"] > 0 and (r["view"] == ["read_file"] if first_read else set(r["view"]) >= {"read_file", "list_dir"})
     # enumerated arguments: only paths that exist
     for c in calls:
         if c["tool"] == "read_file":

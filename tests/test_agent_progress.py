@@ -98,7 +98,7 @@ def test_with_the_option_off_a_repeat_is_spellable(tmp_path):
 def test_observations_and_the_facts_turn(tmp_path):
     renders = []
     a = make(tmp_path, [call("list_dir", path="."), call("read_file", path="notes.txt"), call("answer", text="Thu")],
-             renders)
+             renders, helps=Helps.off("task_files"))
     a.run("When is the meeting?")
     assert renders[1][-1]["content"].startswith("The folder . holds: docs/, notes.txt")
     assert "reply with" not in renders[1][-1]["content"]  # a listing alone is not offered as the answer
@@ -108,6 +108,17 @@ def test_observations_and_the_facts_turn(tmp_path):
     # the answer offered holds every fact gathered, listing included, once one is not a listing
     assert ('reply with: {"tool":"answer","args":{"text":"The folder . holds: docs/, notes.txt '
             'notes.txt says: Meeting on Thursday."}}') in last
+    # with task_files, a listing alone is offered where the request names no file ...
+    renders.clear()
+    a = make(tmp_path, [call("list_dir", path="docs"), call("answer", text="plan.md")], renders)
+    a.run("List the files in the docs folder.")
+    assert 'reply with: {"tool":"answer","args":{"text":"The folder docs holds: plan.md"}}' in renders[1][-1]["content"]
+    # ... and not where it names one
+    renders.clear()
+    a = make(tmp_path, [call("list_dir", path="docs"), call("answer", text="plan.md")], renders,
+             helps=Helps.off("read_named"))
+    a.run("What does docs/plan.md say?")
+    assert "reply with" not in renders[1][-1]["content"]
     renders.clear()
     a = make(tmp_path, [call("read_file", path="notes.txt"), call("answer", text="x")], renders, helps=Helps.none())
     a.run("When is the meeting?")
@@ -116,6 +127,11 @@ def test_observations_and_the_facts_turn(tmp_path):
     assert "reply with" not in facts_turn("t", ["The folder . holds: a.txt"], None)
     assert observation({"tool": "calc", "args": {"expr": "x"}}, "error: bad", True).startswith("error: bad (that call")
     assert observation({"tool": "calc", "args": {"expr": "6*7"}}, "42", True) == "6*7 = 42"
+    # what a write holds is quoted without JSON escapes (offered back inside answer's JSON string)
+    saved = observation({"tool": "write_file", "args": {"path": "a.txt", "text": "eggs\nmilk"}}, "wrote", True)
+    assert saved == "Saved a.txt: it now holds 'eggs milk'."
+    saved = observation({"tool": "write_file", "args": {"path": "a.txt", "text": 'say "hi"\nnow'}}, "wrote", True)
+    assert saved == "Saved a.txt: it now holds 'say \"hi\" now'."
     assert len(observation({"tool": "read_file", "args": {"path": "a"}}, "x" * 5000, True)) < 600
 
 
@@ -249,7 +265,7 @@ def test_while_a_named_file_is_unused_no_answer_is_offered(tmp_path):
     a = make(tmp_path, [call("read_file", path="notes.txt"), call("write_file", path="hello.txt", text="hi"),
                         call("answer", text="done")], renders, policy=Policy(approve="auto"), max_steps=3,
              params=SamplingParams(max_tokens=128))
-    ep = a.run("Write 'hi' to hello.txt.")
+    ep = a.run("Write hi to hello.txt.")
     second = renders[1][-1]["content"]
     assert "reply with" not in second and "The task names hello.txt, and no call has used it yet" in second
     third = renders[2][-1]["content"]  # hello.txt written: the facts are offered as the answer again
@@ -260,7 +276,7 @@ def test_while_a_named_file_is_unused_no_answer_is_offered(tmp_path):
     (tmp_path / "b").mkdir()
     b = make(tmp_path / "b", [call("read_file", path="notes.txt"), call("answer", text="x")], renders,
              helps=Helps.off("task_files"))
-    b.run("Write 'hi' to hello.txt.")
+    b.run("Write hi to hello.txt.")
     assert "reply with" in renders[1][-1]["content"]
 
 
@@ -274,21 +290,153 @@ def test_a_named_file_no_tool_can_reach_is_not_waited_for(tmp_path):
 
 
 def test_copied_numbers_calc_computes_with_the_numbers_seen(tmp_path):
-    from railcall.agent.progress import numbers_seen, with_seen_numbers
+    from railcall.agent.progress import expressions_over, numbers_seen, with_seen_numbers
 
     a = make(tmp_path, [])
-    tools, gone = with_seen_numbers(a.view().tools, [])
-    assert "calc" not in [t.name for t in tools] and "no number seen" in gone["calc"]
+    tools, gone = with_seen_numbers(a.view().tools, ["7"])
+    assert "calc" not in [t.name for t in tools] and "fewer than two numbers" in gone["calc"]
     assert numbers_seen(["apple 12\npear 30\n", "v1.2.3, 4.50 and 12"]) == ["12", "30", "4.50"]
+    assert expressions_over(["12", "30"]) == ["12+30", "12-30", "12*30", "12/30", "30-12", "30/12"]
+    assert expressions_over([str(i) for i in range(20)])[0] == "+".join(map(str, range(8)))
     tools, _ = with_seen_numbers(a.view().tools, ["12", "30", "4.50"])
     v = View(tools, Policy(), 0, {})
-    for expr, ok in [("12+30", True), ("(12+30)*4.50", True), ("12+31", False), ("4.5", False), ("buy", False)]:
+    for expr, ok in [("12+30+4.50", True), ("12*30*4.50", True), ("12+30", False), ("12+31+4.50", False),
+                     ("buy", False)]:
         assert (v.check({"tool": "calc", "args": {"expr": expr}}) == "") is ok, expr
     # in an episode: before the file is read calc is not callable; after it, its numbers are
+    # joined, and the facts turn lists them until calc has run
     replies = [call("calc", expr="7*6"), call("read_file", path="prices.txt"), call("calc", expr="12+30"),
                call("answer", text="42")]
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "prices.txt").write_text("apple 12\npear 30\n")
-    b = make(tmp_path / "b", replies, helps=Helps(copied_numbers=True), max_steps=4)
+    renders: list = []
+    b = make(tmp_path / "b", replies, renders, helps=Helps(copied_numbers=True), max_steps=4)
     ep = b.run("What is the total of the prices?")
     assert "calc" not in ep.steps[0]["view"] and ep.calls[0]["tool"] != "calc"
+    assert [c for c in ep.calls if c["tool"] == "calc"] == [{"tool": "calc", "args": {"expr": "12+30"}}]
+    assert ep.answer == "42"
+    after_read = renders[2][-1]["content"]
+    assert "Numbers found: 12, 30. If the task needs arithmetic on them, call calc." in after_read
+    assert "reply with" not in after_read  # no ready answer beside the numbers
+    after_calc = renders[3][-1]["content"]
+    assert "Numbers found" not in after_calc  # calc has run: its result is offered
+    assert 'reply with: {"tool":"answer","args":{"text":"12+30 = 42"}}' in after_calc
+
+
+def test_quoted_spans_are_what_the_request_quotes():
+    from railcall.agent.progress import quoted_spans, unwritten
+
+    assert quoted_spans("Save 'buy milk' to shopping.txt") == ["buy milk"]
+    assert quoted_spans("Let's append the line '- call Bob' to Bob's todo.md.") == ["- call Bob"]
+    assert quoted_spans('say "hi there", `x` and \u201cfancy\u201d twice: "hi there"') == ["hi there", "x", "fancy"]
+    assert quoted_spans("it's Bob's file") == [] and quoted_spans("no quotes here") == []
+    assert quoted_spans("'" + "a" * 300 + "'") == []  # longer than a copied run may be
+    assert unwritten("Write 'a' and 'b'", ["b", "c"]) == ["a"]
+
+
+def test_quoted_text_writes_the_quoted_span_and_waits_for_it(tmp_path):
+    # the scripted model tries to write the whole request: with quoted_text only "buy milk" is
+    # spellable, and until it is written the answer is not offered
+    renders: list = []
+    a = make(tmp_path, [call("read_file", path="notes.txt"), call("write_file", path="shopping.txt", text="Save"),
+                        call("answer", text="saved")], renders, policy=Policy(approve="auto"), max_steps=3,
+             params=SamplingParams(max_tokens=128))
+    ep = a.run("Save 'buy milk' to shopping.txt")
+    assert ep.steps[0]["scope"]["text"] == ["buy milk"]
+    assert (tmp_path / "shopping.txt").read_text() == "buy milk"
+    second = renders[1][-1]["content"]
+    assert "reply with" not in second and 'The task names shopping.txt, "buy milk", and no call has used them' in second
+    assert "reply with" in renders[2][-1]["content"]
+    # off: any run of the request's words, and the answer is offered once shopping.txt was used
+    renders.clear()
+    (tmp_path / "b").mkdir()
+    b = make(tmp_path / "b", [call("write_file", path="shopping.txt", text="Save"), call("answer", text="x")],
+             renders, policy=Policy(approve="auto"), max_steps=2, params=SamplingParams(max_tokens=128),
+             helps=Helps.off("quoted_text"))
+    b.run("Save 'buy milk' to shopping.txt")
+    assert (tmp_path / "b" / "shopping.txt").read_text() == "Save"
+    assert "reply with" in renders[1][-1]["content"]
+
+
+def test_quoted_text_is_not_waited_for_where_nothing_can_write(tmp_path):
+    renders: list = []
+    a = make(tmp_path, [call("read_file", path="notes.txt"), call("answer", text="no")], renders,
+             policy=Policy(read_only=True), max_steps=2)
+    assert a.run("Put the word 'done' in notes.txt.").success
+    assert "reply with" in renders[1][-1]["content"]
+
+
+def test_the_offered_answer_fits_the_token_budget_and_holds_the_asked_file(tmp_path):
+    from railcall.agent.progress import ready_answer
+
+    long = "notes.txt says: " + "word " * 200
+    assert len(ready_answer(long)) < 400  # OFFER_LIMIT characters at most
+    short = ready_answer(long, fits=lambda c: len(c) <= 80)
+    assert len(short) <= 80 and short.startswith('{"tool":"answer"') and short.endswith('"}}')
+    # in the loop: the budget is the model's tokens; facts about the file the request names come first
+    renders: list = []
+    (tmp_path / "other.txt").write_text("x " * 150)
+    a = make(tmp_path, [call("read_file", path="notes.txt"), call("read_file", path="other.txt"),
+                        call("answer", text="Thursday")], renders, max_steps=3, params=SamplingParams(max_tokens=100))
+    a.model.vocab._extra["encode"] = lambda text: list(text.encode())  # the byte vocabulary's own tokenization
+    a.run("When is the meeting in notes.txt?")
+    last = renders[2][-1]["content"]
+    offered = last[last.index("reply with: ") + len("reply with: "):].splitlines()[0]
+    assert json.loads(offered)["args"]["text"].startswith("notes.txt says: Meeting on Thursday.")
+    assert len(offered.encode()) < 100 and "other.txt" not in offered  # only the file the request names
+    renders.clear()
+    (tmp_path / "b").mkdir()
+    b = make(tmp_path / "b", [call("read_file", path="notes.txt"), call("read_file", path="docs/plan.md"),
+                              call("answer", text="Thursday")], renders, max_steps=3, params=SamplingParams(max_tokens=100))
+    b.model.vocab._extra["encode"] = lambda text: list(text.encode())
+    b.run("When is the meeting?")  # no file named: every fact, cut to fit
+    last = renders[2][-1]["content"]
+    offered = last[last.index("reply with: ") + len("reply with: "):].splitlines()[0]
+    assert json.loads(offered)["args"]["text"] == "notes.txt says: Meeting on Thursday. docs/plan.md says: plan"
+
+
+def test_the_command_line_help_lists_each_option_under_the_way_it_can_be_turned():
+    import re
+
+    from railcall import cli
+
+    def named(text):
+        return set(re.findall(r"\b([a-z]+_[a-z_]+|facts|examples)\b", text.split(":", 1)[1])) & set(Helps.names())
+
+    defaults = Helps()
+    assert named(cli.HELPS_OFF_HELP) == {n for n in Helps.names() if getattr(defaults, n)}
+    assert named(cli.HELPS_ON_HELP) == {n for n in Helps.names() if not getattr(defaults, n)}
+
+
+def test_read_named_reads_the_files_the_request_names_first(tmp_path):
+    # the scripted model lists the folder first; with read_named only read_file of the named
+    # file is spellable until one was used, then the whole view is back
+    renders: list = []
+    a = make(tmp_path, [call("list_dir", path="."), call("list_dir", path="."), call("answer", text="Thursday")],
+             renders, max_steps=3)
+    ep = a.run("When is the meeting? See notes.txt.")
+    assert ep.calls[0] == {"tool": "read_file", "args": {"path": "notes.txt"}}
+    assert ep.steps[0]["view"] == ["read_file"] and "list_dir" in ep.steps[0]["left_out"]
+    assert ep.calls[1] == {"tool": "list_dir", "args": {"path": "."}}  # notes.txt used: free again
+    system = renders[0][0]["content"]
+    assert "- read_file" in system and "- list_dir" not in system  # the prompt describes the narrowed view
+    # a named file that does not exist is not forced (nothing can read it); nor with the option off
+    b = make(tmp_path / "b" if (tmp_path / "b").mkdir() is None else None, [call("list_dir", path=".")], max_steps=1)
+    assert b.run("Save 'x' to new.txt").calls[0]["tool"] == "list_dir"
+    c = make(tmp_path / "c" if (tmp_path / "c").mkdir() is None else None, [call("list_dir", path=".")], max_steps=1,
+             helps=Helps.off("read_named"))
+    assert c.run("What is in notes.txt?").calls[0]["tool"] == "list_dir"
+    # read-only and a named file that exists: read first too (nothing mutates there anyway)
+    d = make(tmp_path / "d" if (tmp_path / "d").mkdir() is None else None, [call("answer", text="no")], max_steps=1,
+             policy=Policy(read_only=True))
+    assert d.run("Delete everything in notes.txt").calls[0]["tool"] == "read_file"
+
+
+def test_scored_values_route_an_enumerated_argument_in_the_loop(tmp_path):
+    a = make(tmp_path, [call("read_file", path="docs/plan.md")], max_steps=1)
+    ep = a.run("read the plan")
+    assert ep.calls[0]["args"]["path"] == "docs/plan.md" and ep.steps[0]["routed"] == 2  # the name, then the path
+    (tmp_path / "b").mkdir()
+    b = make(tmp_path / "b", [call("read_file", path="docs/plan.md")], max_steps=1, helps=Helps.off("scored_values"))
+    ep = b.run("read the plan")
+    assert ep.calls[0]["args"]["path"] == "docs/plan.md" and ep.steps[0]["routed"] == 1

@@ -158,7 +158,8 @@ def test_eval_agent_takes_the_call_format_and_records_it(tmp_path, monkeypatch):
 def test_ablation_runs_each_option_the_other_way(tmp_path, monkeypatch):
     rows = agent_eval.ablation(tmp_path, model=perfect, tasks=["readme-notes"])
     assert list(rows) == ["defaults", "without no_repeats", "without short_results", "without facts", "with examples",
-                          "without task_files", "without copied_text", "with copied_numbers"]
+                          "without task_files", "without copied_text", "without copied_numbers", "without quoted_text", "without read_named",
+                          "without scored_values"]
     assert (tmp_path / "with-examples" / "summary.json").is_file()
     assert all(s["success_rate"] == 1.0 for s in rows.values())
     assert "| without facts | 1/1 | 100% |" in (tmp_path / "ablation.md").read_text()

@@ -215,10 +215,13 @@ def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory:
     table.register(list_dir, domains={"path": lambda ctx: ws.dirs()}, canonical={"path": ws.real})
     table.register(read_file, domains={"path": lambda ctx: ws.files(hard_links=ctx.policy.hard_links)},
                    canonical={"path": ws.real})
-    table.register(write_file, mutates=True, canonical={"path": ws.real})
-    # the files that exist: appending to a new file is writing it
+    # append_file before write_file: the tool that keeps what a file holds is listed (and so
+    # described to the model) before the one that replaces it, so a small model's bias for the
+    # earlier of two tools errs on the side of keeping data. Its path: the files that exist
+    # (appending to a new file is writing it).
     table.register(append_file, mutates=True, domains={"path": lambda ctx: ws.files(hard_links=ctx.policy.hard_links)},
                    canonical={"path": ws.real})
+    table.register(write_file, mutates=True, canonical={"path": ws.real})
     table.register(calc)
     table.register(remember, mutates=True)
     table.register(run, domains={"name": skills.runnable})

@@ -36,7 +36,7 @@ from railcall.agent.builtins import ANSWER, MemoryStore, workspace_tools
 from railcall.agent.files import Workspace, sweep_temp
 from railcall.agent.policy import Approver, Decision, Policy, View, view
 from railcall.agent.progress import (FACTS_SHOWN, Helps, episode_scoped, facts_turn, numbers_seen, observation,
-                                     task_files, tool_examples, with_seen_numbers, without_repeats)
+                                     reading_named, task_files, tool_examples, unwritten, with_seen_numbers, without_repeats)
 from railcall.agent.skills import RUN, SkillError, SkillStore
 from railcall.agent.table import ToolTable
 from railcall.atomic import mend_last_line
@@ -141,6 +141,40 @@ class Episode:
         return [s["call"] for s in self.steps if s.get("call")]
 
 
+@dataclass
+class _Progress:
+    """What one episode has done so far, as the progress options read it (`Helps`)."""
+
+    task: str
+    named: list[str]  # the files the request names (task_files, read_named)
+    history: list[tuple[str, str]] = field(default_factory=list)  # (call text, observation as the model saw it)
+    made: list[dict] = field(default_factory=list)  # the calls whose repeat is unspellable (no_repeats)
+    found: list[tuple[dict, str]] = field(default_factory=list)  # (call, what it found) per successful call
+    results: list[str] = field(default_factory=list)  # successful calls' results but listings and calc's (copied_numbers)
+    computed: list[str] = field(default_factory=list)  # calc's results: what copied_text lets a write hold
+    touched: set[str] = field(default_factory=set)  # the paths successful calls used (task_files' wait)
+    written: set[str] = field(default_factory=set)  # the strings successful mutating calls wrote (quoted_text)
+
+    def offer(self, by_name: bool = True) -> str | None:
+        """The text of the `answer` offered: the latest FACTS_SHOWN facts, oldest first; with
+        `by_name` (task_files), only those about the files the request names and calc's results,
+        where there are any (offered every fact, SmolLM2 copied the file the question named and
+        went on with the others' until the token ceiling cut the call).
+
+        A listing alone is offered only where the request names no file (with `by_name`): asked
+        "What is in notes.txt?" and offered a listing, SmolLM2 answered with the folder's names
+        instead of reading the file, while "List the files in the photos folder" is answered by
+        the listing. (Offered the latest result alone, it answered with the second file it read,
+        after reading both: 3 of 39 suite tasks lost that way; hence all the latest facts.)"""
+        if not self.found or (all(c["tool"] == "list_dir" for c, _ in self.found) and (self.named or not by_name)):
+            return None
+        facts = self.found[-FACTS_SHOWN:]
+        if by_name:
+            facts = [f for f in facts if set(map(str, f[0]["args"].values())) & set(self.named)
+                     or f[0]["tool"] == "calc"] or facts
+        return " ".join(text for _, text in facts)
+
+
 class Agent:
     """A session: the live table, a policy, an approval gate, skills and memory, a model."""
 
@@ -202,18 +236,9 @@ class Agent:
             raise ValueError("this agent has no model; pass an AgentModel to run episodes")
         self._episodes += 1
         ep = Episode(task)
-        history: list[tuple[str, str]] = []  # (call text, observation as the model is shown it)
-        made: list[dict] = []  # the calls whose repeat is unspellable (Helps.no_repeats)
-        found: list[str] = []  # what successful calls found (Helps.facts)
-        offer: list[str] = []  # the text of the answer offered: the facts gathered (Helps.facts)
-        computed: list[str] = []  # calc's results: what copied_text lets a write hold besides the request's words
-        named = task_files(task) if self.helps.task_files else []
-        touched: set[str] = set()  # the paths successful calls used (a named file not among them: nothing offered)
+        st = _Progress(task, task_files(task))
         for i in range(self.max_steps):
-            pending = [f for f in named if f not in touched]
-            seen = [s.get("result", "") for s in ep.steps if s.get("ok")] if self.helps.copied_numbers else ()
-            rec = self._step(task, history, i, context, made, found, offer[0] if offer else None, computed, pending,
-                             seen)
+            rec = self._step(st, i, context)
             rec["episode"] = self._episodes
             ep.steps.append(rec)
             self._write_trace(rec)
@@ -222,24 +247,22 @@ class Agent:
             if rec.get("call") is None:
                 break
             call = rec["call"]
-            history.append((rec["text"], observation(call, rec["result"], self.helps.short_results)))
+            st.history.append((rec["text"], observation(call, rec["result"], self.helps.short_results)))
             entry = self.table.entry(call["tool"]) if call["tool"] in self.table else None
             if rec["ok"] and entry is not None and entry.tool.mutates:
-                made.clear()  # the workspace changed: an earlier read may now find something new
-            made.append(call)
+                st.made.clear()  # the workspace changed: an earlier read may now find something new
+                st.written.update(v for v in call["args"].values() if isinstance(v, str))
+            st.made.append(call)
+            if rec["ok"] and call["tool"] not in ("list_dir", "calc"):
+                # a listing's numbers are file names' (invoice-7.txt); joined with calc's own
+                # results, SmolLM2 summed its running totals again and again
+                st.results.append(rec["result"])
             if rec["ok"] and entry is not None:
-                touched.update(v for k, v in call["args"].items() if k in entry.canonical)
+                st.touched.update(v for k, v in call["args"].items() if k in entry.canonical)
             if rec["ok"] and call["tool"] == "calc":
-                computed.append(rec["result"])
+                st.computed.append(rec["result"])
             if rec["ok"] and call["tool"] != ANSWER:
-                found.append(observation(call, rec["result"], True))
-                # The answer offered holds the facts gathered, not only the latest: offered the
-                # latest result alone, SmolLM2 answered "What is in notes.txt?" with todo.md's
-                # lines after reading both files (3 of 39 suite tasks lost that way). Nothing is
-                # offered while the episode has only listed folders: offered a listing, it
-                # answered with the folder's names instead of reading the file.
-                if call["tool"] != "list_dir" or offer:
-                    offer[:] = [" ".join(found[-FACTS_SHOWN:])]
+                st.found.append((call, observation(call, rec["result"], True)))
             if rec["call"]["tool"] == ANSWER and rec["ok"]:
                 ep.answer, ep.success = rec["result"], True
                 break
@@ -247,19 +270,24 @@ class Agent:
             ep.skill = self._learn(ep)
         return ep
 
-    def _step(self, task: str, history, index: int, context: Sequence[dict] = (), made: Sequence[dict] = (),
-              found: Sequence[str] = (), offer: str | None = None, computed: Sequence[str] = (),
-              pending: Sequence[str] = (), seen: Sequence[str] = ()) -> dict:
+    def _step(self, st: "_Progress", index: int, context: Sequence[dict] = ()) -> dict:
         t0 = time.perf_counter()
+        task = st.task
         policy, scope = episode_scoped(self.policy, self.table, task, files=self.helps.task_files,
-                                       text=self.helps.copied_text, computed=computed)
+                                       text=self.helps.copied_text, computed=st.computed,
+                                       quoted=self.helps.quoted_text)
         shown = self.view()  # the tools as the prompt describes them: the episode's scope narrows the grammar alone
         v = view(self.table, policy) if scope else shown
+        numbers = numbers_seen([task, *st.results]) if self.helps.copied_numbers else []
         if self.helps.copied_numbers:
-            tools, gone = with_seen_numbers(v.tools, numbers_seen([task, *seen]))
+            tools, gone = with_seen_numbers(v.tools, numbers)
             v = View(tools, v.policy, v.table_version, {**v.left_out, **gone})
-        if self.helps.no_repeats and made:
-            v, shown = (self._without(x, made) for x in (v, shown))
+        if self.helps.no_repeats and st.made:
+            v, shown = (self._without(x, st.made) for x in (v, shown))
+        if self.helps.read_named:
+            narrowed = reading_named(v.tools, self.table, [f for f in st.named if f not in st.touched])
+            if narrowed:
+                v = View(narrowed[0], v.policy, v.table_version, {**v.left_out, **narrowed[1]})
         rec: dict = {"step": index + 1, "task": task, "policy": self.policy.name, "table_version": v.table_version,
                      "view": v.names, "left_out": v.left_out}
         if scope:
@@ -276,17 +304,24 @@ class Agent:
         described = [shown.tool(t.name) or t for t in v.tools]
         messages = [{"role": "system", "content": system_prompt(described, notes, fmt, examples=self.helps.examples)},
                     *context, {"role": "user", "content": task}]
-        for text, obs in history:
+        for text, obs in st.history:
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]
-        # a named file no tool of this view can reach (a new file under read-only) is not waited for
-        pending = [f for f in pending if self._reachable(v, f)]
-        if self.helps.facts and history:
-            messages[-1] = {"role": "user", "content": messages[-1]["content"] + "\n\n" + facts_turn(task, found, offer, fmt, pending)}
+        if self.helps.facts and st.history:
+            # a named file no tool of this view can reach (a new file under read-only) is not waited for
+            pending = [f for f in st.named if f not in st.touched and self._reachable(v, f)] if self.helps.task_files else []
+            if self.helps.quoted_text and any(t.mutates for t in v.tools):
+                pending += [json.dumps(q, ensure_ascii=False) for q in unwritten(task, st.written)]
+            facts = [f for _, f in st.found]
+            listed = numbers if "calc" in v.names and not st.computed and len(numbers) >= 2 else ()
+            turn = facts_turn(task, facts, st.offer(self.helps.task_files), fmt, pending, fits=self._fits,
+                              numbers=listed)
+            messages[-1] = {"role": "user", "content": messages[-1]["content"] + "\n\n" + turn}
         router = None
         if self.routing == "scored":
             from railcall.runtime.routing import NameRouter
 
-            router = NameRouter.for_tools(self.model.vocab, v.tools, fmt)  # scored on the model's backend
+            # scored on the model's backend; with scored_values, enumerated values too
+            router = NameRouter.for_tools(self.model.vocab, v.tools, fmt, values=self.helps.scored_values)
         g = generate(self.model.backend, self.model.vocab, self.model.render(messages, described), Matcher(compiled),
                      self.params, router=router)
         rec.update(text=g.text, tokens=len(g.tokens), legal=[s.legal for s in g.steps],
@@ -309,6 +344,14 @@ class Agent:
         rec.update(approval={"mode": decision.mode, "approved": decision.approved, "reason": decision.reason},
                    result=result[:OBSERVATION_LIMIT], ok=ok, program=program, seconds=round(time.perf_counter() - t0, 3))
         return rec
+
+    def _fits(self, call: str) -> bool:
+        """Whether `call` (a ready call the facts turn offers) can be copied within max_tokens:
+        an offer longer than that is cut by the token ceiling, and a cut call is never run."""
+        encode = self.model.vocab._extra.get("encode") if self.model is not None else None
+        if encode is None:
+            return len(call) <= 3 * self.params.max_tokens  # a guess where the tokenizer is unknown
+        return len(encode(call)) < self.params.max_tokens
 
     def _reachable(self, v: View, path: str) -> bool:
         """Whether some tool of `v` takes `path` in an argument the table gives a canonical form."""

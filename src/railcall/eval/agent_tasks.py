@@ -128,7 +128,7 @@ TASKS: list[AgentTask] = [
        {"bills/invoice-7.txt": "Invoice 7\nTotal: 312 EUR\n", "bills/readme.txt": "Bills go here.\n"},
        [call("list_dir", path="bills"), call("read_file", path="bills/invoice-7.txt"), call(A, text="312 EUR")],
        answer_has=("312",)),
-    # -- save text (2 steps) ---------------------------------------------------------------------
+    # -- save text (2 steps; 3 where the file exists: it is read before it is replaced) ----------
     _t("save-hello", "save", "Write 'hello world' to hello.txt.", {"notes.txt": "n\n"},
        [call("write_file", path="hello.txt", text="hello world"), call(A, text="Done.")],
        files_have={"hello.txt": ("hello world",)}),
@@ -144,7 +144,8 @@ TASKS: list[AgentTask] = [
        files_have={"status.txt": ("done",)}),
     _t("save-replace", "save", "Replace the text of motto.txt with 'less is more'.",
        {"motto.txt": "more is more\n", "notes.txt": "n\n"},
-       [call("write_file", path="motto.txt", text="less is more"), call(A, text="Replaced.")],
+       [call("read_file", path="motto.txt"), call("write_file", path="motto.txt", text="less is more"),
+        call(A, text="Replaced.")],
        files_have={"motto.txt": ("less is more",)}),
     # -- append to a file (3 steps: read, append a line, answer) --------------------------------
     _t("append-eggs", "append", "Add 'eggs' to the end of shopping.txt.",
@@ -207,12 +208,13 @@ TASKS: list[AgentTask] = [
        {"archive/2019.txt": "old\n", "notes.txt": "n\n"},
        [call("run", name="$SKILL"), call(A, text="2019")], answer_has=("2019",),
        skill=(call("list_dir", path="archive"),)),
-    # -- refuse under read-only: nothing changes, the answer says so ------------------------------
+    # -- refuse under read-only: nothing changes, the answer says so (a named file is read first) --
     _t("refuse-save", "refuse", "Save 'buy milk' to shopping.txt.", {"notes.txt": "Meeting moved to Thursday.\n"},
        [call(A, text="I cannot: the workspace is read-only.")], read_only=True),
     _t("refuse-delete", "refuse", "Delete everything in todo.md and write 'done' instead.",
        {"todo.md": "- buy milk\n- call Ana\n"},
-       [call(A, text="I cannot change todo.md here: read-only.")], read_only=True),
+       [call("read_file", path="todo.md"), call(A, text="I cannot change todo.md here: read-only.")],
+       read_only=True),
     _t("refuse-remember", "refuse", "Remember that the meeting is on Thursday.", {"notes.txt": "n\n"},
        [call(A, text="I cannot remember anything here: read-only.")], read_only=True),
 ]

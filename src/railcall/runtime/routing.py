@@ -67,12 +67,23 @@ class NameRouter:
 
     @classmethod
     def for_tools(cls, vocab, tools: Sequence, fmt, score: Scorer | None = None, *,
-                  temperature: float = 0.0) -> "NameRouter":
-        """A router for the grammar `tool_grammar(tools, fmt)` builds."""
+                  temperature: float = 0.0, values: bool = False) -> "NameRouter":
+        """A router for the grammar `tool_grammar(tools, fmt)` builds. With `values`, each
+        top-level argument whose schema is an enum of strings is chosen the same way, by the
+        likelihood of each whole value (its JSON string: the JSON formats only; a pythonic
+        call's values are left to the tokens)."""
+        from railcall.grammar.ir import json_literal
         from railcall.grammar.tools import FORMATS
 
         fmt = FORMATS[fmt]() if isinstance(fmt, str) else fmt
-        return cls(vocab, {fmt.name_key(t.name): t.name for t in tools}, score, temperature=temperature)
+        keys = {fmt.name_key(t.name): t.name for t in tools}
+        if values and fmt.name != "pythonic":
+            for t in tools:
+                for arg, schema in t.parameters.get("properties", {}).items():
+                    choices = schema.get("enum") if isinstance(schema, dict) else None
+                    if isinstance(choices, list) and all(isinstance(c, str) for c in choices):
+                        keys.update((json_literal(c), f"{t.name}.{arg}={c}") for c in choices)
+        return cls(vocab, keys, score, temperature=temperature)
 
     # -- where the name position is ------------------------------------------------------------
     def candidates(self, matcher) -> list[tuple[str, bytes]] | None:
