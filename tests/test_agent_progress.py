@@ -108,17 +108,13 @@ def test_observations_and_the_facts_turn(tmp_path):
     # the answer offered holds every fact gathered, listing included, once one is not a listing
     assert ('reply with: {"tool":"answer","args":{"text":"The folder . holds: docs/, notes.txt '
             'notes.txt says: Meeting on Thursday."}}') in last
-    # with task_files, a listing alone is offered where the request names no file ...
-    renders.clear()
-    a = make(tmp_path, [call("list_dir", path="docs"), call("answer", text="plan.md")], renders)
-    a.run("List the files in the docs folder.")
-    assert 'reply with: {"tool":"answer","args":{"text":"The folder docs holds: plan.md"}}' in renders[1][-1]["content"]
-    # ... and not where it names one
-    renders.clear()
-    a = make(tmp_path, [call("list_dir", path="docs"), call("answer", text="plan.md")], renders,
-             helps=Helps.off("read_named"))
-    a.run("What does docs/plan.md say?")
-    assert "reply with" not in renders[1][-1]["content"]
+    # a listing alone is not offered, whether the request names a file or not
+    for task in ("List the files in the docs folder.", "What does docs/plan.md say?"):
+        renders.clear()
+        a = make(tmp_path, [call("list_dir", path="docs"), call("answer", text="plan.md")], renders,
+                 helps=Helps.off("read_named"))
+        a.run(task)
+        assert "reply with" not in renders[1][-1]["content"]
     renders.clear()
     a = make(tmp_path, [call("read_file", path="notes.txt"), call("answer", text="x")], renders, helps=Helps.none())
     a.run("When is the meeting?")
@@ -296,6 +292,8 @@ def test_copied_numbers_calc_computes_with_the_numbers_seen(tmp_path):
     tools, gone = with_seen_numbers(a.view().tools, ["7"])
     assert "calc" not in [t.name for t in tools] and "fewer than two numbers" in gone["calc"]
     assert numbers_seen(["apple 12\npear 30\n", "v1.2.3, 4.50 and 12"]) == ["12", "30", "4.50"]
+    # a phone number, a date or a leading zero is not a number to compute with
+    assert numbers_seen(["Save 555-0199 to phone.txt", "due 2023-01-01 or 3/4/2025", "code 0199"]) == []
     assert expressions_over(["12", "30"]) == ["12+30", "12-30", "12*30", "12/30", "30-12", "30/12"]
     assert expressions_over([str(i) for i in range(20)])[0] == "+".join(map(str, range(8)))
     tools, _ = with_seen_numbers(a.view().tools, ["12", "30", "4.50"])

@@ -161,12 +161,14 @@ class _Progress:
         where there are any (offered every fact, SmolLM2 copied the file the question named and
         went on with the others' until the token ceiling cut the call).
 
-        A listing alone is offered only where the request names no file (with `by_name`): asked
-        "What is in notes.txt?" and offered a listing, SmolLM2 answered with the folder's names
-        instead of reading the file, while "List the files in the photos folder" is answered by
-        the listing. (Offered the latest result alone, it answered with the second file it read,
-        after reading both: 3 of 39 suite tasks lost that way; hence all the latest facts.)"""
-        if not self.found or (all(c["tool"] == "list_dir" for c, _ in self.found) and (self.named or not by_name)):
+        Nothing is offered while the episode has only listed folders: asked "What is in
+        notes.txt?" and offered a listing, SmolLM2 answered with the folder's names instead of
+        reading the file; offered a listing where the request names no file, it answered "Run
+        the stored skill" with the folder's names too (skill-motd, lost), and "List the files in
+        the photos folder" was won in two runs of five. (Offered the latest result alone, it
+        answered with the second file it read, after reading both: 3 of 39 suite tasks lost that
+        way; hence all the latest facts.)"""
+        if all(c["tool"] == "list_dir" for c, _ in self.found):
             return None
         facts = self.found[-FACTS_SHOWN:]
         if by_name:

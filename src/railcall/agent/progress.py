@@ -393,7 +393,9 @@ def reading_named(tools: Sequence[Tool], table, unread: Sequence[str]) -> tuple[
 
 # -- copied_numbers: calc computes with the numbers the episode has seen ------------------------
 
-_NUMBER_SEEN = re.compile(r"(?<![\w.])\d{1,9}(?:\.\d{1,6})?(?![\w.]\d)")
+# A number to compute with: not part of a word, a version, a phone number or a date (digits joined
+# to digits by "-" or "/": "555-0199", "2023-01-01", "3/4/2025"), and no leading zero ("0199").
+_NUMBER_SEEN = re.compile(r"(?<![\w.])(?<!\d[-/])(?:0|[1-9]\d{0,8})(?:\.\d{1,6})?(?![\w.]\d)(?![-/]\d)(?!\d)")
 
 
 def numbers_seen(texts: Sequence[str], limit: int = 64) -> list[str]:
