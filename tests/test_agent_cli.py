@@ -174,6 +174,6 @@ def test_skills_approve_shows_the_steps_and_signs_only_on_a_yes(ws, monkeypatch)
 
 
 def test_agent_progress_options_from_the_command_line(tmp_path):
-    assert cli._helps("examples", "task_files").label() == "without task_files; with examples"
+    assert cli._helps("facts", "examples,task_files").label() == "without examples, task_files"
     r = runner.invoke(cli.app, ["agent", "hi", "-w", str(tmp_path), "--off", "speed"])
     assert r.exit_code != 0 and "unknown option" in r.output and "no_repeats" in r.output

@@ -115,7 +115,7 @@ def test_eval_agent_command_writes_the_report_and_resumes(tmp_path, monkeypatch)
     for other in (["--off", "facts", "--max-tokens", "128"], ["--max-steps", "3", "--max-tokens", "128"], []):
         r = runner.invoke(cli.app, ["eval", "agent", "--out", str(out), "--resume", *other])
         assert r.exit_code == 2 and "other options" in r.output
-    r = runner.invoke(cli.app, ["eval", "agent", "--out", str(out), "--resume", "--on", "examples", "--max-tokens", "128"])
+    r = runner.invoke(cli.app, ["eval", "agent", "--out", str(out), "--resume", "--off", "examples", "--max-tokens", "128"])
     assert r.exit_code == 2 and "other options" in r.output
     # a run.json from before the examples option (no "examples" in its helps) resumes as off
     run = json.loads((out / "run.json").read_text())
@@ -123,10 +123,13 @@ def test_eval_agent_command_writes_the_report_and_resumes(tmp_path, monkeypatch)
     (out / "run.json").write_text(json.dumps(run))
     r = runner.invoke(cli.app, ["eval", "agent", "--tasks", "readme-notes,compute-prices,save-hello", "--out",
                                 str(out), "--resume", "--max-tokens", "128"])
+    assert r.exit_code == 2 and "other options" in r.output  # the defaults show examples now
+    r = runner.invoke(cli.app, ["eval", "agent", "--tasks", "readme-notes,compute-prices,save-hello", "--out",
+                                str(out), "--resume", "--off", "examples", "--max-tokens", "128"])
     assert r.exit_code == 0 and r.output.count("solved in") == 0 and "3/3 solved" in r.output, r.output
-    r = runner.invoke(cli.app, ["eval", "agent", "--tasks", "save-hello", "--out", str(tmp_path / "on"),
-                                "--on", "examples", "--max-tokens", "128"])
-    assert r.exit_code == 0 and json.loads((tmp_path / "on" / "run.json").read_text())["settings"]["helps"]["examples"]
+    r = runner.invoke(cli.app, ["eval", "agent", "--tasks", "save-hello", "--out", str(tmp_path / "off"),
+                                "--off", "examples", "--max-tokens", "128"])
+    assert r.exit_code == 0 and not json.loads((tmp_path / "off" / "run.json").read_text())["settings"]["helps"]["examples"]
     r = runner.invoke(cli.app, ["eval", "agent", "--tasks", "nope", "--out", str(out)])
     assert r.exit_code == 2 and "unknown task" in r.output
     r = runner.invoke(cli.app, ["eval", "agent", "--off", "speed", "--out", str(out)])
@@ -157,10 +160,10 @@ def test_eval_agent_takes_the_call_format_and_records_it(tmp_path, monkeypatch):
 
 def test_ablation_runs_each_option_the_other_way(tmp_path, monkeypatch):
     rows = agent_eval.ablation(tmp_path, model=perfect, tasks=["readme-notes"])
-    assert list(rows) == ["defaults", "without no_repeats", "without short_results", "without facts", "with examples",
+    assert list(rows) == ["defaults", "without no_repeats", "without short_results", "without facts", "without examples",
                           "without task_files", "without copied_text", "without copied_numbers", "without quoted_text", "without read_named",
                           "without scored_values"]
-    assert (tmp_path / "with-examples" / "summary.json").is_file()
+    assert (tmp_path / "without-examples" / "summary.json").is_file()
     assert all(s["success_rate"] == 1.0 for s in rows.values())
     assert "| without facts | 1/1 | 100% |" in (tmp_path / "ablation.md").read_text()
 

@@ -643,14 +643,14 @@ def _show_episode(ep) -> None:
         console.print(f"learned skill {ep.skill}", style="green")
 
 
-HELPS_OFF_HELP = ("Progress options to turn off, comma-separated: no_repeats, short_results, facts, task_files "
-                  "(writes scoped to the files the request names), copied_text (a write holds only a run of the "
-                  "request's words or a calc result), copied_numbers (calc joins only numbers the request or a "
-                  "result showed), quoted_text (a request's quoted text is what is written, and is waited for), "
-                  "read_named (the files the request names are read first), scored_values (an enumerated "
-                  "argument chosen by whole-value likelihood, as scored routing chooses the tool).")
-HELPS_ON_HELP = ("Progress options to turn on, comma-separated: examples (a request and its call for each tool in the "
-                 "system prompt).")
+HELPS_OFF_HELP = ("Progress options to turn off, comma-separated: no_repeats, short_results, facts, examples (a "
+                  "request and its call for each tool in the system prompt), task_files (writes scoped to the files "
+                  "the request names), copied_text (a write holds only a run of the request's words or a calc "
+                  "result), copied_numbers (calc joins only numbers the request or a result showed), quoted_text (a "
+                  "request's quoted text is what is written, and is waited for), read_named (the files the request "
+                  "names are read first), scored_values (an enumerated argument chosen by whole-value likelihood, "
+                  "as scored routing chooses the tool).")
+HELPS_ON_HELP = "Progress options to turn on, comma-separated: any of --off's (all are on by default)."
 
 
 def _helps(on: Optional[str], off: Optional[str]):

@@ -2,9 +2,13 @@
 
     for each step (at most max_steps):
         view      = policy view of the live table, right now      (policy.view)
+                    scoped to the request's files and words       (progress.episode_scoped)
+                    calc over the numbers found                   (progress.with_seen_numbers)
                     minus the calls this episode made already     (progress.without_repeats)
+                    only reads of the named files, first          (progress.reading_named)
         grammar   = tool_grammar(view.tools) x vocabulary          (cached per view content)
-        call      = generate(model, prompt, Matcher(grammar))      (always a call the view allows)
+        call      = generate(model, prompt, Matcher(grammar))      (always a call the view allows;
+                    the name and enumerated values by whole likelihood: runtime.routing)
         decision  = approval gate, for a mutating call             (Approver)
         result    = the tool's handler, or the denial, or the error it raised
         trace     <- one JSON line: view, mask at the tool-name position, legal counts per token,
@@ -12,8 +16,9 @@
     an `answer` call ends the episode; a successful one is compiled into a skill
 
 The observations and the last turn are written for a small model (`progress`: short results,
-the facts found so far with `answer` offered); each of the three helps is an option (`Helps`)
-measured on the task suite (`railcall eval agent`).
+the facts found so far with `answer` offered). Each of these helps is an option (`Helps`),
+measured on the task suite (`railcall eval agent`); the episode's own state (`_Progress`: its
+calls, findings, files used, text written) is what they read.
 
 The prompt and the grammar are rebuilt from the table at every step, so a tool (or a file, or a
 skill) added between two steps is offered and spellable on the next one, and one removed is
