@@ -152,34 +152,14 @@ def test_a_name_that_is_a_prefix_of_another_is_closed_when_chosen(bytes_vocab):
     assert bytes_vocab.decode(toks) == b"read("
 
 
-class ValueScripted(Scripted):
-    """One tool, `open`, whose `path` is an enum: at the value the model gives `"l` 0.6 and `"s`
-    0.4; after `"l` it has no idea (uniform), after `"s` it writes `search.txt` with certainty."""
-
-    def _logits(self, w: bytes):
-        t = self.torch
-        out = t.full((self.width,), -30.0)
-        at = b'{"tool":"open","args":{"path":"'
-        if w == at:
-            out[ord("l")], out[ord("s")] = math.log(0.6), math.log(0.4)
-        elif w == at + b"l":
-            out[:256] = 0.0
-        elif self.target.startswith(w) and len(w) < len(self.target):
-            out[self.target[len(w)]] = 0.0
-        elif w.startswith(self.target):
-            out[self.v.stop_ids[0]] = 0.0
-        else:
-            out[:256] = 0.0
-        return out
-
-
 def test_scored_values_choose_an_enumerated_argument_by_its_whole_value():
     tools = [Tool("open", "", {"type": "object", "properties": {"path": {"type": "string", "enum": [
         "lookup.txt", "search.txt", "sum.txt"]}}, "required": ["path"]})]
     v = vocab()
 
     def run_values(values):
-        backend = ValueScripted(v, "", '{"tool":"open","args":{"path":"search.txt"}}')
+        # the same script with the choice at the path: `"l` 0.6, `"s` 0.4, only "search.txt" known
+        backend = Scripted(v, '{"tool":"open","args":{"path":"', '{"tool":"open","args":{"path":"search.txt"}}')
         m = Matcher(CompiledGrammar(tool_grammar(tools, "json"), v))
         router = NameRouter.for_tools(v, tools, "json", branch_scorer(backend), values=values)
         g = generate(backend, v, [0], m, SamplingParams(max_tokens=60), router=router)

@@ -285,8 +285,9 @@ class Agent:
                                        quoted=self.helps.quoted_text)
         shown = self.view()  # the tools as the prompt describes them: the episode's scope narrows the grammar alone
         v = view(self.table, policy) if scope else shown
-        numbers = numbers_seen([task, *st.results]) if self.helps.copied_numbers else []
+        numbers = []
         if self.helps.copied_numbers:
+            numbers = numbers_seen([task, *st.results])
             tools, gone = with_seen_numbers(v.tools, numbers)
             v = View(tools, v.policy, v.table_version, {**v.left_out, **gone})
         if self.helps.no_repeats and st.made:
