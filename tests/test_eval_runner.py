@@ -293,9 +293,40 @@ def test_a_run_records_its_format_and_routing(tmp_path, monkeypatch, smollm2_tok
     recs = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert {r["call_format"] for r in recs} == {fmt}
     assert {r["routing"] for r in recs if r["condition"] == "with_grammar"} == {routing}
-    assert s["variant"] == {"call_format": fmt, "routing": routing}
+    assert s["variant"] == {"call_format": fmt, "routing": routing, "values": "free"}
     with pytest.raises(ValueError, match="other settings"):  # a resume with another variant is refused
         run_bfcl(["simple_python"], tmp_path, data=DATA, limit=2, call_format="json", routing=routing, resume=True)
+
+
+def test_a_grounded_run_narrows_the_grammar_rows_to_the_requests_numbers(tmp_path, monkeypatch, smollm2_tokenizer):
+    """values="grounded": the grammar row of "a base of 10 units and height of 5 units" may write
+    10 and 5 alone; the free row has no matcher; the settings and summary say grounded."""
+    import types
+
+    import railcall.runtime.batch
+    from railcall.models import store
+    from railcall.runtime.decode import Generation
+
+    lm = types.SimpleNamespace(tokenizer=smollm2_tokenizer, name="stub",
+                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(smollm2_tokenizer))))
+    monkeypatch.setattr(store, "load_model", lambda model=None: lm)
+    matchers = []
+
+    def replies(model, vocab, requests, params, max_rows, decided):
+        for i, (prompt, matcher, *_) in enumerate(requests):
+            matchers.append(matcher)
+            yield i, Generation(tokens=smollm2_tokenizer.encode("no"), text="no")
+
+    monkeypatch.setattr(railcall.runtime.batch, "decode_stream", replies)
+    s = run_bfcl(["simple_python"], tmp_path, data=DATA, limit=1, values="grounded")
+    [m] = [m for m in matchers if m is not None]
+    call = '{"tool":"calculate_triangle_area","args":{"base":%d,"height":%d}}'
+    assert m.copy().consume_bytes((call % (10, 5)).encode()) and m.copy().consume_bytes((call % (5, 10)).encode())
+    assert not m.copy().consume_bytes((call % (10, 7)).encode())
+    assert s["variant"]["values"] == "grounded"
+    assert json.loads((tmp_path / "run.json").read_text())["settings"]["values"] == "grounded"
+    with pytest.raises(ValueError, match="unknown values"):
+        run_bfcl(["simple_python"], tmp_path, data=DATA, limit=1, values="exact")
 
 
 def test_a_run_from_before_the_variants_resumes_as_json_greedy(tmp_path):

@@ -31,6 +31,7 @@ def test_the_spec_gives_every_combination_in_the_order_written():
     ("", "name at least one axis"),
     ("format=yaml", "'yaml' is not one of"),
     ("routing=best", "not greedy or scored"),
+    ("values=exact", "not free or grounded"),
     ("shots=two", "whole numbers"),
     ("shots=0p", "whole numbers"),
     ("shots=p2", "whole numbers"),
@@ -56,6 +57,15 @@ def test_a_scored_variant_runs_the_grammar_alone_after_its_greedy_baseline():
     assert [variants.label(v) for v, _ in steps] == ["json-greedy-0shot-smollm2", "json-scored-0shot-smollm2"]
 
 
+def test_a_grounded_variant_shares_its_free_baseline_too():
+    vs = variants.parse("values=free,grounded routing=greedy,scored")
+    assert [variants.label(v) for v in vs] == ["json-greedy-0shot-smollm2", "json-greedy-0shot-grounded-smollm2",
+                                               "json-scored-0shot-smollm2", "json-scored-0shot-grounded-smollm2"]
+    steps = variants.plan(variants.parse("values=grounded routing=scored"))
+    assert [(variants.label(v), without) for v, without in steps] == [
+        ("json-greedy-0shot-smollm2", True), ("json-scored-0shot-grounded-smollm2", False)]
+
+
 def _summary(acc_with, acc_without, n=4):
     def cond(acc):
         return {"n": n, "parse_rate": 1.0, "valid_rate": 1.0, "ast_accuracy": acc, "tokens_mean": 20.0,
@@ -79,7 +89,7 @@ def test_run_writes_one_table_and_shares_the_baselines_free_replies(tmp_path):
     # asked for the scored variant only: the baseline ran for it, but only what was asked is tabled
     assert [c[0] for c in calls] == ["json-greedy-0shot-smollm2", "json-scored-0shot-smollm2"]
     assert calls[1][1]["call_format"] == "json" and calls[1][1]["shots"] == 0 and calls[1][1]["model"] == "smollm2"
-    assert calls[1][1]["shot_pair"] is False
+    assert calls[1][1]["shot_pair"] is False and calls[1][1]["values"] == "free"
     (row,) = table["rows"]
     assert row["variant"] == "json-scored-0shot-smollm2" and row["with_grammar"]["ast_accuracy"] == 0.5
     assert row["without_grammar"]["ast_accuracy"] == 0.0  # the greedy run's

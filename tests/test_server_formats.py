@@ -162,3 +162,32 @@ def test_scored_routing_without_a_scoring_backend_is_a_400(smollm2_tokenizer):
         assert e.value.body["code"] == "unsupported_field" and e.value.body["param"] == "routing"
     finally:
         s.run.stop()
+
+
+TIMER = [{"type": "function", "function": {"name": "set_timer", "parameters": {
+    "type": "object", "properties": {"minutes": {"type": "integer"}}, "required": ["minutes"]}}}]
+
+
+def timers(s, text, reply, values, parallel=False):
+    s.backend.replies.append(reply.encode())
+    msg = s.client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": text}], tools=TIMER, temperature=0, max_tokens=60,
+        tool_choice="required", parallel_tool_calls=parallel, extra_body={"values": values}).choices[0].message
+    return [json.loads(c.function.arguments)["minutes"] for c in msg.tool_calls]
+
+
+def test_grounded_values_write_the_requests_numbers_and_fill_a_call_each(server):
+    """A model that would write 52 for "25 minutes" writes 25 under values "grounded" (the only
+    number the message states); "for 5 and 10 minutes" with parallel calls is two calls, 5 then
+    10, where the model would have stopped after one."""
+    one = '{"tool":"set_timer","args":{"minutes":52}}'
+    assert timers(server, "Set a timer for 25 minutes", one, "free") == [52]
+    assert timers(server, "Set a timer for 25 minutes", one, "grounded") == [25]
+    five = '[{"tool":"set_timer","args":{"minutes":5}}]'
+    assert timers(server, "Set timers for 5 and 10 minutes", five, "free", parallel=True) == [5]
+    assert timers(server, "Set timers for 5 and 10 minutes", five, "grounded", parallel=True) == [5, 10]
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client.chat.completions.create(model="any", messages=ASK, tools=TOOLS, extra_body={"values": "exact"})
+    assert "values" in str(e.value)

@@ -844,10 +844,14 @@ def eval_bfcl(
                                 "forward pass per call)."),
     prompt_example: bool = typer.Option(False, "--prompt-example", help="The prompt also shows one call built from the "
                                         "table (the first tool, placeholders of its required arguments' types)."),
+    values: str = typer.Option("free", "--values", help="free, or grounded: under the grammar each numeric argument "
+                               "takes one of the numbers the request states, and a request stating more numbers than "
+                               "one call holds gets that many calls (docs/evaluation.md)."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Run every combination of the axes given, e.g. "
-                                           "'format=json,pythonic routing=greedy,scored shots=0,2,2p model=smollm2,gemma3' "
-                                           "(2p: --shots 2 --shot-pair; an axis not given keeps its default; --format, "
-                                           "--routing, --shots, --shot-pair and --model are then not used), each into --out/<variant>/, and write "
+                                           "'format=json,pythonic routing=greedy,scored shots=0,2,2p values=free,grounded "
+                                           "model=smollm2,gemma3' (2p: --shots 2 --shot-pair; an axis not given keeps its "
+                                           "default; --format, --routing, --shots, --shot-pair, --values and --model are "
+                                           "then not used), each into --out/<variant>/, and write "
                                            "--out/variants.md, variants.json and variants.png."),
 ) -> None:
     """Each BFCL task on the model with and without the grammar: parse rate, schema validity, AST accuracy."""
@@ -865,6 +869,8 @@ def eval_bfcl(
         _fail("--shot-pair changes the last in-context example: give --shots 1 or more as well")
     if tool_choice not in (None, "auto", "required"):
         _fail(f"--tool-choice must be auto or required, not {tool_choice!r}")
+    if values not in ("free", "grounded"):
+        _fail(f"--values must be free or grounded, not {values!r}")
     _check_format_and_routing(call_format, routing)
     call_format = _call_format(call_format, model)
     _check_eval_packages(model, "jsonschema", "matplotlib")
@@ -888,7 +894,7 @@ def eval_bfcl(
                                shot_pair=shot_pair,
                                max_tokens=max_tokens, batch=batch, resume=resume, threads=threads, progress=progress,
                                tool_choice=tool_choice, call_format=call_format, routing=routing,
-                               prompt_example=prompt_example,
+                               prompt_example=prompt_example, values=values,
                                log=lambda m: console.print(m, style="dim"))
         except (RailcallError, ValueError, FileNotFoundError, NotImplementedError) as e:
             _fail(e)

@@ -120,6 +120,11 @@ def load_category(data: Path, category: str, limit: int | None = None) -> list[T
     return tasks
 
 
+def request_text(task: Task) -> str:
+    """What the user wrote in `task` (its user turns, one per line)."""
+    return "\n".join(m.get("content") or "" for m in task.messages if m.get("role") == "user")
+
+
 def tool_choice(tasks: Sequence[Task]) -> str:
     """The category's decoding mode: "required" if every task has gold calls, else "auto"."""
     return "required" if all(t.expects == "calls" for t in tasks) else "auto"

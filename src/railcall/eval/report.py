@@ -1,7 +1,7 @@
 """Results -> summary.json, a terminal table and a PNG chart (with vs without the grammar).
 
 summary.json: {"categories": {cat: {condition: {n, parse_rate, valid_rate, ast_accuracy,
-tokens_mean, seconds_mean, cut_rate}}}, "throughput": {...}, "variant": {call_format, routing},
+tokens_mean, seconds_mean, cut_rate}}}, "throughput": {...}, "variant": {call_format, routing, values},
 "settings", "machine", "limit"}.
 A condition's `seconds_mean` is each task's latency inside its batch (rows decode together);
 `throughput` is the run's generated tokens over its decoding wall time (prefills included; their
@@ -49,7 +49,8 @@ def summarise(records: list[dict], *, settings: dict, categories: list[str], lim
                        "tokens_per_s": round(tokens / wall, 1) if wall else None,
                        "seconds_per_task": round(wall / tasks, 3) if tasks else None},
         # the variant the figures are of (runs written before these settings: json, greedy)
-        "variant": {"call_format": settings.get("call_format", "json"), "routing": settings.get("routing", "greedy")},
+        "variant": {"call_format": settings.get("call_format", "json"), "routing": settings.get("routing", "greedy"),
+                    "values": settings.get("values", "free")},
         "settings": settings,
         "machine": machine or {},
         "limit": limit,
@@ -102,7 +103,7 @@ def table(summary: dict):
 
     v = summary.get("variant") or {}
     t = Table(title=f"BFCL: without / with the grammar ({v.get('call_format', 'json')} format, "
-                    f"{v.get('routing', 'greedy')} routing)")
+                    f"{v.get('routing', 'greedy')} routing, {v.get('values', 'free')} values)")
     for col in ("category", "n", "parse rate", "schema-valid", "AST accuracy", "tokens/task", "s/task"):
         t.add_column(col, justify="left" if col == "category" else "right")
     for cat, per in summary["categories"].items():
@@ -145,7 +146,8 @@ def chart(summary: dict, path: Path) -> None:
     model = summary.get("settings", {}).get("model", "")
     v = summary.get("variant") or {}
     fig.suptitle(f"BFCL on {model}, greedy, max {summary.get('settings', {}).get('max_tokens')} tokens, "
-                 f"{v.get('call_format', 'json')} format, {v.get('routing', 'greedy')} routing", fontsize=10,
+                 f"{v.get('call_format', 'json')} format, {v.get('routing', 'greedy')} routing, "
+                 f"{v.get('values', 'free')} values", fontsize=10,
                  x=0.02, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     atomic_savefig(fig, path)

@@ -66,11 +66,13 @@ class Settings:
     conditions: list = field(default_factory=lambda: list(CONDITIONS))
     call_format: str = "json"  # railcall.grammar.tools.FORMATS: the grammar's, the parser's and the prompt's
     routing: str = "greedy"  # "greedy": the tool name token by token; "scored": by whole-name likelihood
+    values: str = "free"  # "grounded": numbers and call count from the request (railcall.runtime.grounding)
 
 
 # What a run.json written before a setting existed ran with (its resume compares like with like).
-SETTINGS_BEFORE = {"shots": 0, "shot_pair": False, "call_format": "json", "routing": "greedy"}
+SETTINGS_BEFORE = {"shots": 0, "shot_pair": False, "call_format": "json", "routing": "greedy", "values": "free"}
 ROUTINGS = ("greedy", "scored")
+VALUES = ("free", "grounded")
 # The grammar's description per format (the run's settings say which grammar its figures are of).
 GRAMMARS = {"json": "one call or a JSON array of calls, JsonCall wire format",
             "openai": "one call or a JSON array of calls, OpenAICall format",
@@ -78,13 +80,16 @@ GRAMMARS = {"json": "one call or a JSON array of calls, JsonCall wire format",
             "pythonic": "a Python list of one or more calls, PythonicCall format"}
 
 
-def call_grammar(tools, fmt: str = "json"):
+def call_grammar(tools, fmt: str = "json", per_call=None):
     """The calls a reply may make over `tools`, the same in every category: one call or a JSON
     array of calls (json, openai), one or more <tool_call> blocks (hermes), a Python list of one
-    or more calls (pythonic)."""
+    or more calls (pythonic). `per_call` (a grounded request's tables, one per call): exactly
+    that many calls, call i over per_call[i]."""
     from railcall.grammar import ir
-    from railcall.grammar.tools import tool_grammar
+    from railcall.grammar.tools import call_sequence_grammar, tool_grammar
 
+    if per_call:
+        return call_sequence_grammar(per_call, fmt)
     many = tool_grammar(tools, fmt, parallel=True)
     if fmt not in ("json", "openai"):
         return many  # a single call is already one of the many
@@ -104,11 +109,12 @@ def delimiters(vocab, fmt: str = "json"):
                                  tool_call=("<tool_call>", "</tool_call>") if fmt == "hermes" else None)
 
 
-def make_matcher(tools, vocab, mode: str, fmt: str = "json"):
-    """A fresh matcher for one request: the call grammar, required or behind free text (auto)."""
+def make_matcher(tools, vocab, mode: str, fmt: str = "json", per_call=None):
+    """A fresh matcher for one request: the call grammar (`per_call`: see call_grammar),
+    required or behind free text (auto)."""
     from railcall.matcher import Matcher, compiled_grammar
 
-    compiled = compiled_grammar(call_grammar(tools, fmt), vocab)
+    compiled = compiled_grammar(call_grammar(tools, fmt, per_call), vocab)
     if mode == "required":
         return Matcher(compiled)
     from railcall.runtime.output import AUTO_TRIGGERS
@@ -199,12 +205,14 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
              batch: int = 16,
              resume: bool = False, tool_choice: str | None = None, threads: int | None = None,
              call_format: str = "json", routing: str = "greedy", prompt_example: bool = False,
-             without_grammar: bool = True,
+             values: str = "free", without_grammar: bool = True,
              progress: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Run the categories; returns the summary (also written to `out`/summary.json). `call_format`:
     the grammar's, the parser's and the prompt's format; `routing="scored"`: the tool name chosen
     by whole-name likelihood (`railcall.runtime.routing`) under the grammar; `prompt_example`:
-    the prompt shows one call built from the table (`railcall.runtime.prompt.call_example`).
+    the prompt shows one call built from the table (`railcall.runtime.prompt.call_example`);
+    `values="grounded"`: under the grammar, numeric arguments take the request's numbers and the
+    reply makes as many calls as they fill (`railcall.runtime.grounding`).
     `shots` in-context examples before each question, the last a request for two calls where
     `shot_pair` (`railcall.runtime.shots`).
     `grammar` / `without_grammar`: whether the run decodes each task under the grammar / free
@@ -217,12 +225,15 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     from railcall.vocab import Vocabulary
 
     from railcall.grammar.tools import FORMATS
+    from railcall.runtime.grounding import ground
     from railcall.runtime.routing import NameRouter
 
     if call_format not in FORMATS:
         raise ValueError(f"unknown call format {call_format!r}; use {', '.join(FORMATS)}")
     if routing not in ROUTINGS:
         raise ValueError(f"unknown routing {routing!r}; use {' or '.join(ROUTINGS)}")
+    if values not in VALUES:
+        raise ValueError(f"unknown values {values!r}; use {' or '.join(VALUES)}")
     log = log or (lambda m: None)
     if shots < 0:
         raise ValueError(f"shots must be 0 or more, not {shots}")
@@ -247,7 +258,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     conditions = [c for c in CONDITIONS if (grammar if c == "with_grammar" else without_grammar)]
     settings = Settings(model=lm.name, max_tokens=max_tokens, shots=shots, shot_pair=shot_pair and shots > 0,
                         conditions=list(CONDITIONS),
-                        grammar=GRAMMARS[call_format], call_format=call_format, routing=routing,
+                        grammar=GRAMMARS[call_format], call_format=call_format, routing=routing, values=values,
                         prompt=bfcl.PROMPT_VERSION + ("+example" if prompt_example else ""))
     results_path, run_path = out / "results.jsonl", out / "run.json"
     if resume and run_path.is_file():
@@ -290,9 +301,13 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
             if c != "with_grammar" or not t.tools:  # no tool: no call to constrain (tool_choice "none")
                 yield prompts[(cat, t.id)], None
                 continue
-            m = make_matcher(t.tools, vocab, modes[cat], call_format)
+            tools, per_call = t.tools, None
+            if values == "grounded":
+                g = ground(tools, bfcl.request_text(t))
+                tools, per_call = g.tools, g.per_call
+            m = make_matcher(tools, vocab, modes[cat], call_format, per_call)
             # scored: the router's scorer is bound to the row's batch when the row is added
-            yield prompts[(cat, t.id)], m, NameRouter.for_tools(vocab, t.tools, call_format) if routing == "scored" else None
+            yield prompts[(cat, t.id)], m, NameRouter.for_tools(vocab, tools, call_format) if routing == "scored" else None
 
     waiting: dict[tuple, int] = {}
     for cat, t, _ in rows:

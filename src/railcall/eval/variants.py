@@ -5,10 +5,10 @@ in-context examples and model, run on the same tasks with the same settings, and
 
 A variant is one `run_bfcl` in its own folder under `out` (named by its label, e.g.
 `pythonic-scored-0shot-smollm2`), so each is resumable on its own and readable with
-`railcall eval report`. Routing acts only under the grammar (it chooses among the names the
-grammar allows), so a scored variant runs the grammar condition alone and takes its
-without-grammar figures from the greedy run of the same format, examples and model, which the
-variants then always include. The table (variants.md, variants.json, variants.png in `out`)
+`railcall eval report`. Routing and grounded values act only under the grammar (they choose
+among what the grammar allows, or narrow it), so a scored or grounded variant runs the grammar
+condition alone and takes its without-grammar figures from the greedy, free-valued run of the
+same format, examples and model, which the variants then always include. The table (variants.md, variants.json, variants.png in `out`)
 has one row per variant and category: AST accuracy, parse and valid rates, tokens per reply
 and seconds per task, with and without the grammar.
 """
@@ -21,8 +21,8 @@ import re
 from pathlib import Path
 from typing import Callable
 
-AXES = ("format", "routing", "shots", "model")
-DEFAULTS = {"format": "json", "routing": "greedy", "shots": 0, "model": "smollm2"}  # the embedded model
+AXES = ("format", "routing", "shots", "values", "model")
+DEFAULTS = {"format": "json", "routing": "greedy", "shots": 0, "values": "free", "model": "smollm2"}  # the embedded model
 
 
 class VariantError(ValueError):
@@ -30,7 +30,7 @@ class VariantError(ValueError):
 
 
 def parse(spec: str) -> list[dict]:
-    """`"format=json,pythonic routing=greedy,scored shots=0,2,2p model=smollm2"` (axes separated by
+    """`"format=json,pythonic routing=greedy,scored shots=0,2,2p values=free,grounded model=smollm2"` (axes separated by
     spaces or semicolons, values by commas; an axis not named keeps its default) -> every
     combination, as dicts over AXES, in the order written (shots `2p`: two examples, the last a
     request for two things answered with two calls). Groups separated by `|` add their
@@ -63,6 +63,10 @@ def _parse_group(spec: str) -> list[dict]:
             bad = [v for v in vals if v not in ("greedy", "scored")]
             if bad:
                 raise VariantError(f"--variants: routing {bad[0]!r} is not greedy or scored")
+        elif name == "values":
+            bad = [v for v in vals if v not in ("free", "grounded")]
+            if bad:
+                raise VariantError(f"--variants: values {bad[0]!r} is not free or grounded")
         elif name == "shots":
             if not all(re.fullmatch(r"\d+p?", v) and v != "0p" for v in vals):
                 raise VariantError(f"--variants: shots are whole numbers, each with p for a last example "
@@ -85,8 +89,10 @@ def shot_count(v: dict) -> tuple[int, bool]:
 
 
 def label(v: dict) -> str:
-    """A variant's folder name and table label: `json-greedy-0shot-smollm2`."""
-    return f"{v['format']}-{v['routing']}-{v['shots']}shot-{_model_label(v['model'])}"
+    """A variant's folder name and table label: `json-greedy-0shot-smollm2` (with grounded
+    values, `json-greedy-0shot-grounded-smollm2`)."""
+    grounded = "-grounded" if v.get("values", "free") == "grounded" else ""
+    return f"{v['format']}-{v['routing']}-{v['shots']}shot{grounded}-{_model_label(v['model'])}"
 
 
 def _model_label(model) -> str:
@@ -94,21 +100,26 @@ def _model_label(model) -> str:
 
 
 def _baseline(v: dict) -> dict:
-    """The greedy variant whose without-grammar figures a scored one shares."""
-    return {**v, "routing": "greedy"}
+    """The greedy free-valued variant whose without-grammar figures a scored or grounded one
+    shares (both act only under the grammar)."""
+    return {**v, "routing": "greedy", "values": "free"}
+
+
+def _shares(v: dict) -> bool:
+    return v != _baseline(v)
 
 
 def plan(variants: list[dict]) -> list[tuple[dict, bool]]:
-    """(variant, with the without-grammar condition) in run order: each greedy baseline a scored
-    variant needs is added where missing, and runs before it."""
+    """(variant, with the without-grammar condition) in run order: each greedy, free-valued
+    baseline a scored or grounded variant needs is added where missing, and runs before it."""
     out: list[tuple[dict, bool]] = []
     seen: set[str] = set()
     for v in variants:
-        need = [_baseline(v), v] if v["routing"] == "scored" else [v]
+        need = [_baseline(v), v] if _shares(v) else [v]
         for w in need:
             if label(w) not in seen:
                 seen.add(label(w))
-                out.append((w, w["routing"] == "greedy"))
+                out.append((w, not _shares(w)))
     return out
 
 
@@ -129,15 +140,16 @@ def run(categories: list[str], out: Path, variants: list[dict], *, runner: Calla
         log(f"variant {i} of {len(steps)}: {name}")
         k, pair = shot_count(v)
         summaries[name] = runner(categories, out / name, model=v["model"], call_format=v["format"],
-                                 routing=v["routing"], shots=k, shot_pair=pair, without_grammar=without, **kw)
+                                 routing=v["routing"], shots=k, shot_pair=pair, values=v["values"],
+                                 without_grammar=without, **kw)
     table = tabulate(categories, variants, summaries)
     write(table, out)
     return table
 
 
 def tabulate(categories: list[str], variants: list[dict], summaries: dict[str, dict]) -> dict:
-    """{"rows": [...]} with one row per (asked-for) variant and category; a scored variant's
-    without-grammar figures are its greedy baseline's."""
+    """{"rows": [...]} with one row per (asked-for) variant and category; a scored or grounded
+    variant's without-grammar figures are its baseline's."""
     rows = []
     for v in variants:
         name = label(v)
@@ -145,7 +157,7 @@ def tabulate(categories: list[str], variants: list[dict], summaries: dict[str, d
         base = summaries[label(_baseline(v))]["categories"]
         for cat in categories:
             w = s.get(cat, {}).get("with_grammar")
-            wo = (base if v["routing"] == "scored" else s).get(cat, {}).get("without_grammar")
+            wo = (base if _shares(v) else s).get(cat, {}).get("without_grammar")
             rows.append({"variant": name, **{a: v[a] for a in AXES if a != "model"}, "model": _model_label(v["model"]),
                          "category": cat, "with_grammar": w, "without_grammar": wo})
     return {"rows": rows, "categories": categories, "variants": [label(v) for v in variants]}
@@ -201,7 +213,7 @@ def chart(table: dict, path: Path) -> None:
     ax.set_ylabel("AST accuracy with the grammar (%)")
     ax.set_ylim(0, 100)
     ax.legend(fontsize=7, ncol=2)
-    ax.set_title("BFCL: call format x routing x examples x model")
+    ax.set_title("BFCL: call format x routing x examples x values x model")
     fig.tight_layout()
     atomic_savefig(fig, path)
     plt.close(fig)

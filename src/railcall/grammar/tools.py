@@ -88,7 +88,9 @@ class CallFormat:
         # the JSON string of the name without its opening quote: the quote is the literal before
         return ir.json_literal(tool_name)[1:]
 
-    def many(self, one: ir.Node, max_calls: int | None) -> ir.Node:
+    def many(self, one: ir.Node, max_calls: int | None, min_calls: int = 1) -> ir.Node:
+        """The whole output when calls may be parallel: `min_calls` to `max_calls` calls (None:
+        no upper bound)."""
         raise NotImplementedError
 
     def single(self, one: ir.Node) -> ir.Node:
@@ -98,6 +100,11 @@ class CallFormat:
     def more_rules(self, one: ir.Node, max_calls: int | None) -> tuple:
         """Rules `many` refers to (a recursive tail of further calls), if any."""
         return ()
+
+    def sequence(self, ones: Sequence[ir.Node]) -> ir.Node:
+        """The whole output of exactly len(`ones`) calls, call i one of `ones[i]` (spelled as
+        `many` spells parallel calls)."""
+        return ir.JsonArray(None, len(ones), len(ones), tuple(ones))
 
     def args(self, node: ir.Node, rules: tuple, tool: "Tool") -> tuple:
         """A tool's arguments as this format spells them, from its JSON argument IR: (node,
@@ -130,8 +137,8 @@ class JsonCall(CallFormat):
         return ir.Seq(ir.Lit(b'{"tool":"'), ir.Select(tuple((k, ir.Seq(ir.Lit(b',"args":'), v)) for k, v in choices)),
                       ir.Lit(b"}"))
 
-    def many(self, one, max_calls):
-        return ir.JsonArray(one, 1, max_calls)
+    def many(self, one, max_calls, min_calls=1):
+        return ir.JsonArray(one, min_calls, max_calls)
 
     def _one(self, name, args):
         return f'{{"tool":{_json(name)},"args":{_json(args)}}}'
@@ -170,12 +177,24 @@ class HermesCall(CallFormat):
             ir.Special(self.close_tag),
         )
 
-    def many(self, one, max_calls):
-        rest = ir.Alt(ir.Seq(), ir.Seq(ir.Lit(b"\n"), ir.Ref("hermes_more")))
-        return ir.Seq(one, rest) if max_calls != 1 else one
+    def many(self, one, max_calls, min_calls=1):
+        if max_calls == 1:
+            return one
+        if max_calls is None:
+            rest: ir.Node = ir.Alt(ir.Seq(), ir.Seq(ir.Lit(b"\n"), ir.Ref("hermes_more")))
+        else:  # bounded: unrolled, as pythonic's
+            rest = ir.Seq()
+            for _ in range(max_calls - min_calls):
+                rest = ir.Alt(ir.Seq(), ir.Seq(ir.Lit(b"\n"), one, rest))
+        return ir.Seq(one, *[ir.Seq(ir.Lit(b"\n"), one) for _ in range(min_calls - 1)], rest)
 
     def more_rules(self, one, max_calls):
-        return (("hermes_more", self.many(one, max_calls)),) if max_calls != 1 else ()
+        if max_calls is not None:
+            return ()
+        return (("hermes_more", ir.Seq(one, ir.Alt(ir.Seq(), ir.Seq(ir.Lit(b"\n"), ir.Ref("hermes_more"))))),)
+
+    def sequence(self, ones):
+        return ir.Seq(*[x for i, one in enumerate(ones) for x in ((ir.Lit(b"\n"),) if i else ()) + (one,)])
 
     def _one(self, name, args):
         return f'{self.open_tag}{{"name":{_json(name)},"arguments":{_json(args)}}}{self.close_tag}'
@@ -211,14 +230,19 @@ class PythonicCall(CallFormat):
     def single(self, one):
         return ir.Seq(ir.Lit(b"["), one, ir.Lit(b"]"))
 
-    def many(self, one, max_calls):
+    def many(self, one, max_calls, min_calls=1):
         if max_calls is None:
             rest: ir.Node = ir.Ref("pythonic_more")
         else:  # bounded: unrolled, no recursion (each Ref level is a frame in every thread)
             rest = ir.Seq()
-            for _ in range(max_calls - 1):
+            for _ in range(max_calls - min_calls):
                 rest = ir.Alt(ir.Seq(), ir.Seq(ir.Lit(b", "), one, rest))
-        return ir.Seq(ir.Lit(b"["), one, rest, ir.Lit(b"]"))
+        required = [ir.Seq(ir.Lit(b", "), one) for _ in range(min_calls - 1)]
+        return ir.Seq(ir.Lit(b"["), one, *required, rest, ir.Lit(b"]"))
+
+    def sequence(self, ones):
+        return ir.Seq(ir.Lit(b"["), *[x for i, one in enumerate(ones) for x in ((ir.Lit(b", "),) if i else ()) + (one,)],
+                      ir.Lit(b"]"))
 
     def more_rules(self, one, max_calls):
         if max_calls is not None:
@@ -310,13 +334,54 @@ class ToolGrammarBuilder:
         return hit
 
     def grammar(self, tools: Sequence[Tool], fmt: CallFormat | str = "json", *, parallel: bool = False,
-                max_calls: int | None = None) -> ir.Grammar:
+                max_calls: int | None = None, min_calls: int = 1) -> ir.Grammar:
         fmt = call_format(fmt)
+        if min_calls < 1 or (max_calls is not None and max_calls < min_calls):
+            raise GrammarError(f"min_calls={min_calls}, max_calls={max_calls}: a reply makes at least one call, "
+                               "and max_calls (None: no bound) may not be below min_calls")
+        if min_calls > 1 and not parallel:
+            raise GrammarError(f"min_calls={min_calls} needs parallel=True: one call is all a non-parallel reply makes")
         if not tools:
             raise GrammarError("the tool table is empty (or the policy view removed every tool): "
                                "no call can be written")
         names = [t.name for t in tools]
-        dup = [n for n, k in Counter(names).items() if k > 1]
+        one, rules = self._one(tools, fmt)
+        if parallel and max_calls != 1:
+            rules.extend(fmt.more_rules(one, max_calls))
+            start = fmt.many(one, max_calls, min_calls)
+        else:
+            start = fmt.single(one)
+        # The content key from the tools' schema keys: hashing the IR's repr would cost
+        # milliseconds for a large table on every request.
+        key = hashlib.sha256(json.dumps([repr(self.options), fmt.name, getattr(fmt, "open_tag", ""), getattr(fmt, "close_tag", ""),
+                                         parallel, max_calls, min_calls, [t.schema_key() for t in tools]]).encode()).hexdigest()[:24]
+        return ir.Grammar(start, tuple(rules), name=f"{fmt.name}:{','.join(names)}", key=key)
+
+    def sequence(self, tables: Sequence[Sequence[Tool]], fmt: CallFormat | str = "json") -> ir.Grammar:
+        """The grammar of exactly len(`tables`) calls in order, call i one `tables[i]` allows
+        (a table per call: `railcall.runtime.grounding` narrows each call's numbers to its own
+        part of the request)."""
+        fmt = call_format(fmt)
+        if not tables:
+            raise GrammarError("a call sequence needs at least one table")
+        ones, rules, seen = [], [], set()
+        for tools in tables:
+            if not tools:
+                raise GrammarError("a table of the call sequence is empty: that call could not be written")
+            one, trules = self._one(tools, fmt)
+            ones.append(one)
+            for name, rule in trules:  # a tool's rules are named for it: the same name is the same rule
+                if name not in seen:
+                    seen.add(name)
+                    rules.append((name, rule))
+        key = hashlib.sha256(json.dumps([repr(self.options), fmt.name, getattr(fmt, "open_tag", ""), getattr(fmt, "close_tag", ""),
+                                         "sequence", [[t.schema_key() for t in tools] for tools in tables]]).encode()).hexdigest()[:24]
+        names = ",".join(dict.fromkeys(t.name for tools in tables for t in tools))
+        return ir.Grammar(fmt.sequence(ones), tuple(rules), name=f"{fmt.name}:{len(tables)} calls:{names}", key=key)
+
+    def _one(self, tools: Sequence[Tool], fmt: CallFormat) -> tuple:
+        """(one call over `tools` as `fmt` writes it, the rules it refers to)."""
+        dup = [n for n, k in Counter(t.name for t in tools).items() if k > 1]
         if dup:
             raise GrammarError(f"duplicate tool names: {sorted(dup)}")
         choices, rules = [], []
@@ -324,17 +389,7 @@ class ToolGrammarBuilder:
             node, trules = self.format_args(t, fmt)
             choices.append((fmt.name_key(t.name), node))
             rules.extend(trules)
-        one = fmt.call(tuple(choices))
-        if parallel and max_calls != 1:
-            rules.extend(fmt.more_rules(one, max_calls))
-            start = fmt.many(one, max_calls)
-        else:
-            start = fmt.single(one)
-        # The content key from the tools' schema keys: hashing the IR's repr would cost
-        # milliseconds for a large table on every request.
-        key = hashlib.sha256(json.dumps([repr(self.options), fmt.name, getattr(fmt, "open_tag", ""), getattr(fmt, "close_tag", ""),
-                                         parallel, max_calls, [t.schema_key() for t in tools]]).encode()).hexdigest()[:24]
-        return ir.Grammar(start, tuple(rules), name=f"{fmt.name}:{','.join(names)}", key=key)
+        return fmt.call(tuple(choices)), rules
 
 
 def _prefix_rules(node, rules, tool_name: str):
@@ -372,8 +427,16 @@ def read_only_view(tools: Sequence[Tool]) -> list[Tool]:
 _DEFAULT_BUILDER = ToolGrammarBuilder()
 
 
-def tool_grammar(tools: Sequence[Tool], fmt: CallFormat | str = "json", *, parallel: bool = False,
-                 max_calls: int | None = None, options: SchemaOptions | None = None) -> ir.Grammar:
-    """The grammar of every call `tools` allows (see ToolGrammarBuilder)."""
+def call_sequence_grammar(tables: Sequence[Sequence[Tool]], fmt: CallFormat | str = "json", *,
+                          options: SchemaOptions | None = None) -> ir.Grammar:
+    """Exactly len(`tables`) calls, call i over `tables[i]` (see ToolGrammarBuilder.sequence)."""
     builder = _DEFAULT_BUILDER if options is None else ToolGrammarBuilder(options)
-    return builder.grammar(tools, fmt, parallel=parallel, max_calls=max_calls)
+    return builder.sequence(tables, fmt)
+
+
+def tool_grammar(tools: Sequence[Tool], fmt: CallFormat | str = "json", *, parallel: bool = False,
+                 max_calls: int | None = None, min_calls: int = 1, options: SchemaOptions | None = None) -> ir.Grammar:
+    """The grammar of every call `tools` allows (see ToolGrammarBuilder); with `parallel`,
+    `min_calls` to `max_calls` of them (None: no upper bound)."""
+    builder = _DEFAULT_BUILDER if options is None else ToolGrammarBuilder(options)
+    return builder.grammar(tools, fmt, parallel=parallel, max_calls=max_calls, min_calls=min_calls)

@@ -23,7 +23,11 @@ reasoning region comes first on models whose think delimiters are single tokens)
 The call format is the request's `call_format` (railcall's extension), else the served model's
 (`railcall serve --format`); the grammar, the prompt and the output parser all follow it. With
 `routing: "scored"` each row chooses the tool name by whole-name likelihood (a NameRouter per
-row, scored on the row's KV in the batch: `railcall.runtime.batch.BatchLoop.scorer`).
+row, scored on the row's KV in the batch: `railcall.runtime.batch.BatchLoop.scorer`). With
+`values: "grounded"` the grammar's tools take, in each required numeric argument, only the
+numbers the last user message states, and a "required" parallel reply makes as many calls as
+they fill, each with its own part of them (`railcall.runtime.grounding`); the output parser
+still reads the calls against the tools as sent.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from railcall.grammar.tools import Tool, ToolGrammarBuilder
 from railcall.matcher import MAX_STRING, CompiledGrammar, Matcher, compiled_grammar
 from railcall.runtime.output import AUTO_TRIGGERS
 from railcall.runtime.regions import answer_matcher
+from railcall.server.messages import text_of
 from railcall.server.schemas import ChatCompletionRequest, guided
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,13 +120,21 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
         raise RequestError("routing 'scored' needs a backend that can score the tool names' branches, and this "
                            "server's cannot; send routing 'greedy' (or leave it out)", param="routing",
                            code="unsupported_field")
-    if choice == "named":
-        grammar, kind = _tool_grammar([named], fmt, parallel=False), "tools"
+    spelled, per_call = (named and [named]) or tools, None
+    if req.values == "grounded" and calling:
+        from railcall.runtime.grounding import ground
+
+        g = ground(spelled, next((text_of(m.content) for m in reversed(req.messages) if m.role == "user"), ""))
+        spelled, per_call = g.tools, g.per_call if choice == "required" and req.parallel_tool_calls else None
+    if per_call:
+        grammar, kind = _tool_grammar(spelled, fmt, parallel=True, per_call=per_call), "tools"
+    elif choice == "named":
+        grammar, kind = _tool_grammar(spelled, fmt, parallel=False), "tools"
     elif choice == "required":
-        grammar, kind = _tool_grammar(tools, fmt, parallel=req.parallel_tool_calls), "tools"
+        grammar, kind = _tool_grammar(spelled, fmt, parallel=req.parallel_tool_calls), "tools"
     elif choice == "auto":
         # Several calls in one turn are several triggers, each starting one call.
-        calls = _tool_grammar(tools, fmt, parallel=False)
+        calls = _tool_grammar(spelled, fmt, parallel=False)
         if answer[0] is not None:
             calls = ir.Grammar(ir.Alt(calls.start, answer[0].start), calls.rules + answer[0].rules,
                                name=calls.name + "|" + answer[0].name)
@@ -244,9 +257,9 @@ def _tools(req: ChatCompletionRequest) -> list[Tool]:
     return tools
 
 
-def _tool_grammar(tools, fmt, parallel: bool) -> ir.Grammar:
+def _tool_grammar(tools, fmt, parallel: bool, per_call=None) -> ir.Grammar:
     try:
-        return _BUILDER.grammar(tools, fmt, parallel=parallel)
+        return _BUILDER.sequence(per_call, fmt) if per_call else _BUILDER.grammar(tools, fmt, parallel=parallel)
     except GrammarError as e:
         raise RequestError(str(e), param="tools") from None
 

@@ -138,7 +138,7 @@ class StreamOptions(_Loose):
 
 _NULL_MEANS_DEFAULT = ("temperature", "top_p", "n", "stream", "logprobs", "parallel_tool_calls", "top_k",
                        "return_token_ids", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                       "min_tokens", "on_length", "routing")
+                       "min_tokens", "on_length", "routing", "values")
 
 # OpenAI request fields that change nothing in the output (bookkeeping for OpenAI's platform):
 # accepted and not acted on.
@@ -255,6 +255,10 @@ class ChatCompletionRequest(_Request):
     # name, railcall.runtime.routing, one extra forward pass per call)
     call_format: Literal["json", "openai", "hermes", "pythonic"] | None = None
     routing: Literal["greedy", "scored"] = "greedy"
+    # railcall's: "grounded" narrows each required numeric argument to the numbers the last user
+    # message states and, with parallel_tool_calls under tool_choice "required", makes as many
+    # calls as those numbers fill (railcall.runtime.grounding); "free": the schema alone
+    values: Literal["free", "grounded"] = "free"
 
     @field_validator("top_logprobs")
     @classmethod
