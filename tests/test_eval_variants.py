@@ -30,7 +30,7 @@ def test_the_spec_gives_every_combination_in_the_order_written():
 @pytest.mark.parametrize("spec, says", [
     ("", "name at least one axis"),
     ("format=yaml", "'yaml' is not one of"),
-    ("routing=best", "not greedy or scored"),
+    ("routing=best", "not greedy, scored or matched"),
     ("values=exact", "not free or grounded"),
     ("shots=two", "whole numbers"),
     ("shots=0p", "whole numbers"),

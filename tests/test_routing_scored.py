@@ -173,3 +173,31 @@ def test_scored_values_choose_an_enumerated_argument_by_its_whole_value():
     keys = NameRouter.for_tools(v, tools, "json", values=True).keys
     assert keys[b'"sum.txt"'] == "open.path=sum.txt" and b'open"' in keys
     assert b'"sum.txt"' not in NameRouter.for_tools(v, tools, "pythonic", values=True).keys
+
+
+def test_matched_routing_chooses_among_the_tools_the_request_names():
+    """prefer: the model's likeliest whole name is `search`, but the request's words point at
+    `sum`; matched routing writes `sum` (then the model's own arguments), and where the
+    preferred names are not allowed here (a value position) the choice is the model's."""
+    v = vocab()
+    backend = Scripted(v, '{"tool":"', '{"tool":"sum","args":{"x":4}}')
+    m = Matcher(CompiledGrammar(tool_grammar(TOOLS, "json"), v))
+    router = NameRouter.for_tools(v, TOOLS, "json", branch_scorer(backend), prefer=["sum"])
+    g = generate(backend, v, [0], m, SamplingParams(max_tokens=40), router=router)
+    assert g.text == '{"tool":"sum","args":{"x":4}}' and router.routed == 1
+    assert backend.branches == 1  # only the preferred name was scored
+
+
+@pytest.mark.parametrize("text, chosen", [
+    ("What is the LCM of 18 and 12?", ["math.lcm"]),
+    ("Find the greatest common divisor of 12 and 18", ["math.gcd"]),
+    ("please help", []),  # no tool shares a word: the model chooses among all
+    ("a math question", []),  # every tool shares it: no narrowing
+])
+def test_matching_tools_weigh_the_words_a_request_shares_with_each_tool(text, chosen):
+    from railcall.runtime.routing import matching_tools
+
+    tools = [Tool("math.gcd", "Greatest common divisor of two integers."),
+             Tool("math.lcm", "Least common multiple (LCM) of two integers."),
+             Tool("math.sqrt", "Square root of a number.")]
+    assert matching_tools(tools, text) == chosen

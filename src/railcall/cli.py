@@ -343,14 +343,15 @@ def _call_format(call_format: str | None, model: str | None) -> str:
     return call_format or default_call_format(model)
 
 
-def _check_format_and_routing(call_format: str | None, routing: str | None) -> None:
+def _check_format_and_routing(call_format: str | None, routing: str | None,
+                              routings: tuple[str, ...] = ("greedy", "scored")) -> None:
     """--format and --routing, checked before anything loads."""
     from railcall.grammar.tools import FORMATS
 
     if call_format is not None and call_format not in FORMATS:
         _fail(ValueError(f"--format must be one of {', '.join(FORMATS)}, not {call_format!r}"))
-    if routing is not None and routing not in ("greedy", "scored"):
-        _fail(ValueError(f"--routing must be greedy or scored, not {routing!r}"))
+    if routing is not None and routing not in routings:
+        _fail(ValueError(f"--routing must be {', '.join(routings[:-1])} or {routings[-1]}, not {routing!r}"))
 
 
 def _check_eval_packages(model, *packages: str) -> None:
@@ -840,8 +841,9 @@ def eval_bfcl(
     call_format: Optional[str] = typer.Option(None, "--format", help="The call format of the grammar, the prompt and "
                                               "the parser: " + FORMAT_DEFAULT_HELP),
     routing: str = typer.Option("greedy", "--routing", help="How the tool name is chosen under the grammar: greedy "
-                                "(token by token) or scored (by the likelihood of each whole name; one extra "
-                                "forward pass per call)."),
+                                "(token by token), scored (by the likelihood of each whole name; one extra "
+                                "forward pass per call) or matched (scored among the tools whose name and "
+                                "description share the most words with the request)."),
     prompt_example: bool = typer.Option(False, "--prompt-example", help="The prompt also shows one call built from the "
                                         "table (the first tool, placeholders of its required arguments' types)."),
     values: str = typer.Option("free", "--values", help="free, or grounded: under the grammar each numeric argument "
@@ -871,7 +873,7 @@ def eval_bfcl(
         _fail(f"--tool-choice must be auto or required, not {tool_choice!r}")
     if values not in ("free", "grounded"):
         _fail(f"--values must be free or grounded, not {values!r}")
-    _check_format_and_routing(call_format, routing)
+    _check_format_and_routing(call_format, routing, ("greedy", "scored", "matched"))
     call_format = _call_format(call_format, model)
     _check_eval_packages(model, "jsonschema", "matplotlib")
     data = _bfcl_folder(data)
@@ -919,7 +921,7 @@ def _eval_variants(spec: str, cats: list[str], out, *, no_grammar: bool, **kw) -
         _fail(e)
         return
     for v in chosen:
-        _check_format_and_routing(v["format"], v["routing"])
+        _check_format_and_routing(v["format"], v["routing"], ("greedy", "scored", "matched"))
         _check_eval_packages(v["model"], "jsonschema", "matplotlib")
     with _progress_bars() as progress:
         try:

@@ -9,7 +9,8 @@ The call format (`call_format`: json, the default, openai, hermes or pythonic) i
 the output parser's and the prompt's: without the grammar the prompt still asks for it, and a
 reply is read in it. Routing (`routing`): "greedy" (the default) lets the model spell the tool
 name token by token under the mask; "scored" chooses it by the likelihood of each whole name
-(`railcall.runtime.routing`, one extra forward pass per call over the names' trie). Both are
+(`railcall.runtime.routing`, one extra forward pass per call over the names' trie); "matched"
+scores only the tools whose words the request shares most (`matching_tools`). They are
 settings of the run and fields of every record, so a report tells the variants apart. In a
 category whose tasks all have gold calls the grammar is required from the first token; where
 some gold answers are no call, the reply may be free text or a call (tool_choice "auto").
@@ -65,13 +66,14 @@ class Settings:
     grammar: str = "one call or a JSON array of calls, JsonCall wire format"
     conditions: list = field(default_factory=lambda: list(CONDITIONS))
     call_format: str = "json"  # railcall.grammar.tools.FORMATS: the grammar's, the parser's and the prompt's
-    routing: str = "greedy"  # "greedy": the tool name token by token; "scored": by whole-name likelihood
+    routing: str = "greedy"  # "greedy": the tool name token by token; "scored": by whole-name likelihood;
+    # "matched": scored among the tools whose words the request shares most (railcall.runtime.routing)
     values: str = "free"  # "grounded": numbers and call count from the request (railcall.runtime.grounding)
 
 
 # What a run.json written before a setting existed ran with (its resume compares like with like).
 SETTINGS_BEFORE = {"shots": 0, "shot_pair": False, "call_format": "json", "routing": "greedy", "values": "free"}
-ROUTINGS = ("greedy", "scored")
+ROUTINGS = ("greedy", "scored", "matched")
 VALUES = ("free", "grounded")
 # The grammar's description per format (the run's settings say which grammar its figures are of).
 GRAMMARS = {"json": "one call or a JSON array of calls, JsonCall wire format",
@@ -226,7 +228,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
 
     from railcall.grammar.tools import FORMATS
     from railcall.runtime.grounding import ground
-    from railcall.runtime.routing import NameRouter
+    from railcall.runtime.routing import NameRouter, matching_tools
 
     if call_format not in FORMATS:
         raise ValueError(f"unknown call format {call_format!r}; use {', '.join(FORMATS)}")
@@ -307,7 +309,11 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
                 tools, per_call = g.tools, g.per_call
             m = make_matcher(tools, vocab, modes[cat], call_format, per_call)
             # scored: the router's scorer is bound to the row's batch when the row is added
-            yield prompts[(cat, t.id)], m, NameRouter.for_tools(vocab, tools, call_format) if routing == "scored" else None
+            router = None
+            if routing != "greedy":
+                prefer = matching_tools(tools, bfcl.request_text(t)) if routing == "matched" else ()
+                router = NameRouter.for_tools(vocab, tools, call_format, prefer=prefer)
+            yield prompts[(cat, t.id)], m, router
 
     waiting: dict[tuple, int] = {}
     for cat, t, _ in rows:

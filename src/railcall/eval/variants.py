@@ -60,9 +60,9 @@ def _parse_group(spec: str) -> list[dict]:
             if bad:
                 raise VariantError(f"--variants: format {bad[0]!r} is not one of {', '.join(CALL_FORMATS)}")
         elif name == "routing":
-            bad = [v for v in vals if v not in ("greedy", "scored")]
+            bad = [v for v in vals if v not in ("greedy", "scored", "matched")]
             if bad:
-                raise VariantError(f"--variants: routing {bad[0]!r} is not greedy or scored")
+                raise VariantError(f"--variants: routing {bad[0]!r} is not greedy, scored or matched")
         elif name == "values":
             bad = [v for v in vals if v not in ("free", "grounded")]
             if bad:

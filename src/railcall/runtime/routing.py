@@ -37,11 +37,23 @@ eval bfcl`, batched, both conditions) a scored run took 1.47 s per task against 
 The scorer is whatever runs the row: a router built with `score=None` is bound to the backend by
 `generate` and to the row's batch by `BatchLoop.add`.
 
+Matched routing (`routing="matched"`, `NameRouter.for_tools(..., prefer=...)`): before the
+scoring, the candidates narrow to the tools `matching_tools` finds for the request, the ones
+whose name and description share the most words with it (each word weighted by how few of the
+table's tools have it, a name's words twice a description's); the model's whole-name likelihood
+decides among those that tie, and among all where none shares a word. A 135M model picks the
+wrong tool of two to four in a third of BFCL's `multiple` tasks ("the LCM of 18 and 12" ->
+`math.gcd`); the words pick the gold one alone in 187 of its 200 (and tie it with another in
+12). It is a lexical heuristic: it helps where a request uses the tools' own words, and a
+request that names a tool by a synonym falls back to the model only where no tool shares a word.
+
 Per request (a router keeps per-request state caches); built for one tool table and format.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Callable, Sequence
 
 import numpy as np
@@ -54,8 +66,9 @@ class NameRouter:
     """Chooses whole tool names at the name position (see the module docstring). Per request."""
 
     def __init__(self, vocab, name_keys: dict[bytes, str], score: Scorer | None = None, *,
-                 temperature: float = 0.0):
+                 temperature: float = 0.0, prefer: Sequence[str] = ()):
         self.vocab = vocab
+        self.prefer = frozenset(prefer)  # matched routing: the names chosen among first (module docstring)
         self.keys = name_keys  # the format's name key (e.g. b'get_weather"') -> the tool name
         self.score = score  # None: bound by the loop that runs the row (module docstring)
         self.temperature = temperature
@@ -67,11 +80,12 @@ class NameRouter:
 
     @classmethod
     def for_tools(cls, vocab, tools: Sequence, fmt, score: Scorer | None = None, *,
-                  temperature: float = 0.0, values: bool = False) -> "NameRouter":
+                  temperature: float = 0.0, values: bool = False, prefer: Sequence[str] = ()) -> "NameRouter":
         """A router for the grammar `tool_grammar(tools, fmt)` builds. With `values`, each
         top-level argument whose schema is an enum of strings is chosen the same way, by the
         likelihood of each whole value (its JSON string: the JSON formats only; a pythonic
-        call's values are left to the tokens)."""
+        call's values are left to the tokens). `prefer`: the tool names chosen among first
+        where the grammar allows any of them (matched routing: `matching_tools`)."""
         from railcall.grammar.ir import json_literal
         from railcall.grammar.tools import FORMATS
 
@@ -83,7 +97,7 @@ class NameRouter:
                     choices = schema.get("enum") if isinstance(schema, dict) else None
                     if isinstance(choices, list) and all(isinstance(c, str) for c in choices):
                         keys.update((json_literal(c), f"{t.name}.{arg}={c}") for c in choices)
-        return cls(vocab, keys, score, temperature=temperature)
+        return cls(vocab, keys, score, temperature=temperature, prefer=prefer)
 
     # -- where the name position is ------------------------------------------------------------
     def candidates(self, matcher) -> list[tuple[str, bytes]] | None:
@@ -170,6 +184,8 @@ class NameRouter:
         cands = self.candidates(matcher)
         if cands is None:
             return None
+        if self.prefer:
+            cands = [c for c in cands if c[0] in self.prefer] or cands
         names = [rest[:-1] for _, rest in cands]  # the name's bytes still to write, terminator apart
         branches = [self._tokens(n) for n in names]
         if budget is not None and max(len(b) + 1 for b in branches) > budget:
@@ -205,6 +221,33 @@ class NameRouter:
             lps = lps + [0.0] * (len(toks) - len(lps))
         self.routed += 1
         return toks, lps
+
+
+_STOP = frozenset("a an the of for in on to and or is are be by with what how my i me can you from at as it "
+                  "this that which do does get find calculate given".split())
+
+
+def _words(text: str) -> set[str]:
+    """Lower-case words of `text` (camelCase and snake_case split, a plural's s dropped, common
+    words left out)."""
+    out = set()
+    for w in re.split(r"[^a-z0-9]+", re.sub(r"([a-z])([A-Z])", r"\1 \2", text).lower()):
+        if w and w not in _STOP:
+            out.add(w[:-1] if len(w) > 3 and w.endswith("s") else w)
+    return out
+
+
+def matching_tools(tools: Sequence, text: str) -> list[str]:
+    """The names of the tools whose name and description share the most words with `text`
+    (module docstring, matched routing); [] where no tool shares a word, or all tie."""
+    asked = _words(text)
+    docs = [(_words(t.name), _words(t.description)) for t in tools]
+    held = {w: sum(1 for n, d in docs if w in n or w in d) for w in asked}
+    scores = [sum((2.0 if w in n else 1.0) * math.log(1 + len(docs) / held[w]) for w in asked if w in n or w in d)
+              for n, d in docs]
+    best = max(scores, default=0.0)
+    chosen = [t.name for t, s in zip(tools, scores) if s == best and s > 0]
+    return [] if len(chosen) == len(tools) else chosen
 
 
 def branch_scorer(backend) -> Scorer:
