@@ -325,6 +325,11 @@ def test_a_grounded_run_narrows_the_grammar_rows_to_the_requests_numbers(tmp_pat
     assert not m.copy().consume_bytes((call % (10, 7)).encode())
     assert s["variant"]["values"] == "grounded"
     assert json.loads((tmp_path / "run.json").read_text())["settings"]["values"] == "grounded"
+    # irrelevance_7 states numbers for several calls, but the category runs under "auto" (text,
+    # or one call at the trigger): its grammar row is grounded without a call count
+    matchers.clear()
+    run_bfcl(["irrelevance"], tmp_path / "auto", data=DATA, limit=8, values="grounded")
+    assert sum(m is not None for m in matchers) == 8
     with pytest.raises(ValueError, match="unknown values"):
         run_bfcl(["simple_python"], tmp_path, data=DATA, limit=1, values="exact")
 

@@ -306,7 +306,9 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
             tools, per_call = t.tools, None
             if values == "grounded":
                 g = ground(tools, bfcl.request_text(t))
-                tools, per_call = g.tools, g.per_call
+                # a call count holds where a call must be made; under "auto" the reply may be
+                # text, and each call starts at the format's trigger (one call at a time)
+                tools, per_call = g.tools, g.per_call if modes[cat] == "required" else None
             m = make_matcher(tools, vocab, modes[cat], call_format, per_call)
             # scored: the router's scorer is bound to the row's batch when the row is added
             router = None
