@@ -191,3 +191,21 @@ def test_grounded_values_write_the_requests_numbers_and_fill_a_call_each(server)
     with pytest.raises(openai.BadRequestError) as e:
         server.client.chat.completions.create(model="any", messages=ASK, tools=TOOLS, extra_body={"values": "exact"})
     assert "values" in str(e.value)
+
+
+def test_matched_routing_prefers_the_tools_the_message_names(server):
+    """routing "matched": the row's router chooses among the tools whose words the last user
+    message shares most (calc for "evaluate this arithmetic expression"), and a request whose
+    words name no tool leaves the choice to the model's whole-name scores."""
+    from railcall.server.plan import build_plan
+    from railcall.server.schemas import ChatCompletionRequest
+
+    def router(text):
+        req = ChatCompletionRequest(model="any", messages=[{"role": "user", "content": text}], tools=TOOLS,
+                                    tool_choice="required", routing="matched")
+        return build_plan(server.served, req).router(server.served)
+
+    assert router("Please evaluate this arithmetic expression: 2+3").prefer == {"calc"}
+    assert router("Is it raining in Paris?").prefer == frozenset()
+    calls, _ = ask(server, "json", False, routing="matched")  # "What is the weather in Paris?"
+    assert calls == [("get_weather", {"city": "Paris"})]

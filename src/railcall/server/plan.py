@@ -77,7 +77,8 @@ class Plan:
     n: int = 1  # choices: rows of one batch, each with its own matcher and seed
     plain: bool = False  # /v1/completions: the grammar alone, no regions (no reasoning, no free text)
     call_format: str | None = None  # the calls' format (None: the served model's)
-    routing: str = "greedy"  # "scored": each row gets a NameRouter (railcall.runtime.routing)
+    routing: str = "greedy"  # "scored"/"matched": each row gets a NameRouter (railcall.runtime.routing)
+    asked: str = ""  # the last user message's text (matched routing weighs the tools by its words)
 
     def matcher(self, served: "ServedModel"):
         """A fresh per-request matcher (built on the engine's worker thread); None for free text
@@ -91,11 +92,13 @@ class Plan:
     def router(self, served: "ServedModel"):
         """A fresh per-row NameRouter for scored routing (its scorer is bound by the loop that
         runs the row); None for greedy routing or a request without tools."""
-        if self.routing != "scored" or not self.tools or self.call_format is None:
+        if self.routing not in ("scored", "matched") or not self.tools or self.call_format is None:
             return None
-        from railcall.runtime.routing import NameRouter
+        from railcall.runtime.routing import NameRouter, matching_tools
 
-        return NameRouter.for_tools(served.vocab, self.tools, self.call_format, temperature=self.params.temperature)
+        prefer = matching_tools(self.tools, self.asked) if self.routing == "matched" else ()
+        return NameRouter.for_tools(served.vocab, self.tools, self.call_format, temperature=self.params.temperature,
+                                    prefer=prefer)
 
 
 def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
@@ -116,15 +119,16 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
     answer = _response_grammar(req)  # (ir.Grammar | None, kind)
     calling = choice in ("required", "named", "auto")
     fmt = req.call_format or served.call_format
-    if req.routing == "scored" and not getattr(served, "scores_branches", True):
-        raise RequestError("routing 'scored' needs a backend that can score the tool names' branches, and this "
+    if req.routing != "greedy" and not getattr(served, "scores_branches", True):
+        raise RequestError(f"routing {req.routing!r} needs a backend that can score the tool names' branches, and this "
                            "server's cannot; send routing 'greedy' (or leave it out)", param="routing",
                            code="unsupported_field")
+    asked = next((text_of(m.content) for m in reversed(req.messages) if m.role == "user"), "")
     spelled, per_call = (named and [named]) or tools, None
     if req.values == "grounded" and calling:
         from railcall.runtime.grounding import ground
 
-        g = ground(spelled, next((text_of(m.content) for m in reversed(req.messages) if m.role == "user"), ""))
+        g = ground(spelled, asked)
         spelled, per_call = g.tools, g.per_call if choice == "required" and req.parallel_tool_calls else None
     if per_call:
         grammar, kind = _tool_grammar(spelled, fmt, parallel=True, per_call=per_call), "tools"
@@ -155,7 +159,7 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
                 parallel=req.parallel_tool_calls and choice != "named", logprobs=req.logprobs,
                 top_logprobs=params.top_logprobs, return_token_ids=req.return_token_ids, stream=req.stream,
                 include_usage=bool(req.stream_options and req.stream_options.include_usage), n=req.n,
-                call_format=fmt, routing=req.routing)
+                call_format=fmt, routing=req.routing, asked=asked)
 
 
 def build_completion_plan(served: "ServedModel", req) -> Plan:

@@ -254,7 +254,8 @@ class ChatCompletionRequest(_Request):
     # chosen ("greedy": token by token under the mask; "scored": by the likelihood of each whole
     # name, railcall.runtime.routing, one extra forward pass per call)
     call_format: Literal["json", "openai", "hermes", "pythonic"] | None = None
-    routing: Literal["greedy", "scored"] = "greedy"
+    routing: Literal["greedy", "scored", "matched"] = "greedy"  # matched: scored among the tools whose
+    # words the last user message shares most (railcall.runtime.routing.matching_tools)
     # railcall's: "grounded" narrows each required numeric argument to the numbers the last user
     # message states and, with parallel_tool_calls under tool_choice "required", makes as many
     # calls as those numbers fill (railcall.runtime.grounding); "free": the schema alone
