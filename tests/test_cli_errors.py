@@ -104,7 +104,7 @@ def test_require_finds_without_importing(monkeypatch):
     (["serve", "--model", "/nonexistent/m.gguf"], "not found"),
     (["bench", "--engine", "railcal"], "unknown engine railcal"),
     (["eval", "bfcl", "--category", "simple_python", "--format", "xml"], "--format must be one of json"),
-    (["eval", "bfcl", "--category", "simple_python", "--routing", "best"], "--routing must be greedy or scored"),
+    (["eval", "bfcl", "--category", "simple_python", "--routing", "best"], "--routing must be greedy, scored or matched"),
     (["agent", "hi", "-w", ".", "--format", "yaml"], "--format must be one of json"),
     (["chat", "-w", ".", "--routing", "first"], "--routing must be greedy or scored"),
     (["serve", "--format", "xml"], "--format must be one of json"),
