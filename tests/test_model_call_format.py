@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from railcall.cli import app
-from railcall.models.store import CALL_FORMATS, DEFAULT_MODEL, EMBEDDED, default_call_format
+from railcall.models.store import CALL_FORMATS, DEFAULT_MODEL, EMBEDDED, default_call_format, default_eval_choices
 
 
 def test_the_measured_formats():
@@ -34,6 +34,28 @@ def test_eval_bfcl_takes_the_models_format(monkeypatch, tmp_path, args, fmt):
     r = CliRunner().invoke(app, ["eval", "bfcl", "--category", "multiple", "--limit", "1", "--out", str(tmp_path), *args])
     assert "stopped before decoding" in r.output
     assert seen["call_format"] == fmt
+
+
+@pytest.mark.parametrize("args, values, routing", [
+    ([], "grounded", "matched"),  # SmolLM2's measured choice
+    (["--model", "gemma3"], "free", "greedy"),  # not measured so: the grammar alone
+    (["--values", "free", "--routing", "greedy"], "free", "greedy"),
+    (["--model", "gemma3", "--routing", "scored"], "free", "scored"),
+])
+def test_eval_bfcl_takes_the_models_values_and_routing(monkeypatch, tmp_path, args, values, routing):
+    import railcall.eval.runner
+
+    seen = {}
+
+    def stand_in(categories, out, **kw):
+        seen.update(kw)
+        raise ValueError("stopped before decoding")
+
+    monkeypatch.setattr(railcall.eval.runner, "run_bfcl", stand_in)
+    r = CliRunner().invoke(app, ["eval", "bfcl", "--category", "multiple", "--limit", "1", "--out", str(tmp_path), *args])
+    assert "stopped before decoding" in r.output
+    assert (seen["values"], seen["routing"]) == (values, routing)
+    assert default_eval_choices("/models/other.gguf") == {"values": "free", "routing": "greedy"}
 
 
 @pytest.mark.parametrize("args, fmt", [([], "json"), (["--model", "gemma3"], "pythonic"),

@@ -840,15 +840,18 @@ def eval_bfcl(
                                               "parse rate is the share of replies that make a call."),
     call_format: Optional[str] = typer.Option(None, "--format", help="The call format of the grammar, the prompt and "
                                               "the parser: " + FORMAT_DEFAULT_HELP),
-    routing: str = typer.Option("greedy", "--routing", help="How the tool name is chosen under the grammar: greedy "
-                                "(token by token), scored (by the likelihood of each whole name; one extra "
-                                "forward pass per call) or matched (scored among the tools whose name and "
-                                "description share the most words with the request)."),
+    routing: Optional[str] = typer.Option(None, "--routing", help="How the tool name is chosen under the grammar: greedy "
+                                          "(token by token), scored (by the likelihood of each whole name; one extra "
+                                          "forward pass per call) or matched (scored among the tools whose name and "
+                                          "description share the most words with the request). Default: the "
+                                          "model's measured one, matched for SmolLM2, else greedy."),
     prompt_example: bool = typer.Option(False, "--prompt-example", help="The prompt also shows one call built from the "
                                         "table (the first tool, placeholders of its required arguments' types)."),
-    values: str = typer.Option("free", "--values", help="free, or grounded: under the grammar each numeric argument "
-                               "takes one of the numbers the request states, and a request stating more numbers than "
-                               "one call holds gets that many calls (docs/evaluation.md)."),
+    values: Optional[str] = typer.Option(None, "--values", help="free, or grounded: under the grammar each required "
+                                         "numeric argument takes one of the numbers the request states, and a request "
+                                         "stating more numbers than one call holds gets that many calls "
+                                         "(docs/evaluation.md). Default: the model's measured one, grounded for "
+                                         "SmolLM2, else free. --values free --routing greedy: the grammar alone."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Run every combination of the axes given, e.g. "
                                            "'format=json,pythonic routing=greedy,scored shots=0,2,2p values=free,grounded "
                                            "model=smollm2,gemma3' (2p: --shots 2 --shot-pair; an axis not given keeps its "
@@ -871,9 +874,13 @@ def eval_bfcl(
         _fail("--shot-pair changes the last in-context example: give --shots 1 or more as well")
     if tool_choice not in (None, "auto", "required"):
         _fail(f"--tool-choice must be auto or required, not {tool_choice!r}")
-    if values not in ("free", "grounded"):
+    if values not in (None, "free", "grounded"):
         _fail(f"--values must be free or grounded, not {values!r}")
     _check_format_and_routing(call_format, routing, ("greedy", "scored", "matched"))
+    from railcall.models.store import default_eval_choices
+
+    chosen = default_eval_choices(model)
+    values, routing = values or chosen["values"], routing or chosen["routing"]
     call_format = _call_format(call_format, model)
     _check_eval_packages(model, "jsonschema", "matplotlib")
     data = _bfcl_folder(data)
