@@ -151,14 +151,10 @@ def test_report_command_on_malformed_files_says_what_and_where(tmp_path):
 def test_a_fresh_run_never_replaces_an_earlier_ones_results(tmp_path, monkeypatch, smollm2_tokenizer):
     """Rerunning without --resume keeps what the folder held as results.jsonl.old.N / run.json.old.N
     (N counting up); an interrupted rerun that wrote nothing leaves no empty backup behind."""
-    import types
 
     import railcall.runtime.batch
-    from railcall.models import store
 
-    lm = types.SimpleNamespace(tokenizer=smollm2_tokenizer, name="stub",
-                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(smollm2_tokenizer))))
-    monkeypatch.setattr(store, "load_model", lambda model=None: lm)
+    stub_model(monkeypatch, smollm2_tokenizer)
 
     def interrupted(*a, **k):  # Ctrl-C as decoding starts: nothing decoded, no model run
         raise KeyboardInterrupt
@@ -258,20 +254,27 @@ def test_each_format_grammar_and_reading_agree(fmt):
     assert decided("Sure, the weather", fmt)
 
 
+def stub_model(monkeypatch, tokenizer) -> None:
+    """`load_model` gives a model with SmolLM2's tokenizer and no weights (decoding is stubbed too)."""
+    import types
+
+    from railcall.models import store
+
+    lm = types.SimpleNamespace(tokenizer=tokenizer, name="stub",
+                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(tokenizer))))
+    monkeypatch.setattr(store, "load_model", lambda model=None: lm)
+
+
 @pytest.mark.parametrize("fmt, routing", [("pythonic", "scored"), ("openai", "greedy"), ("hermes", "scored")])
 def test_a_run_records_its_format_and_routing(tmp_path, monkeypatch, smollm2_tokenizer, fmt, routing):
     """The grammar rows get a matcher of the format and, when scored, a router; the prompt asks
     for the format in both conditions; the settings, every record and the summary name both."""
-    import types
 
     import railcall.runtime.batch
-    from railcall.models import store
     from railcall.runtime.decode import Generation
     from railcall.runtime.routing import NameRouter
 
-    lm = types.SimpleNamespace(tokenizer=smollm2_tokenizer, name="stub",
-                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(smollm2_tokenizer))))
-    monkeypatch.setattr(store, "load_model", lambda model=None: lm)
+    stub_model(monkeypatch, smollm2_tokenizer)
     seen = []
 
     def replies(model, vocab, requests, params, max_rows, decided):
@@ -301,15 +304,11 @@ def test_a_run_records_its_format_and_routing(tmp_path, monkeypatch, smollm2_tok
 def test_a_grounded_run_narrows_the_grammar_rows_to_the_requests_numbers(tmp_path, monkeypatch, smollm2_tokenizer):
     """values="grounded": the grammar row of "a base of 10 units and height of 5 units" may write
     10 and 5 alone; the free row has no matcher; the settings and summary say grounded."""
-    import types
 
     import railcall.runtime.batch
-    from railcall.models import store
     from railcall.runtime.decode import Generation
 
-    lm = types.SimpleNamespace(tokenizer=smollm2_tokenizer, name="stub",
-                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(smollm2_tokenizer))))
-    monkeypatch.setattr(store, "load_model", lambda model=None: lm)
+    stub_model(monkeypatch, smollm2_tokenizer)
     matchers = []
 
     def replies(model, vocab, requests, params, max_rows, decided):
@@ -345,16 +344,12 @@ def test_a_task_with_no_tools_is_answered_as_text(tmp_path, monkeypatch, smollm2
     """live_irrelevance has tasks whose tool table is empty: no call can be written, so the grammar
     row decodes without a grammar (as a server given no tools would) and scores the reply as text;
     the run goes on (it stopped with 'the tool table is empty')."""
-    import types
 
     import railcall.runtime.batch
     from railcall.eval import bfcl
-    from railcall.models import store
     from railcall.runtime.decode import Generation
 
-    lm = types.SimpleNamespace(tokenizer=smollm2_tokenizer, name="stub",
-                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(smollm2_tokenizer))))
-    monkeypatch.setattr(store, "load_model", lambda model=None: lm)
+    stub_model(monkeypatch, smollm2_tokenizer)
     tasks = bfcl.load_category(DATA, "live_irrelevance")
     empty = [t for t in tasks if not t.tools]
     assert empty  # BFCL ships such tasks

@@ -19,9 +19,8 @@ def test_the_measured_formats():
     assert set(CALL_FORMATS) <= set(EMBEDDED)
 
 
-@pytest.mark.parametrize("args, fmt", [([], "json"), (["--model", "gemma3"], "pythonic"),
-                                       (["--model", "gemma3", "--format", "openai"], "openai")])
-def test_eval_bfcl_takes_the_models_format(monkeypatch, tmp_path, args, fmt):
+def eval_bfcl_settings(monkeypatch, tmp_path, args) -> dict:
+    """What `railcall eval bfcl ... ARGS` passes its runner (a stand-in that stops it there)."""
     import railcall.eval.runner
 
     seen = {}
@@ -33,6 +32,13 @@ def test_eval_bfcl_takes_the_models_format(monkeypatch, tmp_path, args, fmt):
     monkeypatch.setattr(railcall.eval.runner, "run_bfcl", stand_in)
     r = CliRunner().invoke(app, ["eval", "bfcl", "--category", "multiple", "--limit", "1", "--out", str(tmp_path), *args])
     assert "stopped before decoding" in r.output
+    return seen
+
+
+@pytest.mark.parametrize("args, fmt", [([], "json"), (["--model", "gemma3"], "pythonic"),
+                                       (["--model", "gemma3", "--format", "openai"], "openai")])
+def test_eval_bfcl_takes_the_models_format(monkeypatch, tmp_path, args, fmt):
+    seen = eval_bfcl_settings(monkeypatch, tmp_path, args)
     assert seen["call_format"] == fmt
 
 
@@ -43,17 +49,7 @@ def test_eval_bfcl_takes_the_models_format(monkeypatch, tmp_path, args, fmt):
     (["--model", "gemma3", "--routing", "scored"], "free", "scored"),
 ])
 def test_eval_bfcl_takes_the_models_values_and_routing(monkeypatch, tmp_path, args, values, routing):
-    import railcall.eval.runner
-
-    seen = {}
-
-    def stand_in(categories, out, **kw):
-        seen.update(kw)
-        raise ValueError("stopped before decoding")
-
-    monkeypatch.setattr(railcall.eval.runner, "run_bfcl", stand_in)
-    r = CliRunner().invoke(app, ["eval", "bfcl", "--category", "multiple", "--limit", "1", "--out", str(tmp_path), *args])
-    assert "stopped before decoding" in r.output
+    seen = eval_bfcl_settings(monkeypatch, tmp_path, args)
     assert (seen["values"], seen["routing"]) == (values, routing)
     assert default_eval_choices("/models/other.gguf") == {"values": "free", "routing": "greedy"}
 
