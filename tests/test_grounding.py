@@ -90,6 +90,22 @@ def test_each_call_takes_its_own_part_of_the_numbers():
     assert ground([t], "just a=5 and b=2").per_call is None
 
 
+def test_numbers_seen_earlier_may_be_written_but_do_not_count_calls():
+    """A tool result's order id, or a number said in an earlier turn, is writable; the call
+    count is still the request's own ("cancel it" asks for one call, not one per number)."""
+    t = tool(a=INT)
+    g = ground([t], "cancel that order", seen="Orders: 4471 (2 items), 4480 (5 items)")
+    assert g.calls == 1 and g.per_call is None
+    assert g.tools[0].parameters["properties"]["a"]["enum"] == [4471, 2, 4480, 5]
+    g = ground([t], "the factorial of 5 and 7", seen="earlier: 9")
+    assert g.calls == 2
+    assert [c[0].parameters["properties"]["a"]["enum"] for c in g.per_call] == [[5, 9], [7, 9]]
+    many = " ".join(str(n) for n in range(100, 150))  # more than are kept: the latest stay
+    kept = ground([t], "cancel it", seen=many).tools[0].parameters["properties"]["a"]["enum"]
+    assert 149 in kept and 100 not in kept
+    assert ground([t], "cancel it").tools == [t]  # nothing stated anywhere: left free
+
+
 def test_a_sequence_grammar_holds_the_count_and_each_calls_numbers():
     t = tool(a=INT)
     g = ground([t], "the factorial of 5, 7 and 9")

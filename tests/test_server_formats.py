@@ -168,10 +168,10 @@ TIMER = [{"type": "function", "function": {"name": "set_timer", "parameters": {
     "type": "object", "properties": {"minutes": {"type": "integer"}}, "required": ["minutes"]}}}]
 
 
-def timers(s, text, reply, values, parallel=False):
+def timers(s, text, reply, values, parallel=False, before=()):
     s.backend.replies.append(reply.encode())
     msg = s.client.chat.completions.create(
-        model="any", messages=[{"role": "user", "content": text}], tools=TIMER, temperature=0, max_tokens=60,
+        model="any", messages=[*before, {"role": "user", "content": text}], tools=TIMER, temperature=0, max_tokens=60,
         tool_choice="required", parallel_tool_calls=parallel, extra_body={"values": values}).choices[0].message
     return [json.loads(c.function.arguments)["minutes"] for c in msg.tool_calls]
 
@@ -186,6 +186,13 @@ def test_grounded_values_write_the_requests_numbers_and_fill_a_call_each(server)
     five = '[{"tool":"set_timer","args":{"minutes":5}}]'
     assert timers(server, "Set timers for 5 and 10 minutes", five, "free", parallel=True) == [5]
     assert timers(server, "Set timers for 5 and 10 minutes", five, "grounded", parallel=True) == [5, 10]
+    # a number from an earlier turn or a tool result is writable, and counts no call
+    said = [{"role": "user", "content": "My tea needs 4 minutes."}, {"role": "assistant", "content": "Noted."}]
+    forty, four = ('{"tool":"set_timer","args":{"minutes":%d}}' % n for n in (40, 4))
+    assert timers(server, "Set a timer for my tea", forty, "free", before=said) == [40]
+    assert timers(server, "Set a timer for my tea", forty, "grounded", before=said) == [4]
+    assert timers(server, "Set a timer for my tea", f"[{four}]", "grounded", parallel=True, before=said) == [4]
+    assert timers(server, "Set a timer for 25 minutes", four, "grounded", before=said) == [4]
     import openai
 
     with pytest.raises(openai.BadRequestError) as e:

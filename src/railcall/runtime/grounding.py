@@ -69,7 +69,8 @@ def stated_numbers(text: str) -> list[tuple]:
     return [values for values, _ in _stated(text)]
 
 
-def _stated(text: str) -> list[tuple[tuple, re.Match]]:
+def _stated(text: str, latest: bool = False) -> list[tuple[tuple, re.Match]]:
+    """Each number with its match, the first `_MAX_NUMBERS` (the last ones where `latest`)."""
     out = []
     for m in _NUMBER.finditer(text):
         digits = m.group("digits").replace(",", "")
@@ -77,7 +78,7 @@ def _stated(text: str) -> list[tuple[tuple, re.Match]]:
         if m.group("sign"):
             value = -value
         out.append(((value, _fraction(value)) if m.group("pct") else (value,), m))
-    return out[:_MAX_NUMBERS]
+    return out[-_MAX_NUMBERS:] if latest else out[:_MAX_NUMBERS]
 
 
 def listed_numbers(text: str) -> tuple[int, int]:
@@ -197,14 +198,20 @@ class Grounding:
     numbers: tuple  # the numbers found, in order, each as the values it may stand for
 
 
-def ground(tools: Sequence[Tool], text: str) -> Grounding:
+def ground(tools: Sequence[Tool], text: str, seen: str = "") -> Grounding:
     """The grounding of one request (`text`: what the user wrote) over `tools`. With more than
     one call, each call's numeric arguments take their own part of the numbers: where a list
     varies one argument, the numbers outside the list and the list's item i ("$1000 at 5% for
     1, 5 and 10 years" -> 1000, 5% and 1; then 5; then 10); otherwise consecutive parts of the
     stated numbers, one per call ("5 and 10 ... 20 and 30" -> 5 and 10, then 20 and 30). A call
-    that repeats the one before is then unwritable."""
+    that repeats the one before is then unwritable.
+
+    `seen`: the rest of the conversation (earlier user messages, tool results). Its numbers may
+    be written too, in every call (an order id a tool returned, a party size said two turns
+    ago), but they do not count towards how many calls the request asks for. Where `seen`
+    states more numbers than are kept, the latest are kept (the newest tool result)."""
     stated = stated_numbers(text)
+    extra = [values for values, _ in _stated(seen, latest=True)] if seen else []
     start, listed = listed_numbers(text)
     calls = calls_needed(tools, len(stated), listed)
     per_call = None
@@ -215,6 +222,6 @@ def ground(tools: Sequence[Tool], text: str) -> Grounding:
         else:
             cut = [len(stated) * i // calls for i in range(calls + 1)]
             parts = [stated[cut[i]:cut[i + 1]] for i in range(calls)]
-        per_call = [ground_tools(tools, _distinct(v for part in p for v in part)) for p in parts]
-    numbers = _distinct(v for part in stated for v in part)
-    return Grounding(ground_tools(tools, numbers), calls, per_call, tuple(stated))
+        per_call = [ground_tools(tools, _distinct(v for part in p + extra for v in part)) for p in parts]
+    numbers = _distinct(v for part in stated + extra for v in part)
+    return Grounding(ground_tools(tools, numbers), calls, per_call, tuple(stated + extra))

@@ -25,9 +25,10 @@ The call format is the request's `call_format` (railcall's extension), else the 
 `routing: "scored"` each row chooses the tool name by whole-name likelihood (a NameRouter per
 row, scored on the row's KV in the batch: `railcall.runtime.batch.BatchLoop.scorer`). With
 `values: "grounded"` the grammar's tools take, in each required numeric argument, only the
-numbers the last user message states, and a "required" parallel reply makes as many calls as
-they fill, each with its own part of them (`railcall.runtime.grounding`); the output parser
-still reads the calls against the tools as sent.
+numbers the conversation states (the user's messages, the assistant's text, the tool results),
+and a "required" parallel reply makes as many calls as the last user message's numbers fill,
+each with its own part of them (`railcall.runtime.grounding`); the output parser still reads
+the calls against the tools as sent.
 """
 
 from __future__ import annotations
@@ -123,12 +124,16 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
         raise RequestError(f"routing {req.routing!r} needs a backend that can score the tool names' branches, and this "
                            "server's cannot; send routing 'greedy' (or leave it out)", param="routing",
                            code="unsupported_field")
-    asked = next((text_of(m.content) for m in reversed(req.messages) if m.role == "user"), "")
+    last = next((i for i in range(len(req.messages) - 1, -1, -1) if req.messages[i].role == "user"), None)
+    asked = text_of(req.messages[last].content) if last is not None else ""
     spelled, per_call = (named and [named]) or tools, None
     if req.values == "grounded" and calling:
         from railcall.runtime.grounding import ground
 
-        g = ground(spelled, asked)
+        # the rest of the conversation (earlier turns, tool results) offers numbers, not calls
+        seen = "\n".join(text_of(m.content) for i, m in enumerate(req.messages)
+                          if i != last and m.role in ("user", "assistant", "tool"))
+        g = ground(spelled, asked, seen)
         spelled, per_call = g.tools, g.per_call if choice == "required" and req.parallel_tool_calls else None
     if per_call:
         grammar, kind = _tool_grammar(spelled, fmt, parallel=True, per_call=per_call), "tools"

@@ -256,9 +256,10 @@ class ChatCompletionRequest(_Request):
     call_format: Literal["json", "openai", "hermes", "pythonic"] | None = None
     routing: Literal["greedy", "scored", "matched"] = "greedy"  # matched: scored among the tools whose
     # words the last user message shares most (railcall.runtime.routing.matching_tools)
-    # railcall's: "grounded" narrows each required numeric argument to the numbers the last user
-    # message states and, with parallel_tool_calls under tool_choice "required", makes as many
-    # calls as those numbers fill (railcall.runtime.grounding); "free": the schema alone
+    # railcall's: "grounded" narrows each required numeric argument to the numbers the
+    # conversation states (user and assistant text, tool results) and, with parallel_tool_calls
+    # under tool_choice "required", makes as many calls as the last user message's numbers fill
+    # (railcall.runtime.grounding); "free": the schema alone
     values: Literal["free", "grounded"] = "free"
 
     @field_validator("top_logprobs")
