@@ -303,9 +303,9 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
             if c != "with_grammar" or not t.tools:  # no tool: no call to constrain (tool_choice "none")
                 yield prompts[(cat, t.id)], None
                 continue
-            tools, per_call = t.tools, None
+            tools, per_call, asked = t.tools, None, bfcl.request_text(t)
             if values == "grounded":
-                g = ground(tools, bfcl.request_text(t))
+                g = ground(tools, asked)
                 # a call count holds where a call must be made; under "auto" the reply may be
                 # text, and each call starts at the format's trigger (one call at a time)
                 tools, per_call = g.tools, g.per_call if modes[cat] == "required" else None
@@ -313,7 +313,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
             # scored: the router's scorer is bound to the row's batch when the row is added
             router = None
             if routing != "greedy":
-                prefer = matching_tools(tools, bfcl.request_text(t)) if routing == "matched" else ()
+                prefer = matching_tools(tools, asked) if routing == "matched" else ()
                 router = NameRouter.for_tools(vocab, tools, call_format, prefer=prefer)
             yield prompts[(cat, t.id)], m, router
 
