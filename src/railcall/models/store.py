@@ -436,6 +436,10 @@ def load_model(model: str | os.PathLike | None = None, **kw) -> LoadedModel:
     except (OSError, ValueError) as e:
         raise ModelError(f"could not load the model folder {folder}: {e}") from e
     mdl.eval()
+    # multi-token steps over a padded batch without copying the shared key/value heads
+    from railcall.models.attention import use_grouped_attention
+
+    use_grouped_attention(mdl)
     # A base model (the embedded Gemma 3 270M) has no chat template: its prompts are plain text
     # turns, set as its template so every prompt builder renders them alike (railcall.runtime.plain).
     from railcall.runtime.plain import use_plain_template
