@@ -266,3 +266,50 @@ def test_scored_routing_in_the_batch_equals_the_single_loop(lm, vocab):
     got = dict((i, gen.tokens) for i, gen in decode_stream(lm, vocab, reqs, params, max_rows=3))
     assert [got[i] for i in range(len(prompts))] == want
     assert [r.passes for r in routers] == [1, 1, 1]
+
+
+# Every device this torch has: the CPU always, a CUDA GPU where there is one.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_batch_runs_on_the_models_device_and_equals_the_cpu_loop(lm, vocab, grammar, device):
+    """A model on an accelerator keeps its KV there; the bookkeeping travels with each pass and
+    the logits come back to the CPU, where masks and sampling run. Rows joining and leaving, a
+    prefix-cache hit and scored routing's branch pass give the single CPU loop's tokens."""
+    import copy
+
+    from railcall.runtime.batch import TransformersBatch
+    from railcall.runtime.routing import NameRouter
+
+    model = copy.deepcopy(lm).to(device)
+    params = SamplingParams(max_tokens=16)
+    reqs = [(prompt(7 + 5 * i, 300 + i), Matcher(grammar) if i % 3 else None) for i in range(7)]
+    want = [single(lm, vocab, p, Matcher(grammar) if m is not None else None, params).tokens for p, m in reqs]
+    got = dict((i, g.tokens) for i, g in decode_stream(model, vocab, reqs, params, max_rows=4))
+    assert [got[i] for i in range(len(reqs))] == want
+
+    system = prompt(40, 9)
+    cache = PrefixCache(min_tokens=8)
+    loop = BatchLoop(model, vocab, max_rows=2, prefix_cache=cache)
+    rows = []
+    for k in range(3):
+        rows.append(Row(vocab, Matcher(grammar), params))
+        loop.add(system + prompt(4, 400 + k), rows[-1])
+        while loop.busy:
+            loop.step()
+    assert cache.hits == 2
+    for k, r in enumerate(rows):
+        assert r.generation().tokens == single(lm, vocab, system + prompt(4, 400 + k), Matcher(grammar), params).tokens
+
+    tools = [Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}}),
+             Tool("get_time"), Tool("calc")]
+    g = compiled_grammar(tool_grammar(tools, "json"), vocab)
+    p = prompt(13, 77)
+    r = NameRouter.for_tools(vocab, tools, "json")
+    ref = generate(TransformersBackend(lm), vocab, p, Matcher(g), params, router=r).tokens
+    r = NameRouter.for_tools(vocab, tools, "json")
+    (_, gen), = decode_stream(model, vocab, [(p, Matcher(g), r)], params, max_rows=1)
+    assert gen.tokens == ref and r.passes == 1
+    batch = TransformersBatch(model)
+    assert batch.start([p]).device.type == "cpu"  # what the rows' masks are applied to

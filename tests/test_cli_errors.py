@@ -119,3 +119,14 @@ def test_a_bad_argument_fails_before_the_model_loads(no_model, args, said):
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
     assert said in " ".join(r.output.split())
+
+
+def test_eval_bad_shard_is_refused_before_the_model_loads(no_model):
+    for bad in ("3", "0/2", "3/2", "a/b"):
+        r = runner.invoke(app, ["eval", "bfcl", "--category", "simple_python", "--shard", bad])
+        assert r.exit_code == 2 and "--shard takes K/N" in r.output, (bad, r.output)
+
+
+def test_eval_merge_of_a_folder_that_is_no_run_says_so(tmp_path):
+    r = runner.invoke(app, ["eval", "merge", str(tmp_path / "dest"), str(tmp_path)])
+    assert r.exit_code == 2 and "holds no run.json" in r.output

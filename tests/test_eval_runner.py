@@ -262,7 +262,7 @@ def stub_model(monkeypatch, tokenizer) -> None:
 
     lm = types.SimpleNamespace(tokenizer=tokenizer, name="stub",
                                model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(tokenizer))))
-    monkeypatch.setattr(store, "load_model", lambda model=None: lm)
+    monkeypatch.setattr(store, "load_model", lambda model=None, device=None: lm)
 
 
 @pytest.mark.parametrize("fmt, routing", [("pythonic", "scored"), ("openai", "greedy"), ("hermes", "scored")])
@@ -369,3 +369,73 @@ def test_a_task_with_no_tools_is_answered_as_text(tmp_path, monkeypatch, smollm2
     assert row["tool_choice"] == "none" and row["calls"] == 0 and row["ast"] is True
     assert recs[(tasks[0].id, "with_grammar")]["tool_choice"] == "auto"
     assert sum(m is not None for m in seen) == 1  # only the task with tools got a matcher
+
+
+def test_shards_split_each_category_and_merge_back_into_the_whole_run(tmp_path, monkeypatch, smollm2_tokenizer):
+    """--shard k/n takes every n-th task of each category from the k-th: the shards' tasks are
+    disjoint and together the whole run; `merge_runs` joins their folders into one with the
+    same records as a single-process run, and names every machine that wrote a part."""
+
+    import railcall.runtime.batch
+    from railcall.eval.runner import merge_runs
+    from railcall.runtime.decode import Generation
+
+    stub_model(monkeypatch, smollm2_tokenizer)
+
+    def replies(model, vocab, requests, params, max_rows, decided):
+        for i, _ in enumerate(requests):
+            yield i, Generation(tokens=smollm2_tokenizer.encode("no"), text="no")
+
+    monkeypatch.setattr(railcall.runtime.batch, "decode_stream", replies)
+    cats = ["simple_python", "multiple"]
+    whole = run_bfcl(cats, tmp_path / "whole", data=DATA, limit=5)
+    parts = []
+    for k in (1, 2, 3):
+        run_bfcl(cats, tmp_path / f"s{k}", data=DATA, limit=5, shard=(k, 3))
+        parts.append({(r["category"], r["id"]) for r in read_results(tmp_path / f"s{k}" / "results.jsonl")})
+    assert [len(p) for p in parts] == [4, 4, 2]  # tasks 0,3 / 1,4 / 2 of each category
+    assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
+    run = json.loads((tmp_path / "s2" / "run.json").read_text())
+    gpu = {**run["machine"], "device": "NVIDIA H200"}  # a part decoded on another machine
+    (tmp_path / "s2" / "run.json").write_text(json.dumps({**run, "machine": gpu, "machines": [gpu]}))
+    merged = merge_runs(tmp_path / "merged", [tmp_path / f"s{k}" for k in (1, 2, 3)])
+    key = lambda r: (r["category"], r["id"], r["condition"], r["output"])  # noqa: E731
+    assert sorted(map(key, read_results(tmp_path / "merged" / "results.jsonl"))) == \
+        sorted(map(key, read_results(tmp_path / "whole" / "results.jsonl")))
+    assert merged["categories"] == whole["categories"]
+    assert merged["machines"] == [run["machine"], gpu]
+    assert (tmp_path / "merged" / "table.md").is_file() and (tmp_path / "merged" / "eval.png").is_file()
+    # merging into a folder keeps its records first; a part of another run is refused
+    (tmp_path / "s1" / "results.jsonl").write_text("")
+    again = merge_runs(tmp_path / "merged", [tmp_path / "s1"])
+    assert again["throughput"]["rows"] == whole["throughput"]["rows"]
+    other = json.loads((tmp_path / "s3" / "run.json").read_text())
+    other["settings"]["max_tokens"] = 7
+    (tmp_path / "s3" / "run.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="other settings.*max_tokens"):
+        merge_runs(tmp_path / "merged", [tmp_path / "s3"])
+    with pytest.raises(FileNotFoundError, match="no run.json"):
+        merge_runs(tmp_path / "merged", [tmp_path / "nowhere"])
+    with pytest.raises(ValueError, match="shard 4/3"):
+        run_bfcl(cats, tmp_path / "bad", data=DATA, limit=5, shard=(4, 3))
+
+
+def test_a_resumed_run_keeps_the_machines_that_wrote_before_it(tmp_path, monkeypatch, smollm2_tokenizer):
+    import railcall.runtime.batch
+    from railcall.runtime.decode import Generation
+
+    stub_model(monkeypatch, smollm2_tokenizer)
+
+    def replies(model, vocab, requests, params, max_rows, decided):
+        for i, _ in enumerate(requests):
+            yield i, Generation(tokens=smollm2_tokenizer.encode("no"), text="no")
+
+    monkeypatch.setattr(railcall.runtime.batch, "decode_stream", replies)
+    run_bfcl(["simple_python"], tmp_path, data=DATA, limit=1)
+    run = json.loads((tmp_path / "run.json").read_text())
+    here = run["machine"]
+    elsewhere = {**here, "device": "NVIDIA H200"}
+    (tmp_path / "run.json").write_text(json.dumps({**run, "machine": elsewhere, "machines": [elsewhere]}))
+    s = run_bfcl(["simple_python"], tmp_path, data=DATA, limit=2, resume=True)
+    assert json.loads((tmp_path / "run.json").read_text())["machines"] == [elsewhere, here]
+    assert s["machines"] == [elsewhere, here]

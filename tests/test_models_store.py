@@ -193,3 +193,22 @@ def test_gemma3_loads_and_writes_a_call():
     g = generate(TransformersBackend(lm.model), vocab, prompt, Matcher(compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)),
                  SamplingParams(max_tokens=24))
     assert parse_call(g.text, DEMO_TOOLS) is not None, g.text
+
+
+def test_a_device_torch_does_not_have_is_refused_with_what_to_do():
+    import torch
+
+    from railcall.models.store import check_device
+
+    check_device("cpu")
+    with pytest.raises(ModelError, match="not a torch device name"):
+        check_device("gpu0")
+    with pytest.raises(ModelError, match="cpu or cuda, not meta"):
+        check_device("meta")
+    if torch.cuda.is_available():
+        check_device("cuda")
+        with pytest.raises(ModelError, match="CUDA device"):
+            check_device(f"cuda:{torch.cuda.device_count()}")
+    else:
+        with pytest.raises(ModelError, match="sees no CUDA device; run on the CPU"):
+            check_device("cuda")

@@ -205,7 +205,7 @@ def test_shots_go_in_the_prompt_and_the_settings(tmp_path, monkeypatch, smollm2_
 
     lm = types.SimpleNamespace(tokenizer=smollm2_tokenizer, name="stub",
                                model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(smollm2_tokenizer))))
-    monkeypatch.setattr(store, "load_model", lambda model=None: lm)
+    monkeypatch.setattr(store, "load_model", lambda model=None, device=None: lm)
     seen = []
 
     def nothing_decoded(model, vocab, requests, params, **kw):

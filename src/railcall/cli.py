@@ -852,6 +852,11 @@ def eval_bfcl(
                                          "stating more numbers than one call holds gets that many calls "
                                          "(docs/evaluation.md). Default: the model's measured one, grounded for "
                                          "SmolLM2, else free. --values free --routing greedy: the grammar alone."),
+    device: Optional[str] = typer.Option(None, "--device", help="Where the model runs: cpu (the default) or a CUDA "
+                                         "device (cuda, cuda:N). The grammar's masks and the sampling stay on the CPU."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="K/N: only every N-th task of each category from the K-th, "
+                                        "for N processes sharing a run, each with its own --out; "
+                                        "`railcall eval merge` joins their folders."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Run every combination of the axes given, e.g. "
                                            "'format=json,pythonic routing=greedy,scored shots=0,2,2p values=free,grounded "
                                            "model=smollm2,gemma3' (2p: --shots 2 --shot-pair; an axis not given keeps its "
@@ -892,7 +897,10 @@ def eval_bfcl(
             bfcl.category_file(Path(data), c)
     except FileNotFoundError as e:
         _fail(e)
+    shard_kn = _shard(shard) if shard is not None else None
     if variants is not None:
+        if device is not None or shard is not None:
+            _fail("--variants runs on the CPU in one process; drop --device and --shard")
         _eval_variants(variants, cats, Path(out), data=Path(data), limit=limit, max_tokens=max_tokens, batch=batch,
                        resume=resume, threads=threads, tool_choice=tool_choice, no_grammar=no_grammar,
                        prompt_example=prompt_example)
@@ -903,7 +911,7 @@ def eval_bfcl(
                                shot_pair=shot_pair,
                                max_tokens=max_tokens, batch=batch, resume=resume, threads=threads, progress=progress,
                                tool_choice=tool_choice, call_format=call_format, routing=routing,
-                               prompt_example=prompt_example, values=values,
+                               prompt_example=prompt_example, values=values, device=device, shard=shard_kn,
                                log=lambda m: console.print(m, style="dim"))
         except (RailcallError, ValueError, FileNotFoundError, NotImplementedError) as e:
             _fail(e)
@@ -912,6 +920,14 @@ def eval_bfcl(
     tp = summary["throughput"]
     console.print(f"{tp['generated_tokens']} tokens in {tp['decode_seconds']:.0f} s of decoding "
                   f"({tp['tokens_per_s']} tokens/s); wrote {out}/summary.json, table.md and eval.png")
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """--shard K/N -> (K, N), or a clear exit."""
+    k, sep, n = text.partition("/")
+    if not (sep and k.strip().isdigit() and n.strip().isdigit() and 1 <= int(k) <= int(n)):
+        _fail(f"--shard takes K/N with 1 <= K <= N (the K-th of N processes), not {text!r}")
+    return int(k), int(n)
 
 
 def _eval_variants(spec: str, cats: list[str], out, *, no_grammar: bool, **kw) -> None:
@@ -1068,6 +1084,29 @@ def eval_report(
     tp = summary["throughput"]
     console.print(f"{tp['tasks']} tasks, {tp['generated_tokens']} tokens in {tp['decode_seconds']:.0f} s of decoding "
                   f"({tp['tokens_per_s']} tokens/s); wrote {out}/summary.json, table.md and eval.png")
+
+
+@eval_app.command("merge")
+def eval_merge(
+    dest: str = typer.Argument(..., help="The run folder to write (its records, if any, are kept)."),
+    sources: list[str] = typer.Argument(..., help="Run folders of the same run: shards (--shard) or parts run elsewhere."),
+) -> None:
+    """Join run folders of one run (same settings) into DEST, and write its summary, table and chart."""
+    from pathlib import Path
+
+    from railcall.eval import report
+    from railcall.eval.runner import merge_runs
+
+    try:
+        summary = merge_runs(Path(dest), [Path(s) for s in sources],
+                             log=lambda m: console.print(m, style="dim", markup=False, highlight=False))
+    except (FileNotFoundError, ValueError) as e:
+        _fail(e)
+        return
+    console.print(report.table(summary))
+    tp = summary["throughput"]
+    console.print(f"{tp['tasks']} tasks, {tp['rows']} replies; wrote {dest}/results.jsonl, run.json, summary.json, "
+                  "table.md and eval.png")
 
 
 @eval_app.command("ablation")

@@ -2,7 +2,7 @@
 
 summary.json: {"categories": {cat: {condition: {n, parse_rate, valid_rate, ast_accuracy,
 tokens_mean, seconds_mean, cut_rate}}}, "throughput": {...}, "variant": {call_format, routing, values},
-"settings", "machine", "limit"}.
+"settings", "machine", "machines", "limit"}.
 A condition's `seconds_mean` is each task's latency inside its batch (rows decode together);
 `throughput` is the run's generated tokens over its decoding wall time (prefills included; their
 prompt tokens, one prefill per task, are counted apart).
@@ -17,7 +17,8 @@ from railcall.atomic import atomic_savefig, atomic_write
 from railcall.eval.results import CONDITIONS, read_results, read_run
 
 
-def summarise(records: list[dict], *, settings: dict, categories: list[str], limit=None, machine=None) -> dict:
+def summarise(records: list[dict], *, settings: dict, categories: list[str], limit=None, machine=None,
+              machines=None) -> dict:
     cats: dict = {}
     for cat in categories:
         per = {}
@@ -53,6 +54,8 @@ def summarise(records: list[dict], *, settings: dict, categories: list[str], lim
                     "values": settings.get("values", "free")},
         "settings": settings,
         "machine": machine or {},
+        # every machine whose records are in (a run resumed elsewhere, or merged from parts)
+        "machines": machines or ([machine] if machine else []),
         "limit": limit,
     }
 
@@ -67,7 +70,8 @@ def from_folder(out: Path, warn=None) -> dict:
     if not records:
         raise FileNotFoundError(f"no results in {out / 'results.jsonl'}")
     cats = list(dict.fromkeys(r["category"] for r in records))
-    return summarise(records, settings=run.get("settings", {}), categories=cats, machine=run.get("machine"))
+    return summarise(records, settings=run.get("settings", {}), categories=cats, machine=run.get("machine"),
+                     machines=run.get("machines"))
 
 
 def write(summary: dict, out: Path) -> None:

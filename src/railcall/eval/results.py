@@ -82,7 +82,8 @@ def read_results(path: Path, *, repair: bool = False, warn: Callable[[str], None
 
 
 def read_run(path: Path) -> dict:
-    """A run folder's run.json ({"settings": {...}, "machine": {...}}), or ValueError saying
+    """A run folder's run.json ({"settings": {...}, "machine": {...}, "machines": [...]}: the
+    last machine that wrote records and all that did), or ValueError saying
     what is wrong with it."""
     try:
         run = json.loads(path.read_text())

@@ -207,7 +207,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
              batch: int = 16,
              resume: bool = False, tool_choice: str | None = None, threads: int | None = None,
              call_format: str = "json", routing: str = "greedy", prompt_example: bool = False,
-             values: str = "free", without_grammar: bool = True,
+             values: str = "free", without_grammar: bool = True, device: str | None = None,
+             shard: tuple[int, int] | None = None,
              progress: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Run the categories; returns the summary (also written to `out`/summary.json). `call_format`:
     the grammar's, the parser's and the prompt's format; `routing="scored"`: the tool name chosen
@@ -218,7 +219,10 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     `shots` in-context examples before each question, the last a request for two calls where
     `shot_pair` (`railcall.runtime.shots`).
     `grammar` / `without_grammar`: whether the run decodes each task under the grammar / free
-    (both by default; `railcall.eval.variants` runs a scored variant under the grammar alone)."""
+    (both by default; `railcall.eval.variants` runs a scored variant under the grammar alone).
+    `device`: where the model runs (`load_model`; default the CPU). `shard=(k, n)`: only every
+    n-th task of each category from the k-th (k counts from 1), so n processes, each with its own
+    `out`, share a run; `merge_runs` joins their folders."""
     from railcall.runtime.batch import decode_stream
     from railcall.runtime.decode import SamplingParams
     from railcall.eval import report
@@ -254,8 +258,14 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         data = bfcl_data()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if shard is not None:
+        k, n = shard
+        if not 1 <= k <= n:
+            raise ValueError(f"shard {k}/{n}: k must be 1 to n")
     all_tasks = {c: bfcl.load_category(data, c, limit) for c in categories}  # fails early on a bad name
-    lm = load_model(model)
+    if shard is not None:
+        all_tasks = {c: tasks[shard[0] - 1::shard[1]] for c, tasks in all_tasks.items()}
+    lm = load_model(model, device=device)
     vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
     conditions = [c for c in CONDITIONS if (grammar if c == "with_grammar" else without_grammar)]
     settings = Settings(model=lm.name, max_tokens=max_tokens, shots=shots, shot_pair=shot_pair and shots > 0,
@@ -263,8 +273,13 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
                         grammar=GRAMMARS[call_format], call_format=call_format, routing=routing, values=values,
                         prompt=bfcl.PROMPT_VERSION + ("+example" if prompt_example else ""))
     results_path, run_path = out / "results.jsonl", out / "run.json"
+    here = machine(device)
+    machines = [here]
     if resume and run_path.is_file():
-        before = {**SETTINGS_BEFORE, **read_run(run_path)["settings"]}
+        run_before = read_run(run_path)
+        before = {**SETTINGS_BEFORE, **run_before["settings"]}
+        # every machine that wrote records here (a run resumed elsewhere, merged parts)
+        machines = [m for m in run_before.get("machines") or [run_before.get("machine") or {}] if m and m != here] + [here]
         if before != asdict(settings):
             diff = {k: (before.get(k), v) for k, v in asdict(settings).items() if before.get(k) != v}
             raise ValueError(f"--resume: {out} was run with other settings {diff}; use another --out")
@@ -272,7 +287,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         kept = set_aside(out)
         log(f"started afresh; the previous results are in {kept}" if kept else
             "started afresh (the previous results file was empty)")
-    atomic_write(run_path, json.dumps({"settings": asdict(settings), "machine": machine()}, indent=1))
+    atomic_write(run_path, json.dumps({"settings": asdict(settings), "machine": here, "machines": machines}, indent=1))
     done = {(r["category"], r["id"], r["condition"]) for r in read_results(results_path, repair=True, warn=log)}
     # a base model's plain-text turns end at stop strings (railcall.runtime.plain); others: none
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop_strings(lm.tokenizer))
@@ -364,17 +379,65 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     wanted = {(c, t.id) for c, tasks in all_tasks.items() for t in tasks}
     records = [r for r in read_results(results_path) if (r["category"], r["id"]) in wanted]
     summary = report.summarise(records, settings=asdict(settings), categories=categories, limit=limit,
-                               machine=machine())
+                               machine=here, machines=machines)
     report.write(summary, out)
     return summary
 
 
-def machine() -> dict:
+def machine(device: str | None = None) -> dict:
     import numpy
     import torch
 
     import railcall
 
-    return {"platform": platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "numpy": numpy.__version__, "railcall": railcall.__version__,
-            "torch_threads": torch.get_num_threads()}
+    m = {"platform": platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(),
+         "torch": torch.__version__, "numpy": numpy.__version__, "railcall": railcall.__version__,
+         "torch_threads": torch.get_num_threads()}
+    if device is not None and torch.device(device).type == "cuda":
+        m["device"] = torch.cuda.get_device_name(torch.device(device))
+    return m
+
+
+def merge_runs(dest: Path, sources: Sequence[Path], *, log: Callable[[str], None] | None = None) -> dict:
+    """Join the run folders `sources` (the shards of one run, `run_bfcl(shard=...)`, or parts run
+    on different machines) into `dest`, which may hold records already: the settings must be the
+    same everywhere; a task and condition found twice keeps its first record (dest's, then the
+    sources' in order). Writes dest's results.jsonl (replaced whole, atomically), run.json (its
+    "machines": those of all parts) and the report; returns the summary."""
+    from railcall.eval import report
+
+    log = log or (lambda m: None)
+    dest = Path(dest)
+    folders = ([dest] if (dest / "run.json").is_file() else []) + [Path(s) for s in sources]
+    if not sources:
+        raise ValueError("nothing to merge: name at least one run folder")
+    settings, machines, records, seen = None, [], [], set()
+    for folder in folders:
+        if not (folder / "run.json").is_file():
+            raise FileNotFoundError(f"{folder} holds no run.json: not a run folder of `railcall eval bfcl`")
+        run = read_run(folder / "run.json")
+        mine = {**SETTINGS_BEFORE, **run["settings"]}
+        if settings is None:
+            settings = mine
+        elif mine != settings:
+            diff = {k: (settings.get(k), mine.get(k)) for k in settings.keys() | mine.keys() if settings.get(k) != mine.get(k)}
+            raise ValueError(f"{folder} was run with other settings than {folders[0]}: {diff}; "
+                             "only parts of one run merge")
+        for m in run.get("machines") or [run.get("machine") or {}]:
+            if m and m not in machines:
+                machines.append(m)
+        new = 0
+        for r in read_results(folder / "results.jsonl", warn=log):
+            key = (r["category"], r["id"], r["condition"])
+            if key not in seen:
+                seen.add(key)
+                records.append(r)
+                new += 1
+        log(f"{folder}: {new} records")
+    dest.mkdir(parents=True, exist_ok=True)
+    atomic_write(dest / "results.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    run = {"settings": settings, "machine": machines[-1] if machines else {}, "machines": machines}
+    atomic_write(dest / "run.json", json.dumps(run, indent=1))
+    summary = report.from_folder(dest, warn=log)
+    report.write(summary, dest)
+    return summary

@@ -407,12 +407,16 @@ class LoadedModel:
         return is_plain(self.tokenizer)
 
 
-def load_model(model: str | os.PathLike | None = None, **kw) -> LoadedModel:
-    """Load `model` (default: the embedded SmolLM2) for CPU inference in float32."""
+def load_model(model: str | os.PathLike | None = None, device: str | None = None, **kw) -> LoadedModel:
+    """Load `model` (default: the embedded SmolLM2) for inference in float32, on the CPU or on
+    `device` (a torch device name: "cuda", "cuda:1"; the batch loop keeps the KV there and brings
+    each step's logits back to the CPU, `railcall.runtime.batch`)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # before a conversion that would need them (a minute), and before any file is blamed
     require("loading a model", "torch", "transformers", "safetensors", extra="model")
+    if device is not None:
+        check_device(device)  # before a minute of converting finds out
     folder = model_folder(model, **kw)
     t0 = time.perf_counter()
     try:
@@ -436,6 +440,8 @@ def load_model(model: str | os.PathLike | None = None, **kw) -> LoadedModel:
     except (OSError, ValueError) as e:
         raise ModelError(f"could not load the model folder {folder}: {e}") from e
     mdl.eval()
+    if device is not None and device != "cpu":
+        mdl.to(device)
     # multi-token steps over a padded batch without copying the shared key/value heads
     from railcall.models.attention import use_grouped_attention
 
@@ -446,6 +452,26 @@ def load_model(model: str | os.PathLike | None = None, **kw) -> LoadedModel:
 
     use_plain_template(tok)
     return LoadedModel(mdl, tok, folder, time.perf_counter() - t1, t1 - t0)
+
+
+def check_device(device: str) -> None:
+    """Refuse a device torch does not have, saying which ones it has."""
+    import torch
+
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ModelError(f"--device {device!r} is not a torch device name; use cpu, cuda or cuda:N") from None
+    if d.type == "cpu":
+        return
+    if d.type != "cuda":
+        raise ModelError(f"--device {device!r}: railcall runs models on cpu or cuda, not {d.type}")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n == 0:
+        raise ModelError(f"--device {device!r}: this torch ({torch.__version__}) sees no CUDA device; "
+                         "run on the CPU (leave --device out) or install a CUDA build of torch")
+    if d.index is not None and d.index >= n:
+        raise ModelError(f"--device {device!r}: this machine has {n} CUDA device(s), cuda:0 to cuda:{n - 1}")
 
 
 def tokenizer_folder(model: str | os.PathLike | None = None, **kw) -> Path:

@@ -24,6 +24,11 @@ prompt and the tokens it fed is kept; a later prompt that starts with a kept seq
 only the rest. The KV of the first m tokens does not depend on what follows them (attention is
 causal and positions count from 0 in every row), so any prefix of a kept sequence is reusable.
 
+Devices: the model may sit on an accelerator (`load_model(device="cuda")`). Its KV cache stays
+there; the bookkeeping (each row's padding mask and next position) stays on the CPU and travels
+with each pass's token ids, and the logits come back to the CPU, where the rows' masks and
+sampling run. On the CPU every move is a no-op.
+
 Lifecycles: `TransformersBatch` holds the KV of the rows in flight, as long as its loop runs;
 `PrefixCache` lives as long as the model; rows (and their matchers) are per request.
 """
@@ -53,6 +58,7 @@ class TransformersBatch:
         self.model = model
         self.pad_id = pad_id
         self.width = int(model.config.vocab_size)
+        self.device = getattr(model, "device", None)  # where the weights and the KV are (None: CPU)
         self.forward_passes = 0
         self._cache = None
         self._mask = None  # (rows, cache length) long: 1 for a real token, 0 for a pad
@@ -145,10 +151,10 @@ class TransformersBatch:
         ids = torch.tensor([tree.tokens], dtype=torch.long)
         pos = (self._pos[b] + torch.tensor(tree.depth, dtype=torch.long)).unsqueeze(0)
         with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                             use_cache=True)
+            out = self.model(input_ids=self._on(ids), attention_mask=self._on(mask), position_ids=self._on(pos),
+                             past_key_values=cache, use_cache=True)
         self.forward_passes += 1
-        return tree.rows(out.logits[0].float())
+        return tree.rows(out.logits[0].float().cpu())
 
     def keep(self, rows: Sequence[int]) -> None:
         """Make the batch rows `rows` of the current one, in this order: rows not named leave,
@@ -157,7 +163,7 @@ class TransformersBatch:
         import torch
 
         index = torch.tensor(list(rows), dtype=torch.long)
-        self._cache.reorder_cache(index)
+        self._cache.reorder_cache(self._on(index))
         self._mask = self._mask[index]
         self._pos = self._pos[index]
         used = self._mask.any(0)
@@ -197,7 +203,7 @@ class TransformersBatch:
     def row_kv(self, b: int) -> list[tuple]:
         """Row b's KV without pads: per layer (keys, values), each (1, heads, tokens, head_dim),
         new tensors (the batch may change after)."""
-        real = self._mask[b].bool()
+        real = self._on(self._mask[b].bool())
         return [(layer.keys[b:b + 1][:, :, real], layer.values[b:b + 1][:, :, real]) for layer in self._cache.layers]
 
     def _run(self, ids, mask, pos, keep=0):
@@ -205,12 +211,18 @@ class TransformersBatch:
         the position given for each row (transformers' `logits_to_keep`)."""
         import torch
 
+        if isinstance(keep, torch.Tensor):
+            keep = self._on(keep)
         with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self._cache,
-                             use_cache=True, logits_to_keep=keep)
+            out = self.model(input_ids=self._on(ids), attention_mask=self._on(mask), position_ids=self._on(pos),
+                             past_key_values=self._cache, use_cache=True, logits_to_keep=keep)
         self._cache = out.past_key_values
         self.forward_passes += 1
-        return out.logits.float()
+        return out.logits.float().cpu()  # the rows' masks and sampling run on the CPU
+
+    def _on(self, t):
+        """`t` on the model's device (the same tensor where that is the CPU)."""
+        return t if self.device is None or t.device == self.device else t.to(self.device)
 
 
 class OneRowBatch:
