@@ -120,32 +120,34 @@ def table(summary: dict):
 
 
 def chart(summary: dict, path: Path) -> None:
+    """Three panels (parse rate, schema-valid rate, AST accuracy), a pair of horizontal bars per
+    category (without / with the grammar): the category names read across, however many."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     data = list(rows(summary))
-    cats = [f"{c}\n(n={n})" for c, n, _, _ in data]
+    cats = [f"{c} (n={n})" for c, n, _, _ in data]
     titles = ["parse rate", "schema-valid rate", "AST accuracy"]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), sharey=True)
-    width = 0.38
+    fig, axes = plt.subplots(1, 3, figsize=(13, 1.4 + 0.42 * max(len(data), 3)), sharey=True)
+    height = 0.38
+    ys = list(range(len(data)))[::-1]  # the first category on top
     for k, ax in enumerate(axes):
-        xs = range(len(data))
         free = [100 * (w[k] or 0) for _, _, w, _ in data]
         con = [100 * (g[k] or 0) for _, _, _, g in data]
-        b1 = ax.bar([x - width / 2 for x in xs], free, width, label="without grammar", color="#9e9e9e")
-        b2 = ax.bar([x + width / 2 for x in xs], con, width, label="with grammar", color="#1f77b4")
+        b1 = ax.barh([y + height / 2 for y in ys], free, height, label="without grammar", color="#9e9e9e")
+        b2 = ax.barh([y - height / 2 for y in ys], con, height, label="with grammar", color="#1f77b4")
         for bars in (b1, b2):
-            for b in bars:
-                ax.annotate(f"{b.get_height():.0f}", (b.get_x() + b.get_width() / 2, b.get_height()),
-                            ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels(cats, fontsize=8)
+            for bar in bars:
+                ax.annotate(f"{bar.get_width():.0f}", (bar.get_width() + 1, bar.get_y() + bar.get_height() / 2),
+                            ha="left", va="center", fontsize=7)
+        ax.set_yticks(ys)
+        ax.set_yticklabels(cats, fontsize=8)
         ax.set_title(titles[k])
-        ax.set_ylim(0, 108)
+        ax.set_xlim(0, 112)
+        ax.set_xlabel("% of tasks", fontsize=8)
         if k == 0:
-            ax.set_ylabel("% of tasks")
             fig.legend(handles=[b1, b2], loc="upper right", ncol=2, fontsize=8, frameon=False)
     model = summary.get("settings", {}).get("model", "")
     v = summary.get("variant") or {}
@@ -153,6 +155,6 @@ def chart(summary: dict, path: Path) -> None:
                  f"{v.get('call_format', 'json')} format, {v.get('routing', 'greedy')} routing, "
                  f"{v.get('values', 'free')} values", fontsize=10,
                  x=0.02, ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     atomic_savefig(fig, path)
     plt.close(fig)
