@@ -130,3 +130,19 @@ def test_eval_bad_shard_is_refused_before_the_model_loads(no_model):
 def test_eval_merge_of_a_folder_that_is_no_run_says_so(tmp_path):
     r = runner.invoke(app, ["eval", "merge", str(tmp_path / "dest"), str(tmp_path)])
     assert r.exit_code == 2 and "holds no run.json" in r.output
+
+
+def test_eval_out_of_gpu_memory_says_what_is_kept_and_how_to_go_on(tmp_path, monkeypatch):
+    import torch
+
+    import railcall.eval.runner
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.78 GiB.\nmore detail")
+
+    monkeypatch.setattr(railcall.eval.runner, "run_bfcl", oom)
+    r = runner.invoke(app, ["eval", "bfcl", "--category", "simple_python", "--device", "cuda", "--out", str(tmp_path)])
+    assert r.exit_code == 2
+    text = " ".join(r.output.split())
+    assert "the GPU ran out of memory (CUDA out of memory. Tried to allocate 1.78 GiB.)" in text
+    assert "--resume and a smaller --batch" in text and "more detail" not in text

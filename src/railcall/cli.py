@@ -916,6 +916,13 @@ def eval_bfcl(
         except (RailcallError, ValueError, FileNotFoundError, NotImplementedError) as e:
             _fail(e)
             return
+        except RuntimeError as e:
+            if type(e).__name__ != "OutOfMemoryError":  # torch's, for a GPU's memory
+                raise
+            _fail(f"the GPU ran out of memory ({str(e).splitlines()[0][:160]}). Every task finished so far is "
+                  f"kept in {out}/results.jsonl: run the same command with --resume and a smaller --batch, "
+                  "or fewer processes on this GPU")
+            return
     console.print(table(summary))
     tp = summary["throughput"]
     console.print(f"{tp['generated_tokens']} tokens in {tp['decode_seconds']:.0f} s of decoding "
