@@ -123,12 +123,14 @@ def _fsync_dir(dfd: int) -> None:
         pass
 
 
-def mend_last_line(path: Path) -> str:
+def mend_last_line(path: Path | int) -> str:
     """Make a JSON-lines file end on a newline before the next append: a last line that parses
     only lacks its newline ("newline": it is written), one that does not is a torn record ("cut":
-    it is cut off). "" when the file is missing, empty or already ends on a newline."""
+    it is cut off). "" when the file is missing, empty or already ends on a newline. `path` may
+    be a descriptor open for reading and writing (the caller's, left open), for a file that
+    must not be looked up by name again."""
     try:
-        f = open(path, "r+b")
+        f = os.fdopen(os.dup(path), "r+b") if isinstance(path, int) else open(path, "r+b")
     except FileNotFoundError:
         return ""
     with f:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Callable
 
-from railcall.agent.files import Workspace
+from railcall.agent.files import StateFolder, Workspace
 from railcall.agent.policy import Policy
 from railcall.atomic import mend_last_line
 from railcall.agent.skills import SkillStore
@@ -88,16 +88,20 @@ class MemoryStore:
     An append takes an exclusive `flock` on the file, mends a torn last line (a writer killed
     mid-line) and writes the whole line with one write(2) on an O_APPEND descriptor: two
     processes remembering at once both keep their notes (a rewrite of the whole file, read
-    before the other's append and renamed after it, lost one in four of them)."""
+    before the other's append and renamed after it, lost one in four of them). The file is
+    opened without following a link at any component (`files.StateFolder`): a planted
+    `memory.jsonl -> /elsewhere` is refused, neither appended to nor read as notes."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._state = StateFolder(self.path.parent)
 
     def items(self) -> list[str]:
-        if not self.path.exists():
+        data = self._state.read(self.path.name)
+        if data is None:
             return []
         out = []
-        for line in self.path.read_text(errors="replace").splitlines():
+        for line in data.decode(errors="replace").splitlines():
             try:
                 out.append(json.loads(line)["text"])
             except (ValueError, KeyError, TypeError):
@@ -105,12 +109,11 @@ class MemoryStore:
         return out
 
     def append(self, text: str) -> int:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps({"text": text, "at": time.time()}, ensure_ascii=False).encode() + b"\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = self._state.open(self.path.name, os.O_RDWR | os.O_APPEND | os.O_CREAT, one_name=True)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
-            mend_last_line(self.path)
+            mend_last_line(fd)
             view = memoryview(line)
             while view:
                 view = view[os.write(fd, view):]

@@ -45,6 +45,7 @@ from railcall.atomic import TMP_PREFIX, atomic_write, write_at  # noqa: F401 (at
 STATE_DIR = ".railcall"
 TMP_DIR = "tmp"  # under STATE_DIR: where workspace writes make their temporary files
 MAX_LINKS = 40  # symlinks followed in one path, as the kernel's own limit: more is a loop (ELOOP)
+MAX_DEPTH = 64  # folders deep: a path, a walk of the workspace or of the state folder goes no further
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -52,22 +53,217 @@ class PathRefused(ValueError):
     """A path argument that would leave the workspace (or touch railcall's state folder)."""
 
 
+class StateRefused(PathRefused):
+    """A symlink (or anything but a regular file or folder) where railcall keeps its own files."""
+
+
 def sweep_temp(folder: Path, older_than: float = 0.0) -> int:
     """Remove temporary files a killed writer left under `folder`, last modified more than
     `older_than` seconds ago; returns how many. The agent sweeps its state folder only
     (`Agent.for_workspace`), a minute's worth of files spared: a user's file in the workspace that
     happens to start with `.railcall-tmp-` is theirs, and a fresh one in `.railcall/tmp/` may be
-    another agent's write in progress on the same workspace."""
+    another agent's write in progress on the same workspace. No link is followed."""
     n, now = 0, time.time()
-    for p in Path(folder).rglob(TMP_PREFIX + "*"):
-        try:
-            st = p.lstat()
-        except FileNotFoundError:
-            continue
-        if stat.S_ISREG(st.st_mode) and now - st.st_mtime >= older_than:
-            p.unlink(missing_ok=True)
+    for dfd, name, st, _ in StateFolder(folder).entries():
+        if name.startswith(TMP_PREFIX) and stat.S_ISREG(st.st_mode) and now - st.st_mtime >= older_than:
+            try:
+                os.unlink(name, dir_fd=dfd)
+            except FileNotFoundError:
+                continue
             n += 1
     return n
+
+
+class StateFolder:
+    """A folder of railcall's own files -- a workspace's `.railcall/`, or a part of it such as
+    `.railcall/skills/` -- in which no link is ever followed.
+
+    A workspace can arrive with links planted in its state folder (`.railcall/trace.jsonl ->
+    ../../victim`), and opening such a file by name writes the trace, a note or a skill wherever
+    the link points, under --read-only too. So every file here is opened the way the workspace's
+    own files are (`Workspace._walk`): from a descriptor of the folder that holds `.railcall`
+    (the *anchor*, the user's workspace, opened by its name), one component at a time with
+    `O_NOFOLLOW` relative to the one before, new files created with `O_EXCL` or renamed into
+    place (`atomic.write_at`). A link met at any component is a `StateRefused` naming it and
+    saying what to do; it is never read through either (a planted memory.jsonl would otherwise
+    feed an outside file to the prompt as notes). A file appended to in place (the trace, the
+    memory store) must also have one name only: a hard link's other name may be outside.
+
+    A folder whose path holds no `.railcall` (a store a library caller put elsewhere) is its own
+    anchor: the files in it are still never links.
+
+    Lifecycle: plain data, made per store; every call opens and closes its own descriptors."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.path = Path(os.path.abspath(os.path.expanduser(folder)))
+        parts = self.path.parts
+        if STATE_DIR in parts:
+            i = len(parts) - 1 - parts[::-1].index(STATE_DIR)
+            self.anchor, self.parts = Path(*parts[:i]), parts[i:]
+        else:
+            self.anchor, self.parts = self.path, ()
+
+    def shown(self, rel: str = "") -> str:
+        """The path of `rel` beneath this folder, as an error names it."""
+        return str(self.path / rel) if rel else str(self.path)
+
+    def _refused(self, dir_fd: int, name: str, shown: str, wanted: str) -> StateRefused:
+        target = _readlink(name, dir_fd)
+        what = f"a symlink (to {target})" if target is not None else f"not a {wanted}"
+        return StateRefused(f"{shown} is {what}; railcall never follows a link in its state folder "
+                            f"{STATE_DIR}/ (a planted one would send its writes outside the workspace): remove "
+                            f"it (rm {shown}), or use another --workspace")
+
+    def dir(self, sub: str = "", *, create: bool = False) -> int:
+        """A descriptor of this folder (or `sub` beneath it), every component opened without
+        following a link; `create`: make the missing ones. The caller closes it."""
+        if create:
+            self.anchor.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.anchor, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        todo, done = [*self.parts, *[p for p in sub.split("/") if p]], []
+        try:
+            while todo:
+                part = todo[0]
+                shown = str(self.anchor.joinpath(*done, part))
+                try:
+                    nxt = os.open(part, _DIR, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise FileNotFoundError(errno.ENOENT, "no such folder", shown) from None
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                    continue  # and open it on the next turn, the same careful way
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise self._refused(fd, part, shown, "folder") from None
+                    raise
+                os.close(fd)
+                fd = nxt
+                done.append(todo.pop(0))
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _split(self, rel: str) -> tuple[str, str]:
+        sub, _, name = rel.rpartition("/")
+        if not name or name in (".", ".."):
+            raise StateRefused(f"{rel!r} is not a file name in {self.shown()}")
+        return sub, name
+
+    def open(self, rel: str, flags: int, *, one_name: bool = False) -> int:
+        """A descriptor of the regular file `rel`, opened with `flags` (`O_CREAT`: folders made
+        on the way) without following a link; `one_name`: a file with other names (hard links)
+        is refused too, for a file appended to in place."""
+        sub, name = self._split(rel)
+        dfd = self.dir(sub, create=bool(flags & os.O_CREAT))
+        try:
+            try:
+                fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                    raise self._refused(dfd, name, self.shown(rel), "regular file") from None
+                raise
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or (one_name and st.st_nlink > 1):
+                os.close(fd)
+                if stat.S_ISREG(st.st_mode):
+                    raise StateRefused(f"{self.shown(rel)} has {st.st_nlink} names (a hard link, whose other "
+                                       "names may be outside the workspace); railcall appends only to a file of "
+                                       f"its own: remove it (rm {self.shown(rel)})")
+                raise self._refused(dfd, name, self.shown(rel), "regular file")
+            return fd
+        finally:
+            os.close(dfd)
+
+    def read(self, rel: str) -> bytes | None:
+        """The bytes of the regular file `rel`; None when it is missing."""
+        try:
+            fd = self.open(rel, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def write(self, rel: str, data: bytes) -> None:
+        """Replace `rel` whole with `data` (`atomic.write_at`, the temporary file beside it); a
+        link there is refused, never replaced or followed."""
+        sub, name = self._split(rel)
+        dfd = self.dir(sub, create=True)
+        try:
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                raise self._refused(dfd, name, self.shown(rel), "regular file")
+            write_at(dfd, name, data, mode=stat.S_IMODE(st.st_mode) if st is not None else None)
+        finally:
+            os.close(dfd)
+
+    def unlink(self, rel: str) -> None:
+        sub, name = self._split(rel)
+        dfd = self.dir(sub)
+        try:
+            os.unlink(name, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+
+    def names(self, sub: str = "") -> list[str]:
+        """The names in this folder (or `sub`), sorted; [] when it is missing."""
+        try:
+            dfd = self.dir(sub)
+        except FileNotFoundError:
+            return []
+        try:
+            return sorted(os.listdir(dfd))
+        finally:
+            os.close(dfd)
+
+    def entries(self, max_depth: int = MAX_DEPTH):
+        """(folder descriptor, name, lstat, path relative to this folder) of everything beneath
+        it, walked without following a link and without recursion, `max_depth` folders deep at
+        most; the descriptor is open only until the next item. Nothing when it is missing."""
+        try:
+            top = self.dir()
+        except FileNotFoundError:
+            return
+        try:
+            names = iter(sorted(os.listdir(top)))
+        except BaseException:
+            os.close(top)
+            raise
+        stack = [(top, names, "", 0)]  # one open folder per level, no more
+        try:
+            while stack:
+                dfd, names, prefix, depth = stack[-1]
+                name = next(names, None)
+                if name is None:
+                    os.close(stack.pop()[0])
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                yield dfd, name, st, prefix + name
+                if stat.S_ISDIR(st.st_mode) and depth < max_depth:
+                    try:
+                        fd = os.open(name, _DIR, dir_fd=dfd)
+                    except OSError:
+                        continue  # swapped for a link or removed meanwhile: not walked
+                    try:
+                        stack.append((fd, iter(sorted(os.listdir(fd))), prefix + name + "/", depth + 1))
+                    except OSError:
+                        os.close(fd)
+        finally:
+            for dfd, *_ in stack:  # the consumer stopped early
+                os.close(dfd)
+
+    def links(self) -> list[str]:
+        """The path of every symlink beneath this folder (the agent refuses them at start)."""
+        return [self.shown(rel) for _, _, st, rel in self.entries() if stat.S_ISLNK(st.st_mode)]
 
 
 def _readlink(name: str, dir_fd: int) -> str | None:
@@ -322,20 +518,13 @@ class Workspace:
 
     def _tmp_dir(self) -> int | None:
         """A descriptor of `.railcall/tmp/` (made if missing, walked without following links);
-        None when it cannot be had, and the temporary file goes beside the target."""
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        None when it cannot be had (no permission), and the temporary file goes beside the
+        target. A link there is a StateRefused naming it, not a reason to look elsewhere."""
         try:
-            for part in (STATE_DIR, TMP_DIR):
-                try:
-                    os.mkdir(part, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                nxt = os.open(part, _DIR, dir_fd=fd)
-                os.close(fd)
-                fd = nxt
-            return fd
+            return StateFolder(self.state).dir(TMP_DIR, create=True)
+        except StateRefused:
+            raise
         except OSError:
-            os.close(fd)
             return None
 
     # -- the live domains ---------------------------------------------------------------------------

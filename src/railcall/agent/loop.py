@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from railcall.agent.builtins import ANSWER, MemoryStore, workspace_tools
-from railcall.agent.files import Workspace, sweep_temp
+from railcall.agent.files import StateFolder, StateRefused, Workspace, sweep_temp
 from railcall.agent.policy import Approver, Decision, Policy, View, view
 from railcall.agent.progress import (FACTS_SHOWN, Helps, episode_scoped, facts_turn, numbers_seen, observation,
                                      reading_named, task_files, tool_examples, unwritten, with_seen_numbers, without_repeats)
@@ -68,15 +68,14 @@ class AgentModel:
     name: str = "model"
 
     @classmethod
-    def load(cls, model=None) -> "AgentModel":
-        """The embedded SmolLM2 (or `model`: a .gguf or a Hugging Face folder), from the cache."""
-        from railcall.models.backend import TransformersBackend
+    def load(cls, model=None, backend: str | None = None) -> "AgentModel":
+        """The embedded SmolLM2 (or `model`: a .gguf or a Hugging Face folder), on llama.cpp for
+        a GGUF file (`backend`: railcall.models.store.load_model's)."""
         from railcall.models.store import load_model
         from railcall.runtime.prompt import has_native_tools
-        from railcall.vocab import Vocabulary
 
-        lm = load_model(model)
-        vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
+        lm = load_model(model, backend=backend)
+        vocab = lm.vocabulary()
         tok = lm.tokenizer
 
         def render(messages, tools):
@@ -94,7 +93,7 @@ class AgentModel:
         # at every step kept the prompt's start (a ~300-token prompt reused all but its last
         # turn) but the model solved 1 of the suite's first 5 tasks instead of 3, so the prompt
         # follows the grammar.
-        return cls(TransformersBackend(lm.model, reuse_prefix=True), vocab, render, lm.name)
+        return cls(lm.backend(reuse_prefix=True), vocab, render, lm.name)
 
 
 def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = (), fmt: str = "json", *, example: bool = False,
@@ -222,7 +221,15 @@ class Agent:
             # skills, memory, the trace and temporary files would go wherever it points
             raise FileExistsError(f"{ws.state} is not a folder (a symlink or a file); railcall keeps its state in "
                                   "a real folder there: remove it, or use another --workspace")
-        ws.state.mkdir(exist_ok=True)
+        state = StateFolder(ws.state)
+        os.close(state.dir(create=True))
+        # A link anywhere inside would take the trace, a note, a skill or a temporary file
+        # outside (every open refuses it too, `StateFolder`; this names them all at once).
+        links = state.links()
+        if links:
+            raise StateRefused(f"{', '.join(links)}: symlink{'s' if len(links) > 1 else ''} in railcall's state "
+                               f"folder, which it never follows (a planted one would send its writes outside the "
+                               "workspace); remove them, or use another --workspace")
         sweep_temp(ws.state, older_than=60)  # a killed writer's leftovers: railcall's own folder only
         skills, memory = SkillStore(ws.state / "skills"), MemoryStore(ws.state / "memory.jsonl")
         table = ToolTable()
@@ -431,13 +438,15 @@ class Agent:
         TRACE_RECORD_LIMIT bytes (`bounded`) and goes out in one write(2)."""
         if self.trace_path is None:
             return
-        self.trace_path.parent.mkdir(parents=True, exist_ok=True)
-        if not self._trace_mended:
-            mend_last_line(self.trace_path)
-            self._trace_mended = True
         line = bounded(rec).encode() + b"\n"
-        fd = os.open(self.trace_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # opened without following a link (`files.StateFolder`): a planted `.railcall/trace.jsonl
+        # -> /elsewhere` is refused, under --read-only too, and never appended to
+        fd = StateFolder(self.trace_path.parent).open(self.trace_path.name, os.O_RDWR | os.O_APPEND | os.O_CREAT,
+                                                       one_name=True)
         try:
+            if not self._trace_mended:
+                mend_last_line(fd)
+                self._trace_mended = True
             view = memoryview(line)
             while view:
                 view = view[os.write(fd, view):]

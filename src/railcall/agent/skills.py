@@ -27,7 +27,9 @@ copied from another workspace, its origin edited -- is refused at load, so never
 never run. Losing the key (a wiped cache) makes the stored skills unsigned: they are refused
 until approved again, or re-learned.
 
-Files are written atomically (`files.atomic_write`). Lifecycle: one store per state folder.
+Files are written atomically and read without following a link at any component
+(`files.StateFolder`): a planted `skills -> /elsewhere` or `learned-<hash>.json -> /elsewhere`
+is refused, never written through. Lifecycle: one store per state folder.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from railcall.agent.files import atomic_write
+from railcall.agent.files import StateFolder
 
 PREFIX = "learned-"
 RUN = "run"  # the tool that runs skills: skills never contain it (runs are expanded)
@@ -78,6 +80,7 @@ class SkillStore:
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
+        self._state = StateFolder(self.folder)
         where = str(self.folder.expanduser().resolve())
         self.key_path = key_folder() / (hashlib.sha256(where.encode()).hexdigest()[:32] + ".key")
         self._key: bytes | None = None
@@ -102,10 +105,9 @@ class SkillStore:
         return hmac.new(self._signing_key(), canon.encode(), hashlib.sha256).hexdigest()
 
     def _write(self, skill: "Skill", origin: dict) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
         doc = {"name": skill.name, "task": skill.task, "steps": list(skill.steps), "created": time.time(),
                "origin": origin, "signature": self._signature(skill.name, skill.steps, origin)}
-        atomic_write(self.folder / f"{skill.name}.json", json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+        self._state.write(f"{skill.name}.json", (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode())
 
     def save(self, task: str, calls) -> Skill | None:
         """Store `calls` as a skill; None when there is nothing to store."""
@@ -130,24 +132,22 @@ class SkillStore:
 
     def names(self) -> list[str]:
         """The stored skill names (not yet checked)."""
-        if not self.folder.is_dir():
-            return []
-        return sorted(p.stem for p in self.folder.glob(PREFIX + "*.json") if p.is_file())
+        return [n[:-len(".json")] for n in self._state.names() if n.startswith(PREFIX) and n.endswith(".json")]
 
     def remove(self, name: str) -> None:
-        (self.folder / f"{name}.json").unlink()
+        self._state.unlink(f"{name}.json")
 
     def load(self, name: str, *, signed: bool = True) -> Skill:
         """Read one skill and check its shape, content address and (`signed`) its signature --
         not yet its tools."""
         if not name.startswith(PREFIX) or "/" in name or "\\" in name:
             raise SkillError(f"{name!r} is not a skill name (learned-<hash>)")
-        path = self.folder / f"{name}.json"
         try:
-            doc = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise SkillError(f"no stored skill {name!r}") from None
-        except (OSError, ValueError) as e:
+            data = self._state.read(f"{name}.json")
+            if data is None:
+                raise SkillError(f"no stored skill {name!r}")
+            doc = json.loads(data)
+        except (OSError, ValueError) as e:  # a StateRefused (a link there) among them
             raise SkillError(f"skill {name!r} cannot be read: {e}") from None
         steps = doc.get("steps") if isinstance(doc, dict) else None
         if not isinstance(steps, list) or not steps:
