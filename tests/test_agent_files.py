@@ -227,3 +227,52 @@ def test_atomic_write_keeps_the_mode_and_writes_through_a_symlink(tmp_path):
     dangling.symlink_to(tmp_path / "sub" / "made.txt")
     atomic_write(dangling, "x")
     assert dangling.is_symlink() and (tmp_path / "sub" / "made.txt").read_text() == "x"
+
+
+def _deep_tree(root: Path, depth: int) -> str:
+    """`depth` nested folders d/d/.../d under `root`, a file at the bottom, made through folder
+    descriptors (the path is longer than a path may be); returns the bottom folder's path."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(os.open("bottom.txt", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    os.close(fd)
+    return "/".join(["d"] * depth)
+
+
+def _remove_deep_tree(root: Path, depth: int) -> None:
+    """Undo `_deep_tree` bottom up (shutil.rmtree, and so pytest's clean-up, recurses per level)."""
+    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY)]
+    for _ in range(depth):
+        fds.append(os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+    os.unlink("bottom.txt", dir_fd=fds[-1])
+    while len(fds) > 1:
+        os.close(fds.pop())
+        os.rmdir("d", dir_fd=fds[-1])
+    os.close(fds[0])
+
+
+def test_a_folder_tree_a_thousand_levels_deep_is_cut_with_a_notice(tmp_path):
+    """A hostile workspace 1,000 folders deep: the domains, the view and the tools stop at
+    MAX_DEPTH with a notice (and a refusal that says why) instead of a RecursionError."""
+    from railcall.agent.files import MAX_DEPTH
+
+    (tmp_path / "top.txt").write_text("top")
+    bottom = _deep_tree(tmp_path, 1000)
+    try:
+        agent = Agent.for_workspace(tmp_path, None)
+        ws = agent.workspace
+        files, dirs = ws.files(), ws.dirs()
+        assert "top.txt" in files and not any(f.endswith("bottom.txt") for f in files)
+        assert max(d.count("/") + 1 for d in dirs) == MAX_DEPTH
+        assert f"deeper than {MAX_DEPTH}" in ws.notice
+        assert "read_file" in agent.view().names
+        with pytest.raises(PathRefused, match=f"deeper than {MAX_DEPTH}"):
+            ws.list(bottom)
+        with pytest.raises(PathRefused, match=f"deeper than {MAX_DEPTH}"):
+            ws.read(bottom + "/bottom.txt", 10)
+    finally:
+        _remove_deep_tree(tmp_path, 1000)

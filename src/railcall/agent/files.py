@@ -286,6 +286,7 @@ class Workspace:
         if not self.root.is_dir():
             raise FileNotFoundError(f"workspace {self.root} is not a folder; create it or pass another --workspace")
         self.state = self.root / STATE_DIR
+        self.notice = ""  # what the last walk of the tree left out (too deep, too many), or ""
 
     # -- resolving -------------------------------------------------------------------------------
 
@@ -300,6 +301,8 @@ class Workspace:
             raise PathRefused(f"{rel!r} is absolute; paths are relative to the workspace")
         if ".." in posix.parts:
             raise PathRefused(f"{rel!r} climbs out with '..'; paths stay inside the workspace")
+        if len(posix.parts) > MAX_DEPTH:
+            raise PathRefused(f"{rel[:60]!r}... is deeper than {MAX_DEPTH} folders; railcall's tools go no deeper")
         if posix.parts and posix.parts[0] == STATE_DIR:
             raise PathRefused(f"{rel!r} is railcall's state folder; skills and memory have their own tools")
         return list(posix.parts)
@@ -356,6 +359,9 @@ class Workspace:
                     else:
                         fds.append(fd)
                         names.append(part)
+                        if len(names) > MAX_DEPTH:  # through links: the path itself was counted
+                            raise PathRefused(f"{rel!r} leads deeper than {MAX_DEPTH} folders (through a "
+                                              "symlink); railcall's tools go no deeper")
                         continue
                 links += 1
                 if links > MAX_LINKS:
@@ -540,14 +546,59 @@ class Workspace:
         return ["."] + self._scan(want="dir")
 
     def _scan(self, want: str, hard_links: bool = False, limit: int = 2000) -> list[str]:
+        """The walk behind `files` and `dirs`: folder by folder from the root's descriptor (each
+        folder opened with O_NOFOLLOW relative to the one before, so it never descends through a
+        link), a folder's entries before its subfolders', without recursion: os.walk recursed
+        once per level, and a workspace 1,000 folders deep raised RecursionError in every view.
+        Entries deeper than MAX_DEPTH components, and those past `limit`, are left out and
+        `notice` says so."""
         out: list[str] = []
-        for top, dirnames, filenames in os.walk(self.root):  # never descends through a link
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            names = dirnames if want == "dir" else sorted(f for f in filenames if not f.startswith("."))
-            for name in names:
-                rel = Path(top, name).relative_to(self.root).as_posix()
-                if self.kind(rel, hard_links=hard_links) == want:
-                    out.append(rel)
+        self.notice = ""
+        top = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        stack: list[tuple[int, object, str, int]] = []  # (folder fd, its subfolders to visit, path, depth)
+
+        def visit(fd: int, rel: str, depth: int) -> bool:
+            """Push the folder `fd` (its path `rel`; the stack owns it from here) with its
+            subfolders and add what is wanted of its entries; False when `limit` is reached."""
+            stack.append((fd, iter(()), rel, depth))
+            with os.scandir(fd) as it:
+                entries = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in it if not e.name.startswith("."))
+            subdirs = [name for name, is_dir in entries if is_dir]
+            stack[-1] = (fd, iter(subdirs if depth < MAX_DEPTH else ()), rel, depth)
+            if subdirs and depth >= MAX_DEPTH and not self.notice:
+                self.notice = (f"folders deeper than {MAX_DEPTH} levels are left out of the file lists "
+                               f"(the first: {rel}/{subdirs[0]}/)")
+            for name, is_dir in entries:
+                if (want == "dir") != is_dir:
+                    continue
+                path = f"{rel}/{name}" if rel else name
+                if self.kind(path, hard_links=hard_links) == want:
+                    out.append(path)
                 if len(out) >= limit:  # a domain of thousands still compiles; this bounds a runaway tree
+                    self.notice = self.notice or f"the file lists stop at {limit} entries"
+                    return False
+            return True
+
+        try:
+            if not visit(top, "", 0):
+                return out
+            while stack:
+                fd, subdirs, rel, depth = stack[-1]
+                name = next(subdirs, None)
+                if name is None:
+                    os.close(stack.pop()[0])
+                    continue
+                try:
+                    sub = os.open(name, _DIR, dir_fd=fd)
+                except OSError:
+                    continue  # swapped for a link or removed meanwhile: not walked
+                try:
+                    more = visit(sub, f"{rel}/{name}" if rel else name, depth + 1)
+                except OSError:
+                    continue  # unreadable: left out (its descriptor is closed when it is popped)
+                if not more:
                     return out
-        return out
+            return out
+        finally:
+            for fd, *_ in stack:
+                os.close(fd)

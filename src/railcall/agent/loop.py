@@ -307,6 +307,8 @@ class Agent:
                      "view": v.names, "left_out": v.left_out}
         if scope:
             rec["scope"] = scope
+        if self.workspace is not None and self.workspace.notice:
+            rec["notice"] = self.workspace.notice  # what the file lists left out (a tree too deep, too many files)
         if not v.tools:
             rec.update(call=None, ok=False, result="error: the policy view has no callable tool")
             return rec
