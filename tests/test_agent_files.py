@@ -276,3 +276,25 @@ def test_a_folder_tree_a_thousand_levels_deep_is_cut_with_a_notice(tmp_path):
             ws.read(bottom + "/bottom.txt", 10)
     finally:
         _remove_deep_tree(tmp_path, 1000)
+
+
+@pytest.mark.parametrize("cut_after", [0, 1, 7])
+def test_an_append_interrupted_mid_write_leaves_the_old_file_or_the_whole_line(tmp_path, monkeypatch, cut_after):
+    """append_file is whole-or-nothing: a write cut short (a full disk, a kill) after `cut_after`
+    bytes leaves what the file held, never a partial last line."""
+    (tmp_path / "log.txt").write_text("one\ntwo\n")
+    ws = Workspace(tmp_path)
+    real_write = os.write
+
+    def cut(fd, data):
+        n = real_write(fd, bytes(data[:cut_after]))
+        raise OSError(f"interrupted after {n} bytes")
+
+    monkeypatch.setattr(os, "write", cut)
+    with pytest.raises(OSError, match="interrupted"):
+        ws.append("log.txt", b"three, a line longer than the cut")
+    monkeypatch.undo()
+    assert (tmp_path / "log.txt").read_text() in ("one\ntwo\n", "one\ntwo\nthree, a line longer than the cut\n")
+    ws.append("log.txt", b"four")
+    assert (tmp_path / "log.txt").read_text() == "one\ntwo\nfour\n"
+    assert [p.name for p in tmp_path.rglob(TMP_PREFIX + "*")] == []

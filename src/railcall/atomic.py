@@ -74,17 +74,25 @@ def atomic_write(path: Path, data: bytes | str) -> None:
     os.close(dfd)
 
 
-def write_at(dir_fd: int, name: str, data: bytes, *, mode: int | None = None, tmp_dir_fd: int | None = None) -> None:
+def write_at(dir_fd: int, name: str, data: bytes, *, mode: int | None = None, tmp_dir_fd: int | None = None,
+             copy_from: int | None = None) -> None:
     """`atomic_write` relative to an open folder: `name` (one component) in `dir_fd` is replaced
     whole, and no path is looked up again, so a folder renamed or swapped for a symlink meanwhile
     cannot redirect the write. `name` itself is replaced, never followed (the caller resolves
     links). The temporary file is made in `tmp_dir_fd` (default: `dir_fd`) and renamed across;
     on another file system (EXDEV) it is made beside the target instead. `mode`: the permission
-    bits to give the file (None: 0644 less the umask)."""
+    bits to give the file (None: 0644 less the umask). `copy_from`: a descriptor whose content
+    goes first, `data` after it (an append made whole-or-nothing: the old file plus the line,
+    renamed over it)."""
     tmp_dir = dir_fd if tmp_dir_fd is None else tmp_dir_fd
     tmp = _tmp_name(name)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=tmp_dir)
     try:
+        if copy_from is not None:
+            offset = 0
+            while chunk := os.pread(copy_from, CHUNK, offset):
+                _write_all(fd, chunk)
+                offset += len(chunk)
         _fill(fd, data, mode)
     except BaseException:
         os.close(fd)
@@ -96,7 +104,7 @@ def write_at(dir_fd: int, name: str, data: bytes, *, mode: int | None = None, tm
     except BaseException as e:
         os.unlink(tmp, dir_fd=tmp_dir)
         if isinstance(e, OSError) and e.errno == errno.EXDEV and tmp_dir != dir_fd:
-            return write_at(dir_fd, name, data, mode=mode)
+            return write_at(dir_fd, name, data, mode=mode, copy_from=copy_from)
         raise
     _fsync_dir(dir_fd)
 
@@ -109,11 +117,15 @@ def _tmp_name(name: str) -> str:
 def _fill(fd: int, data: bytes, mode: int | None) -> None:
     if mode is not None:
         os.fchmod(fd, mode)  # after the open, so the umask does not narrow it
+    _write_all(fd, data)
+    os.fsync(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         n = os.write(fd, view[:CHUNK])
         view = view[n:]
-    os.fsync(fd)
 
 
 def _fsync_dir(dfd: int) -> None:

@@ -35,6 +35,7 @@ Lifecycle: a Workspace is made once per agent session; it holds nothing but its 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import time
@@ -45,6 +46,7 @@ from railcall.atomic import TMP_PREFIX, atomic_write, write_at  # noqa: F401 (at
 STATE_DIR = ".railcall"
 TMP_DIR = "tmp"  # under STATE_DIR: where workspace writes make their temporary files
 MAX_LINKS = 40  # symlinks followed in one path, as the kernel's own limit: more is a loop (ELOOP)
+MAX_TRIES = 100  # walks of one append whose file another writer replaced meanwhile (each wait is one write)
 MAX_DEPTH = 64  # folders deep: a path, a walk of the workspace or of the state folder goes no further
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -487,23 +489,46 @@ class Workspace:
     def append(self, rel: str, data: bytes, *, hard_links: bool = False) -> int:
         """Add `data` at the end of the regular file `rel` (made if missing), on a line of its
         own: after a newline where the file does not end with one, and ending with one. Returns
-        the bytes added. Written with O_APPEND through the folder's handle (the last component
-        not followed), so what the file held is never rewritten -- an interrupted append loses
-        nothing that was there -- and two writers appending at once both land."""
+        the bytes added.
+
+        Whole-or-nothing, like `write`: the file's content and the line go to a temporary file
+        that is renamed over it (`atomic.write_at`, the copy read from the descriptor the walk
+        opened), so an append cut short (a full disk, a kill) leaves the file as it was, never
+        a partial last line -- written with O_APPEND in place, a kill mid-write left one. Two
+        writers appending at once both land: each holds an exclusive `flock` on the file it
+        copies, and one that finds the name renamed to a newer file while it waited starts
+        again from that one. The rename replaces the name, so an append, like a write, never
+        reaches a hard link's other names."""
         if data and not data.endswith(b"\n"):
             data += b"\n"
-        ffd = self._open_file(rel, os.O_RDWR | os.O_APPEND | os.O_CREAT, hard_links=hard_links, make_dirs=True,
-                              folder=f"{rel!r} is a folder; give a file's path")
-        try:
-            size = os.fstat(ffd).st_size
-            if size and os.pread(ffd, 1, size - 1) != b"\n":
-                data = b"\n" + data
-            view = memoryview(data)
-            while view:
-                view = view[os.write(ffd, view):]
-            return len(data)
-        finally:
-            os.close(ffd)
+        for _ in range(MAX_TRIES):
+            ffd = self._open_file(rel, os.O_RDONLY | os.O_CREAT, hard_links=hard_links, make_dirs=True,
+                                  folder=f"{rel!r} is a folder; give a file's path")
+            try:
+                fcntl.flock(ffd, fcntl.LOCK_EX)  # released when ffd is closed, after the rename
+                fd, name, _ = self._walk(rel, last="entry")
+                try:
+                    try:
+                        now = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    mine = os.fstat(ffd)
+                    if (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+                        continue  # another append (or a write) replaced it while this one waited
+                    if mine.st_size and os.pread(ffd, 1, mine.st_size - 1) != b"\n":
+                        data = b"\n" + data
+                    tmp = self._tmp_dir()
+                    try:
+                        write_at(fd, name, data, mode=stat.S_IMODE(mine.st_mode), tmp_dir_fd=tmp, copy_from=ffd)
+                    finally:
+                        if tmp is not None:
+                            os.close(tmp)
+                    return len(data)
+                finally:
+                    os.close(fd)
+            finally:
+                os.close(ffd)
+        raise PathRefused(f"{rel!r} kept being replaced while it was appended to; try again")
 
     def list(self, rel: str) -> list[str]:
         """The visible entries of the folder `rel`, a folder's name ending in "/"."""
