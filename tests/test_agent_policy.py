@@ -190,3 +190,41 @@ def test_a_policies_file_of_the_wrong_shape_is_refused(tmp_path):
     p = load_policies(path)["p"]
     assert p.deny == {"write_file"} and p.read_only is False
     assert "write_file" not in view(make_table(), p).names and "wipe_disk" in view(make_table(), p).names
+
+
+def _docs_workspace(tmp_path):
+    from railcall.agent.loop import Agent
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("public")
+    (tmp_path / "private").mkdir()
+    (tmp_path / "private" / "secret.txt").write_text("SECRET")
+    (tmp_path / "out.txt").write_text("out")
+    (tmp_path / "notes.txt").write_text("notes")
+    policy = Policy("docs-reader", approve="auto", args={"read_file": {"path": {"glob": "docs/*"}},
+                                                         "write_file": {"path": ["out.txt"]},
+                                                         "append_file": {"path": ["out.txt"]},
+                                                         "list_dir": {"path": {"glob": "docs*"}}})
+    return Agent.for_workspace(tmp_path, None, policy=policy)
+
+
+@pytest.mark.parametrize("call, relink", [
+    ({"tool": "read_file", "args": {"path": "docs/a.md"}}, ("docs/a.md", "../private/secret.txt")),
+    ({"tool": "write_file", "args": {"path": "out.txt", "text": "x"}}, ("out.txt", "notes.txt")),
+    ({"tool": "append_file", "args": {"path": "out.txt", "text": "x"}}, ("out.txt", "notes.txt")),
+    ({"tool": "list_dir", "args": {"path": "docs"}}, ("docs", "private")),
+])
+def test_the_policy_is_checked_again_at_call_time_against_the_resolved_path(tmp_path, call, relink):
+    """A path the view admitted, re-linked to a file outside the policy's narrowing before the
+    call runs: the tool refuses it, and the file it now leads to is neither read nor written."""
+    agent = _docs_workspace(tmp_path)
+    v = agent.view()  # built while the path still led where the policy allows
+    assert v.check(call) == ""
+    link, target = relink
+    moved = tmp_path / (link + ".moved")
+    (tmp_path / link).rename(moved)
+    (tmp_path / link).symlink_to(target)
+    decision, result, ok, _ = agent.dispatch(call, v)
+    assert not ok and "policy" in result and "SECRET" not in result and "secret" not in result, result
+    assert (tmp_path / "private" / "secret.txt").read_text() == "SECRET"
+    assert (tmp_path / "notes.txt").read_text() == "notes"

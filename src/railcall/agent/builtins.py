@@ -139,7 +139,12 @@ def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory:
                     run_skill: Callable[[str], str], policy: Callable[[], Policy] = Policy) -> ToolTable:
     """Register the built-ins on `table` (run_skill: the runtime's way to replay a skill, so each
     of its steps passes the same policy view and approval gate as a call the model writes;
-    policy: the policy now, for what the tools themselves enforce, such as hard links)."""
+    policy: the policy now, for what the tools themselves enforce: hard links, and its narrowing
+    of each path checked again against the file the tool's own walk reaches)."""
+
+    def admits(tool: str):
+        now = policy()
+        return lambda path: now.admits(tool, "path", path)
 
     def list_dir(path: str) -> str:
         """List the files and folders in a folder of the workspace.
@@ -148,7 +153,7 @@ def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory:
             path: the folder, relative to the workspace ("." for the top).
         """
         try:
-            entries = ws.list(path)
+            entries = ws.list(path, admit=admits("list_dir"))
         except (FileNotFoundError, NotADirectoryError):
             return f"error: no folder {path!r}"
         return ", ".join(entries) or "(empty)"
@@ -159,7 +164,7 @@ def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory:
         Args:
             path: the file, relative to the workspace.
         """
-        data = ws.read(path, READ_LIMIT * 4 + 4, hard_links=policy().hard_links)
+        data = ws.read(path, READ_LIMIT * 4 + 4, hard_links=policy().hard_links, admit=admits("read_file"))
         text = data.decode("utf-8", errors="replace")
         return text[:READ_LIMIT] + ("\n[...]" if len(text) > READ_LIMIT else "")
 
@@ -171,7 +176,7 @@ def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory:
             text: the new content.
         """
         try:
-            ws.write(path, text.encode())
+            ws.write(path, text.encode(), admit=admits("write_file"))
         except IsADirectoryError:
             return f"error: {path!r} is a folder"
         return f"wrote {len(text.encode())} bytes to {path}"
@@ -184,7 +189,7 @@ def workspace_tools(table: ToolTable, ws: Workspace, skills: SkillStore, memory:
             text: the line to add.
         """
         try:
-            n = ws.append(path, text.encode(), hard_links=policy().hard_links)
+            n = ws.append(path, text.encode(), hard_links=policy().hard_links, admit=admits("append_file"))
         except IsADirectoryError:
             return f"error: {path!r} is a folder"
         return f"added {n} bytes to the end of {path}"

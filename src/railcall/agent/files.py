@@ -40,6 +40,7 @@ import os
 import stat
 import time
 from pathlib import Path, PurePosixPath
+from typing import Callable
 
 from railcall.atomic import TMP_PREFIX, atomic_write, write_at  # noqa: F401 (atomic_write: the agent's writer)
 
@@ -280,6 +281,24 @@ def _readlink(name: str, dir_fd: int) -> str | None:
         raise
 
 
+Admit = Callable[[str], bool]  # a path -> whether the policy lets a tool use it
+
+
+def _admitted(rel: str, parts: tuple[str, ...], admit: Admit | None) -> None:
+    """Refuse, unless `admit` passes both the path as given and the one the walk resolved it to
+    (`parts`). The view matched the policy's narrowing when it was built; a file re-linked
+    since (docs/a.md -> ../private/secret.txt) is caught here, on the very walk that opens it."""
+    if admit is None:
+        return
+    real = "/".join(parts) or "."
+    if not admit(rel):
+        raise PathRefused(f"{rel!r} is not admitted by the policy's narrowing of this tool's path")
+    if not admit(real):
+        # (the real path is not named: the model would learn a name the policy keeps from it)
+        raise PathRefused(f"{rel!r} now leads to a file the policy's narrowing of this tool's path does not "
+                          "admit (re-linked since the view was built); nothing was read or written")
+
+
 class Workspace:
     """A folder the agent's tools may read and write, and nothing outside it."""
 
@@ -424,21 +443,24 @@ class Workspace:
 
     # -- the operations the tools use --------------------------------------------------------------
 
-    def read(self, rel: str, limit: int, *, hard_links: bool = False) -> bytes:
-        """Up to `limit` bytes of the regular file `rel`."""
-        ffd = self._open_file(rel, os.O_RDONLY, hard_links=hard_links,
+    def read(self, rel: str, limit: int, *, hard_links: bool = False, admit: Admit | None = None) -> bytes:
+        """Up to `limit` bytes of the regular file `rel` (`admit`: see `_admitted`)."""
+        ffd = self._open_file(rel, os.O_RDONLY, hard_links=hard_links, admit=admit,
                               folder=f"{rel!r} is a folder; list it with list_dir")
         with os.fdopen(ffd, "rb") as f:
             return f.read(limit)
 
-    def _open_file(self, rel: str, flags: int, *, hard_links: bool, folder: str, make_dirs: bool = False) -> int:
+    def _open_file(self, rel: str, flags: int, *, hard_links: bool, folder: str, make_dirs: bool = False,
+                   admit: Admit | None = None) -> int:
         """A descriptor of the regular file `rel`, opened with `flags` relative to its folder's
         handle, the last component not followed (a link made there since the walk looked: walk
         again, three times at most). A folder is an IsADirectoryError saying `folder`; anything
-        but a regular file, or a hard link unless `hard_links`, is refused."""
+        but a regular file, or a hard link unless `hard_links`, is refused; so is a file the
+        walk resolved to that `admit` does not admit."""
         for _ in range(3):
-            fd, name, _ = self._walk(rel, last="entry", make_dirs=make_dirs)
+            fd, name, parts = self._walk(rel, last="entry", make_dirs=make_dirs)
             try:
+                _admitted(rel, parts, admit)
                 if name == ".":
                     raise IsADirectoryError(folder)
                 ffd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=fd)
@@ -465,11 +487,12 @@ class Workspace:
             return ffd
         raise PathRefused(f"{rel!r} kept turning into a symlink while it was opened; try again")
 
-    def write(self, rel: str, data: bytes) -> None:
+    def write(self, rel: str, data: bytes, *, admit: Admit | None = None) -> None:
         """Replace `rel` whole with `data`, creating folders on the way; a link is written
-        through to its target inside the workspace."""
-        fd, name, _ = self._walk(rel, last="entry", make_dirs=True)
+        through to its target inside the workspace (`admit`: see `_admitted`)."""
+        fd, name, parts = self._walk(rel, last="entry", make_dirs=True)
         try:
+            _admitted(rel, parts, admit)
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
@@ -486,7 +509,7 @@ class Workspace:
         finally:
             os.close(fd)
 
-    def append(self, rel: str, data: bytes, *, hard_links: bool = False) -> int:
+    def append(self, rel: str, data: bytes, *, hard_links: bool = False, admit: Admit | None = None) -> int:
         """Add `data` at the end of the regular file `rel` (made if missing), on a line of its
         own: after a newline where the file does not end with one, and ending with one. Returns
         the bytes added.
@@ -503,11 +526,12 @@ class Workspace:
             data += b"\n"
         for _ in range(MAX_TRIES):
             ffd = self._open_file(rel, os.O_RDONLY | os.O_CREAT, hard_links=hard_links, make_dirs=True,
-                                  folder=f"{rel!r} is a folder; give a file's path")
+                                  admit=admit, folder=f"{rel!r} is a folder; give a file's path")
             try:
                 fcntl.flock(ffd, fcntl.LOCK_EX)  # released when ffd is closed, after the rename
-                fd, name, _ = self._walk(rel, last="entry")
+                fd, name, parts = self._walk(rel, last="entry")
                 try:
+                    _admitted(rel, parts, admit)
                     try:
                         now = os.stat(name, dir_fd=fd, follow_symlinks=False)
                     except FileNotFoundError:
@@ -530,10 +554,12 @@ class Workspace:
                 os.close(ffd)
         raise PathRefused(f"{rel!r} kept being replaced while it was appended to; try again")
 
-    def list(self, rel: str) -> list[str]:
-        """The visible entries of the folder `rel`, a folder's name ending in "/"."""
+    def list(self, rel: str, *, admit: Admit | None = None) -> list[str]:
+        """The visible entries of the folder `rel`, a folder's name ending in "/" (`admit`: see
+        `_admitted`)."""
         fd, _, parts = self._walk(rel, last="dir")
         try:
+            _admitted(rel, parts, admit)
             with os.scandir(fd) as it:
                 entries = [(e.name, e.is_symlink(), e.is_dir(follow_symlinks=False)) for e in it]
         finally:

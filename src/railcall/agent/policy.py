@@ -113,6 +113,13 @@ class Policy:
     def approval_for(self, tool: str) -> str:
         return self.approve_tools.get(tool, self.approve)
 
+    def admits(self, tool: str, arg: str, value) -> bool:
+        """Whether this policy's narrowing of `tool`'s `arg` (a list, an enum or a glob; bounds
+        are the grammar's) lets `value` through. The view applies it when it is built; a tool
+        applies it again when it runs, to the path it resolved (a file re-linked meanwhile)."""
+        rule = self.args.get(tool, {}).get(arg)
+        return rule is None or _rule_admits(rule, value)
+
 
 def _check_narrowing(policy: Policy, field: str, rule) -> None:
     """A narrowing is a list of values, or an object of glob / enum / bounds (module docstring)."""
@@ -136,6 +143,15 @@ def _check_narrowing(policy: Policy, field: str, rule) -> None:
             raise policy._error(f"{field}.{k}", v, "a whole number >= 0")
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise policy._error(f"{field}.{k}", v, "a number")
+
+
+def _rule_admits(rule, value) -> bool:
+    """Whether one narrowing (`_check_narrowing`'s shapes) admits `value`."""
+    if isinstance(rule, list):
+        return value in rule
+    if "glob" in rule and not (isinstance(value, str) and fnmatch.fnmatchcase(value, rule["glob"])):
+        return False
+    return "enum" not in rule or value in rule["enum"]
 
 
 def _shown(value) -> str:
