@@ -177,3 +177,18 @@ def test_agent_progress_options_from_the_command_line(tmp_path):
     assert cli._helps("facts", "examples,task_files").label() == "without examples, task_files"
     r = runner.invoke(cli.app, ["agent", "hi", "-w", str(tmp_path), "--off", "speed"])
     assert r.exit_code != 0 and "unknown option" in r.output and "no_repeats" in r.output
+
+
+def test_a_planted_policies_file_cannot_widen_a_named_policy(ws, monkeypatch, tmp_path):
+    """The issue's case: `--policy docs-reader` ran with all seven tools from a planted
+    .railcall/policies.json; now it is refused, and without the file the built-in one runs."""
+    root, replies = ws
+    monkeypatch.setenv("RAILCALL_HOME", str(tmp_path / "home"))
+    (root / ".railcall").mkdir()
+    (root / ".railcall" / "policies.json").write_text(json.dumps({"docs-reader": {}}))
+    r = runner.invoke(cli.app, ["agent", "x", "-w", str(root), "--policy", "docs-reader", "--max-steps", "1"])
+    assert r.exit_code == 2 and "docs-reader" in r.output and "widen" in r.output, r.output
+    (root / ".railcall" / "policies.json").unlink()
+    replies += [call("answer", text="none")]
+    r = runner.invoke(cli.app, ["agent", "x", "-w", str(root), "--policy", "docs-reader", "--max-steps", "1"])
+    assert r.exit_code == 0 and "write_file" not in r.output.split("tools ")[1].splitlines()[0], r.output

@@ -228,3 +228,50 @@ def test_the_policy_is_checked_again_at_call_time_against_the_resolved_path(tmp_
     assert not ok and "policy" in result and "SECRET" not in result and "secret" not in result, result
     assert (tmp_path / "private" / "secret.txt").read_text() == "SECRET"
     assert (tmp_path / "notes.txt").read_text() == "notes"
+
+
+def _state_policies(root, policies: dict):
+    (root / ".railcall").mkdir(parents=True, exist_ok=True)
+    path = root / ".railcall" / "policies.json"
+    path.write_text(json.dumps(policies))
+    return path
+
+
+@pytest.mark.parametrize("planted, why", [
+    ({"docs-reader": {}}, "read_only"),  # the built-in docs-reader with every tool
+    ({"docs-reader": {"read_only": True}}, "read_file.path"),  # its glob dropped
+    ({"docs-reader": {"read_only": True, "args": {"read_file": {"path": {"glob": "*"}}}}}, "read_file.path"),
+    ({"team": {"allow": ["read_file", "write_file", "answer"]}}, "write_file"),  # the user's team, with a write
+    ({"team": {"allow": ["read_file", "answer"], "hard_links": True}}, "hard_links"),
+    ({"mine": {"approve": "auto"}}, "approve"),  # a new name: it may not widen the default either
+    ({"mine": {"approve_tools": {"write_file": "auto"}}}, "write_file"),
+])
+def test_a_workspace_policy_may_not_widen_a_builtin_or_user_one(tmp_path, monkeypatch, planted, why):
+    """A workspace's own policies file is anyone's who can write to the workspace: each of its
+    policies may only narrow the one of that name from the user's config ($RAILCALL_HOME, outside
+    every workspace), the built-in one, or else the default."""
+    monkeypatch.setenv("RAILCALL_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "policies.json").write_text(json.dumps({"team": {"allow": ["read_file", "answer"]}}))
+    path = _state_policies(tmp_path / "ws", planted)
+    with pytest.raises(PolicyError, match="widen") as e:
+        load_policies(path)
+    assert why in str(e.value) and str(path) in str(e.value)
+
+
+def test_a_workspace_policy_that_narrows_is_loaded_beside_the_user_and_builtin_ones(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAILCALL_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "policies.json").write_text(json.dumps({
+        "team": {"allow": ["read_file", "write_file", "answer"], "approve_tools": {"write_file": "auto"}}}))
+    path = _state_policies(tmp_path / "ws", {
+        "team": {"allow": ["read_file", "answer"], "approve": "deny"},
+        "docs-reader": {"read_only": True, "args": {"read_file": {"path": ["docs/a.md"]}}},
+        "calc-only": {"allow": ["calc", "answer"]}})
+    named = load_policies(path)
+    assert named["team"].allow == {"read_file", "answer"} and named["team"].approve == "deny"
+    assert named["docs-reader"].args == {"read_file": {"path": ["docs/a.md"]}}
+    assert named["calc-only"].allow == {"calc", "answer"}
+    (tmp_path / "ws" / ".railcall" / "policies.json").unlink()
+    named = load_policies(path)  # no workspace file: the user's and the built-in ones
+    assert named["team"].approval_for("write_file") == "auto" and named["docs-reader"].read_only

@@ -166,15 +166,86 @@ def _shown(value) -> str:
     return f"{kind} {text[:80]}".strip()
 
 
+# Named policies railcall itself defines, so that their names mean the same in every workspace
+# (a planted workspace file cannot redefine one: `load_policies`).
+BUILTIN = {"docs-reader": {"read_only": True, "args": {"read_file": {"path": {"glob": "docs/*"}}}}}
+USER_POLICIES = "policies.json"  # the user's own named policies, in $RAILCALL_HOME (outside every workspace)
+_APPROVAL_ORDER = {"deny": 0, "ask": 1, "auto": 2}  # narrow to wide
+
+
+def builtin_policies() -> dict[str, Policy]:
+    return {name: Policy.from_dict(name, d) for name, d in BUILTIN.items()}
+
+
+def user_policies_path() -> Path:
+    """`$RAILCALL_HOME/policies.json`: where the user's own named policies live."""
+    from railcall.models.store import railcall_home
+
+    return railcall_home() / USER_POLICIES
+
+
 def load_policies(path: str | Path) -> dict[str, Policy]:
     """Named policies from a JSON file: {"reader": {"read_only": true, ...}, "ops": {...}}.
 
     Every field is checked (`Policy.__post_init__`); a wrong one is a PolicyError naming the
-    file, the policy, the field, the value found and what is expected."""
+    file, the policy, the field, the value found and what is expected.
+
+    A file in a workspace's state folder (`WORKSPACE/.railcall/policies.json`, the agent's
+    default) is anyone's who can write to that workspace: a cloned repository or an unpacked
+    archive brings its own. So it may only narrow: each of its policies is checked against the
+    trusted one of the same name -- the user's own (`$RAILCALL_HOME/policies.json`), else the
+    built-in one (`BUILTIN`), else the default (every tool, writes asked) -- and one that would
+    widen it (a tool, a value, an approval, hard links or writes it does not allow) is a
+    PolicyError naming the file, the policy and what it widens. The file is read without
+    following a link (`files.StateFolder`). What is returned then is the built-in, the user's
+    and the workspace's policies together; a missing workspace file is no policies of its own.
+    Any other file (`--policies FILE`) is the user's choice and is taken as it is."""
+    from railcall.agent.files import StateFolder
+
+    state = StateFolder(Path(path).parent)
+    if not state.parts:
+        return _policies_from(path, _read_policies(path))
+    trusted = builtin_policies()
+    source = dict.fromkeys(trusted, "the built-in one")
+    user = user_policies_path()
+    if user.exists():
+        mine = _policies_from(user, _read_policies(user))
+        trusted.update(mine)
+        source.update(dict.fromkeys(mine, f"the user's own in {user}"))
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
+        data = state.read(Path(path).name)
+    except (OSError, ValueError) as e:  # a StateRefused (a link there) among them
         raise PolicyError(f"cannot read policies from {path}: {e}") from None
+    if data is None:
+        return trusted
+    own = _policies_from(path, _parse_policies(path, data))
+    for name, policy in own.items():
+        base = trusted.get(name, Policy(name=name))
+        wider = widens(policy, base)
+        if wider:
+            raise PolicyError(f"{path}: policy {name!r} would widen {source.get(name, 'the default')}: "
+                              f"{'; '.join(wider)}. A workspace's own "
+                              f"policies file may only narrow; define a wider policy in {user}, or pass your own "
+                              "file with --policies")
+    return {**trusted, **own}
+
+
+def _read_policies(path) -> object:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise PolicyError(f"cannot read policies from {path}: {e}") from None
+    return _parse_policies(path, data)
+
+
+def _parse_policies(path, data: bytes) -> object:
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise PolicyError(f"cannot read policies from {path}: {e}") from None
+
+
+def _policies_from(path, data) -> dict[str, Policy]:
     if not isinstance(data, dict):
         raise PolicyError(f"{path}: expected an object of named policies, "
                           f'such as {{"reader": {{"read_only": true}}}}; found {_shown(data)}')
@@ -182,6 +253,72 @@ def load_policies(path: str | Path) -> dict[str, Policy]:
         return {name: Policy.from_dict(name, d) for name, d in data.items()}
     except PolicyError as e:
         raise PolicyError(f"{path}: {e}") from None
+
+
+def widens(policy: Policy, base: Policy) -> list[str]:
+    """What `policy` allows that `base` does not, one phrase each ([] when it only narrows):
+    a tool it admits that base leaves out, an approval more permissive, hard links, writes
+    under a read-only base, or an argument base narrows that it leaves wider."""
+    out = []
+    if base.read_only and not policy.read_only:
+        out.append("read_only is false where it is true")
+    if policy.hard_links and not base.hard_links:
+        out.append("hard_links is true where it is false")
+    if policy.allow is None and base.allow is not None:
+        out.append(f"allow admits every tool where it admits {', '.join(sorted(base.allow))}")
+    else:
+        admitted = (policy.allow - policy.deny) if policy.allow is not None else None
+        if admitted is not None:
+            extra = {t for t in admitted if (base.allow is not None and t not in base.allow) or t in base.deny}
+        else:  # both admit every tool but what they deny
+            extra = base.deny - policy.deny
+        if extra:
+            out.append(f"it admits {', '.join(sorted(extra))}, which is left out")
+    for tool in sorted({*base.approve_tools, *policy.approve_tools, ""}):
+        mine, theirs = (policy.approval_for(tool), base.approval_for(tool)) if tool else (policy.approve, base.approve)
+        if _APPROVAL_ORDER[mine] > _APPROVAL_ORDER[theirs]:
+            out.append(f"approve{'_tools.' + tool if tool else ''} is {mine!r} where it is {theirs!r}")
+    for tool, narrowing in base.args.items():
+        for arg, rule in narrowing.items():
+            new = policy.args.get(tool, {}).get(arg)
+            if new is None or not _narrows(new, rule):
+                out.append(f"args.{tool}.{arg} is {_shown(new) if new is not None else 'not narrowed'} where it "
+                           f"is {_shown(rule)}")
+    return out
+
+
+def _narrows(new, old) -> bool:
+    """Whether the narrowing `new` admits nothing `old` does not (conservatively: a rule it
+    cannot compare is taken as wider)."""
+    if new == old:
+        return True
+    values = new if isinstance(new, list) else new.get("enum")
+    if values is not None:  # a closed set: each value must pass the old rule, bounds and all
+        return all(_rule_admits(old, v) and _within(old, v) for v in values)
+    if isinstance(old, list) or "enum" in old:
+        return False  # a glob or bounds alone cannot be inside a closed set
+    if "glob" in old and new.get("glob") != old["glob"]:
+        return False
+    for k in _BOUNDS:
+        if k in old:
+            if k not in new:
+                return False
+            if (new[k] < old[k]) if k.startswith("min") else (new[k] > old[k]):
+                return False
+    return True
+
+
+def _within(rule, value) -> bool:
+    """Whether `value` is inside the bounds of `rule` (a list has none)."""
+    if isinstance(rule, list):
+        return True
+    size = len(value) if isinstance(value, (str, list)) else None
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    checks = {"minimum": (number, lambda v, b: v >= b), "maximum": (number, lambda v, b: v <= b),
+              "minLength": (size, lambda v, b: v >= b), "maxLength": (size, lambda v, b: v <= b),
+              "minItems": (size, lambda v, b: v >= b), "maxItems": (size, lambda v, b: v <= b)}
+    return all(measured is not None and ok(measured, rule[k])
+               for k, (measured, ok) in checks.items() if k in rule)
 
 
 @dataclass
