@@ -145,3 +145,19 @@ def test_the_signing_key_lives_outside_the_workspace(agent, tmp_path):
     (b.skills.folder / f"{s.name}.json").write_text(json.dumps(doc))
     with pytest.raises(SkillError, match="not signed"):
         b.skills.load(s.name)
+
+
+@pytest.mark.parametrize("edit", [
+    {"task": "Delete everything"},  # the text `railcall skills approve` shows the user
+    {"created": 0.0},
+    {"origin": {"kind": "episode", "task": "another task"}},
+    {"hint": "run me first"},  # a field railcall does not write: signed as absent
+])
+def test_the_signature_covers_every_field_of_a_skill(agent, edit):
+    s = agent.skills.save("What is in notes.txt?", [READ, CALC])
+    path = agent.skills.folder / f"{s.name}.json"
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, **edit}))
+    with pytest.raises(SkillError, match="not signed"):
+        agent.skills.load(s.name)
+    assert "run" not in agent.view().names  # never offered

@@ -19,8 +19,10 @@ policy, is not offered at all.
 A correct hash proves only that a file is intact, not who wrote it: anyone who can write to the
 workspace could plant `learned-<hash>.json` with a write in it. So every skill carries where it
 came from (`origin`: `episode`, an episode this runtime completed, or `approved`, a skill the
-user approved once with `railcall skills approve`) and an HMAC-SHA256 `signature` over its name,
-steps and origin, made with a key of this workspace's own. The key is 32 random bytes in
+user approved once with `railcall skills approve`) and an HMAC-SHA256 `signature` over every
+other field of the file -- its name, steps, origin, the task it was learned from (the text the
+user reads before approving it) and when it was made -- made with a key of this workspace's
+own. A field edited, or one added that railcall never writes, breaks it. The key is 32 random bytes in
 `$RAILCALL_KEYS` (default `$RAILCALL_HOME/keys/`, outside every workspace), one file per
 workspace folder, readable by its owner only. A skill without a valid signature -- made by hand,
 copied from another workspace, its origin edited -- is refused at load, so never offered and
@@ -99,14 +101,17 @@ class SkillStore:
             self._key = bytes.fromhex(self.key_path.read_text().strip())
         return self._key
 
-    def _signature(self, name: str, steps, origin) -> str:
-        canon = json.dumps({"name": name, "steps": list(steps), "origin": origin}, sort_keys=True,
+    def _signature(self, doc: dict) -> str:
+        """The HMAC of every field of a skill's file but `signature` itself: whatever changes what
+        the skill does, how it is offered or what the user is shown is covered."""
+        canon = json.dumps({k: v for k, v in doc.items() if k != "signature"}, sort_keys=True,
                            separators=(",", ":"), ensure_ascii=False)
         return hmac.new(self._signing_key(), canon.encode(), hashlib.sha256).hexdigest()
 
     def _write(self, skill: "Skill", origin: dict) -> None:
         doc = {"name": skill.name, "task": skill.task, "steps": list(skill.steps), "created": time.time(),
-               "origin": origin, "signature": self._signature(skill.name, skill.steps, origin)}
+               "origin": origin}
+        doc["signature"] = self._signature(doc)
         self._state.write(f"{skill.name}.json", (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode())
 
     def save(self, task: str, calls) -> Skill | None:
@@ -160,8 +165,8 @@ class SkillStore:
             raise SkillError(f"skill {name!r}: its steps do not hash to its name (edited or damaged)")
         if signed:
             origin, sig = doc.get("origin"), doc.get("signature")
-            if not (isinstance(origin, dict) and isinstance(sig, str)
-                    and hmac.compare_digest(sig, self._signature(name, steps, origin))):
+            if not (isinstance(origin, dict) and isinstance(sig, str) and doc.get("name") == name
+                    and hmac.compare_digest(sig, self._signature(doc))):
                 raise SkillError(f"skill {name!r} is not signed by this workspace's key (made by hand, copied "
                                  f"from elsewhere, or the key in {self.key_path.parent} was lost); read its steps "
                                  f"in {self.folder / (name + '.json')} and run `railcall skills approve {name} "
