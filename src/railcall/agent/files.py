@@ -21,10 +21,14 @@ policy says `"hard_links": true`: a hard link to an outside file (or to `.railca
 looks like an ordinary file inside, and no path check can tell. Writing replaces the name with a
 new file, so a write never reaches a hard link's other names.
 
-Writes are whole-or-nothing: the temporary file is made in railcall's own folder
+Writes and appends are whole-or-nothing: the temporary file is made in railcall's own folder
 `.railcall/tmp/` and renamed into place (beside the target if that folder is on another file
 system). `sweep_temp` of the state folder removes a killed writer's leftovers and never touches
 a user's file, whatever its name.
+
+railcall's own folder is walked the same way, more strictly (`StateFolder`): no link in it is
+followed at all. Walks of the tree (`files`, `dirs`) are iterative and stop MAX_DEPTH folders
+deep, saying so in `notice`.
 
 Known limit: a folder moved out of the workspace (by a process that can write outside it) while
 a walk holds its descriptor is still walked; the result stays under that folder.
