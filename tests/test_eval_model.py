@@ -20,7 +20,7 @@ def lm_vocab():
     from railcall.models.store import load_model
     from railcall.vocab import Vocabulary
 
-    lm = load_model()
+    lm = load_model(backend="transformers")  # the padded-batch paths of TransformersBatch
     return lm, Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
 
 

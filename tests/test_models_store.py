@@ -126,8 +126,8 @@ def test_load_model_from_a_local_folder(tmp_path, home):
 def test_embedded_model_loads_from_cache_fast():
     """The embedded SmolLM2: converted once (first run), then read from the cache in < 3 s."""
     store.model_folder()  # converts on a fresh machine
-    lm = store.load_model()
-    assert lm.model.config.vocab_size == 49152
+    lm = store.load_model(backend="transformers")
+    assert lm.model.config.vocab_size == 49152 and lm.backend_name == "transformers"
     assert lm.load_seconds > 0  # the figure `railcall demo` prints; its speed is not a test
     manifest = json.loads((lm.folder / store.MANIFEST).read_text())
     assert "model.safetensors" in manifest["files"]
@@ -179,7 +179,8 @@ def test_gemma3_loads_and_writes_a_call():
     from railcall.demo import DEMO_TOOLS, parse_call
     from railcall.grammar.tools import tool_grammar
     from railcall.matcher import Matcher, compiled_grammar
-    from railcall.models.backend import TransformersBackend
+    import importlib.util
+
     from railcall.runtime.decode import SamplingParams, generate
     from railcall.runtime.prompt import chat_prompt_ids
     from railcall.vocab import Vocabulary
@@ -190,7 +191,8 @@ def test_gemma3_loads_and_writes_a_call():
     vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
     prompt = chat_prompt_ids(lm.tokenizer, DEMO_TOOLS, "Read the file notes.txt")
     assert lm.tokenizer.decode(prompt).startswith("<bos>") and lm.tokenizer.decode(prompt).endswith("Answer:\n")
-    g = generate(TransformersBackend(lm.model), vocab, prompt, Matcher(compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)),
+    assert lm.backend_name == ("llama.cpp" if importlib.util.find_spec("llama_cpp") else "transformers")
+    g = generate(lm.backend(), vocab, prompt, Matcher(compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)),
                  SamplingParams(max_tokens=24))
     assert parse_call(g.text, DEMO_TOOLS) is not None, g.text
 

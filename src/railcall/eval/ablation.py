@@ -24,12 +24,11 @@ def run(*, n: int = 30, seed: int = 0, temperature: float = 0.8, max_tokens: int
     from railcall.models.store import load_model
     from railcall.runtime.plain import stop_strings
     from railcall.runtime.prompt import chat_prompt_ids
-    from railcall.vocab import Vocabulary
 
     if n < 1:
         raise ValueError("--n must be at least 1")
     lm = load_model(model)
-    vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
+    vocab = lm.vocabulary()
     compiled = compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)
     rng = random.Random(seed)
     drawn = [rng.randrange(len(TASKS)) for _ in range(n)]

@@ -228,7 +228,6 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     from railcall.eval import report
     from railcall.models.store import load_model
     from railcall.runtime.plain import stop_strings
-    from railcall.vocab import Vocabulary
 
     from railcall.grammar.tools import FORMATS
     from railcall.runtime.grounding import ground
@@ -265,8 +264,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     all_tasks = {c: bfcl.load_category(data, c, limit) for c in categories}  # fails early on a bad name
     if shard is not None:
         all_tasks = {c: tasks[shard[0] - 1::shard[1]] for c, tasks in all_tasks.items()}
-    lm = load_model(model, device=device)
-    vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
+    lm = load_model(model, device=device, threads=threads)
+    vocab = lm.vocabulary()
     conditions = [c for c in CONDITIONS if (grammar if c == "with_grammar" else without_grammar)]
     settings = Settings(model=lm.name, max_tokens=max_tokens, shots=shots, shot_pair=shot_pair and shots > 0,
                         conditions=list(CONDITIONS),

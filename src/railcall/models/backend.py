@@ -177,7 +177,12 @@ class BranchTree:
         return mask[None, None]
 
     def rows(self, logits) -> list:
-        """Each branch's (len(branch), width) rows of the nodes' (nodes, width) logits."""
+        """Each branch's (len(branch), width) rows of the nodes' (nodes, width) logits (numpy or
+        torch)."""
+        import numpy as np
+
+        if isinstance(logits, np.ndarray):
+            return [logits[np.asarray(p, dtype=np.int64)] for p in self.paths]
         import torch
 
         return [logits[torch.tensor(p, dtype=torch.long)] for p in self.paths]

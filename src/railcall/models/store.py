@@ -384,9 +384,12 @@ def model_folder(model: str | os.PathLike | None = None, **kw) -> Path:
 class LoadedModel:
     """A model and its tokenizer, loaded for inference. Built once per process per model.
 
-    `load_seconds` is the time to read the cached folder into a ready model and tokenizer;
-    `import_seconds` the time spent importing torch, transformers and the model's class (paid
-    once per process, whatever the model).
+    `backend` says what runs it: "llama.cpp" (a GGUF file, `model` a
+    railcall.models.llama.LlamaModel) or "transformers" (a Hugging Face folder, or a GGUF
+    converted once to one; `model` a transformers causal LM). `folder` is the folder the
+    tokenizer (and, under transformers, the weights) load from. `load_seconds` is the time to
+    read the model and tokenizer; `import_seconds` the time spent importing the libraries
+    (paid once per process, whatever the model).
     """
 
     model: object
@@ -394,10 +397,46 @@ class LoadedModel:
     folder: Path
     load_seconds: float
     import_seconds: float = 0.0
+    backend_name: str = "transformers"
+    label: str | None = None  # the model's name where the folder's is not it (llama.cpp: the GGUF's)
 
     @property
     def name(self) -> str:
-        return self.folder.name
+        return self.label or self.folder.name
+
+    @property
+    def width(self) -> int:
+        """The logits width (the model's vocabulary size)."""
+        return int(self.model.config.vocab_size)
+
+    def vocabulary(self):
+        """The Vocabulary of this model's tokenizer at its logits width (cached on disk): from the
+        GGUF's metadata under llama.cpp, from the Hugging Face tokenizer under transformers."""
+        from railcall.vocab import Vocabulary
+
+        if self.backend_name == "llama.cpp":
+            vocab = Vocabulary.from_gguf(self.model.path, logits_width=self.width)
+            vocab._extra["encode"] = lambda text: self.tokenizer.encode(text, add_special_tokens=False)
+            return vocab
+        return Vocabulary.from_hf(self.tokenizer, logits_width=self.width, name=self.name)
+
+    def backend(self, *, reuse_prefix: bool = False):
+        """A single-sequence backend over this model (railcall.models.backend.Backend)."""
+        if self.backend_name == "llama.cpp":
+            from railcall.models.llama import LlamaBackend
+
+            return LlamaBackend(self.model, reuse_prefix=reuse_prefix)
+        from railcall.models.backend import TransformersBackend
+
+        return TransformersBackend(self.model, reuse_prefix=reuse_prefix)
+
+    def new_batch(self, pad_id: int = 0):
+        """A fresh batch of rows for railcall.runtime.batch.BatchLoop."""
+        if self.backend_name == "llama.cpp":
+            return self.model.new_batch(pad_id)
+        from railcall.runtime.batch import TransformersBatch
+
+        return TransformersBatch(self.model, pad_id=pad_id)
 
     @property
     def plain_prompt(self) -> bool:
@@ -407,12 +446,56 @@ class LoadedModel:
         return is_plain(self.tokenizer)
 
 
-def load_model(model: str | os.PathLike | None = None, device: str | None = None, **kw) -> LoadedModel:
-    """Load `model` (default: the embedded SmolLM2) for inference in float32, on the CPU or on
-    `device` (a torch device name: "cuda", "cuda:1"; the batch loop keeps the KV there and brings
-    each step's logits back to the CPU, `railcall.runtime.batch`)."""
+BACKENDS = ("auto", "llama", "transformers")
+_said_fallback = False
+
+
+def pick_backend(source: ModelSource, backend: str | None = None, device: str | None = None) -> str:
+    """"llama" or "transformers" for `source`. auto (the default): a GGUF file runs on llama.cpp
+    where llama-cpp-python is installed and no accelerator is asked for; a Hugging Face folder,
+    `--device cuda` and a missing llama-cpp-python take transformers (the last said once on
+    stderr, with the install command)."""
+    global _said_fallback
+    backend = backend or os.environ.get("RAILCALL_BACKEND") or "auto"  # the CLI's --backend sets it
+    if backend not in BACKENDS:
+        raise ModelError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
+    on_cpu = device is None or device == "cpu"
+    if backend == "llama":
+        if not source.is_gguf:
+            raise ModelError(f"--backend llama runs GGUF files, and {source.path} is a Hugging Face folder; "
+                             "leave --backend out (or use --backend transformers)")
+        if not on_cpu:
+            raise ModelError(f"--backend llama runs on the CPU here; --device {device} needs --backend transformers")
+        require("running a GGUF model on llama.cpp", "llama_cpp", extra="llama")
+        return "llama"
+    if backend == "transformers" or not source.is_gguf or not on_cpu:
+        return "transformers"
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        if not _said_fallback:
+            _said_fallback = True
+            print("railcall: llama-cpp-python is not installed, so the GGUF model runs through transformers "
+                  "(converted to float32 once; several times slower). For llama.cpp: pip install 'railcall[llama]'",
+                  file=sys.stderr)
+        return "transformers"
+    return "llama"
+
+
+def load_model(model: str | os.PathLike | None = None, device: str | None = None, backend: str | None = None,
+               threads: int | None = None, **kw) -> LoadedModel:
+    """Load `model` (default: the embedded SmolLM2) for inference. A GGUF file runs on llama.cpp
+    (`backend` "auto" or "llama"; `threads` for its kernels, default every core this process
+    may use); a Hugging Face folder, `backend="transformers"` or a `device` runs in float32 through
+    transformers, on the CPU or on `device` (a torch device name: "cuda", "cuda:1"; the batch loop
+    keeps the KV there and brings each step's logits back to the CPU, `railcall.runtime.batch`)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if model is not None and str(model) in TOKENIZER_ONLY:
+        model_folder(model)  # its message: a tokenizer package, no weights
+    source = resolve_source(model)
+    if pick_backend(source, backend, device) == "llama":
+        return _load_llama(model, source, threads, **kw)
     # before a conversion that would need them (a minute), and before any file is blamed
     require("loading a model", "torch", "transformers", "safetensors", extra="model")
     if device is not None:
@@ -452,6 +535,23 @@ def load_model(model: str | os.PathLike | None = None, device: str | None = None
 
     use_plain_template(tok)
     return LoadedModel(mdl, tok, folder, time.perf_counter() - t1, t1 - t0)
+
+
+def _load_llama(model, source: ModelSource, threads: int | None, **kw) -> LoadedModel:
+    """The GGUF file on llama.cpp, read in place (no conversion, no float32 copy), with its own
+    tokenizer and chat template through llama.cpp (railcall.models.llama_tokenizer): neither
+    torch nor transformers is imported."""
+    from railcall.models.gguf_metadata import read_metadata
+    from railcall.models.llama import LlamaModel
+    from railcall.models.llama_tokenizer import LlamaTokenizer
+    from railcall.runtime.plain import use_plain_template
+
+    t0 = time.perf_counter()
+    mdl = LlamaModel(source.path, threads=threads)  # first: a damaged file is refused in a second
+    tok = LlamaTokenizer(mdl, read_metadata(source.path))
+    use_plain_template(tok)
+    return LoadedModel(mdl, tok, source.path, time.perf_counter() - t0, 0.0, backend_name="llama.cpp",
+                       label=f"{source.name}-{_quick_digest(source.path)}-gguf")
 
 
 def check_device(device: str) -> None:

@@ -38,6 +38,8 @@ from __future__ import annotations
 import collections
 from typing import Callable, Iterable, Iterator, Sequence
 
+import numpy as np
+
 from railcall.runtime.decode import Generation, Row, SamplingParams
 
 
@@ -293,6 +295,8 @@ class PrefixCache:
         a = np.asarray(prompt, dtype=np.int64)
         best, hit = 0, None
         for key, (ids, kv, _) in self._entries.items():
+            if not getattr(kv, "alive", True):  # released by its model under memory pressure
+                continue
             n = min(len(ids), len(a))
             if n <= best:
                 continue
@@ -313,19 +317,46 @@ class PrefixCache:
         if len(tokens) < self.min_tokens:
             return
         key = tuple(tokens)
-        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        size = kv.nbytes if hasattr(kv, "nbytes") else sum(
+            k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
         if size > self.max_bytes:
+            _release(kv)
             return
         for old in [k for k in self._entries if len(k) <= len(key) and key[: len(k)] == k]:
-            self.bytes -= self._entries.pop(old)[2]
+            self._drop(self._entries.pop(old))
+        if key in self._entries:
+            self._drop(self._entries.pop(key))
         self._entries[key] = (self._np.asarray(key, dtype=self._np.int64), kv, size)
         self.bytes += size
         while self.bytes > self.max_bytes:
-            self.bytes -= self._entries.popitem(last=False)[1][2]
+            self._drop(self._entries.popitem(last=False)[1])
+
+    def _drop(self, entry) -> None:
+        self.bytes -= entry[2]
+        _release(entry[1])
 
     def clear(self) -> None:
+        for entry in self._entries.values():
+            _release(entry[1])
         self._entries.clear()
         self.bytes = 0
+
+
+def _concat(a, b):
+    """Two (rows, width) logits blocks, one after the other: numpy (llama.cpp) or torch."""
+    if isinstance(a, np.ndarray):
+        return np.concatenate([a, b])
+    import torch
+
+    return torch.cat([a, b])
+
+
+def _release(kv) -> None:
+    """Free a prefix-cache entry's KV where it holds a native resource (a llama.cpp sequence,
+    railcall.models.llama.KeptSequence); torch tensors go with their last reference."""
+    release = getattr(kv, "release", None)
+    if release is not None:
+        release()
 
 
 class BatchLoop:
@@ -344,6 +375,9 @@ class BatchLoop:
         self.model = model
         # what runs the rows: a TransformersBatch over `model` by default, or any object with its
         # verbs (start, start_cached, feed, keep, join, row_kv; OneRowBatch for a single sequence)
+        # (a model with a `new_batch` of its own, railcall.models.llama.LlamaModel, makes its own rows)
+        if new_batch is None and hasattr(model, "new_batch"):
+            new_batch = lambda: model.new_batch(self.pad_id)  # noqa: E731
         self.new_batch = new_batch or (lambda: TransformersBatch(model, pad_id=self.pad_id))
         self.vocab = vocab
         self.max_rows = max_rows
@@ -395,7 +429,7 @@ class BatchLoop:
                 if self.cache is not None and len(self._tokens[b]) >= self.cache.min_tokens:
                     self.cache.store(self._tokens[b], self._lm.row_kv(b))
         if not keep:
-            self.live, self._tokens, self._lm, self._logits = [], [], None, None
+            self._drop_batch()
             return ended
         if len(keep) != len(self.live):
             self._lm.keep(keep)
@@ -413,8 +447,6 @@ class BatchLoop:
 
     def _admit(self) -> list[Row]:
         """Prefill queued rows into the batch; returns rows that ended while queued (cancelled)."""
-        import torch
-
         ended: list[Row] = []
         take: list[tuple[list[int], Row, int, list | None]] = []
         budget = self.prefill_tokens
@@ -450,7 +482,7 @@ class BatchLoop:
             logits = lm.start(uniq)
             if slots != list(range(len(uniq))):
                 lm.keep(slots)
-                logits = logits[torch.tensor(slots)]
+                logits = logits[np.asarray(slots, dtype=np.int64)]
             parts.append((lm, logits))
             order += plain
             self.prefilled_tokens += sum(len(p) for p in uniq)
@@ -467,7 +499,7 @@ class BatchLoop:
                 self._lm, self._logits = lm, logits
             else:
                 self._lm.join(lm)
-                self._logits = torch.cat([self._logits, logits])
+                self._logits = _concat(self._logits, logits)
         for p, r in order:
             self.live.append(r)
             self._tokens.append(list(p))
@@ -479,8 +511,15 @@ class BatchLoop:
         for r in rows:
             r.end(reason)
         self.waiting.clear()
-        self.live, self._tokens, self._lm, self._logits = [], [], None, None
+        self._drop_batch()
         return rows
+
+    def _drop_batch(self) -> None:
+        """No row is live: the batch goes (a batch holding native resources frees them now)."""
+        release = getattr(self._lm, "release", None)
+        if release is not None:
+            release()
+        self.live, self._tokens, self._lm, self._logits = [], [], None, None
 
 
 def generate_batch(model, vocab, prompts: Sequence[Sequence[int]], matchers: Sequence | None = None,

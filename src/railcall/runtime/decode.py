@@ -46,6 +46,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
+
 from railcall.bitmask import allocate_bitmask, apply_bitmask
 
 CUT_MODES = ("complete", "close", "leave")
@@ -118,20 +120,37 @@ class Generation:
 
 def _top(logp, n: int) -> list[tuple[int, float]]:
     """The n most likely tokens of a (width,) log-distribution; masked (-inf) ones never appear."""
+    if isinstance(logp, np.ndarray):
+        n = min(n, logp.shape[-1])
+        ids = np.argpartition(-logp, n - 1)[:n]
+        ids = ids[np.argsort(-logp[ids], kind="stable")]
+        return [(int(i), float(logp[i])) for i in ids if logp[i] != -np.inf]
     import torch
 
     values, ids = torch.topk(logp, min(n, logp.shape[-1]))
     return [(int(i), float(v)) for v, i in zip(values.tolist(), ids.tolist()) if v != float("-inf")]
 
 
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """(width,) float32 log-probabilities of (width,) logits, -inf where a logit is -inf."""
+    top = x.max()
+    z = x - top if np.isfinite(top) else x
+    with np.errstate(divide="ignore"):
+        return z - np.float32(np.log(np.exp(z, dtype=np.float64).sum()))
+
+
 def sample_token(logits, params: SamplingParams, gen):
-    """Pick a token from masked logits (torch, (width,)); returns (token, logprob)."""
+    """Pick a token from masked logits ((width,), numpy or torch); returns (token, logprob)."""
     tok, logp = _sample_dist(logits, params, gen)
     return tok, float(logp[tok])
 
 
 def _sample_dist(logits, params: SamplingParams, gen):
-    """Pick a token; returns (token, (width,) log-probabilities of the masked distribution)."""
+    """Pick a token; returns (token, (width,) log-probabilities of the masked distribution).
+    numpy logits (the llama.cpp backend) are sampled with numpy and `gen` a numpy Generator;
+    torch ones (transformers) with torch and `gen` a torch Generator or None."""
+    if isinstance(logits, np.ndarray):
+        return _sample_numpy(logits, params, gen)
     import torch
 
     logp = torch.log_softmax(logits, dim=-1)
@@ -154,6 +173,28 @@ def _sample_dist(logits, params: SamplingParams, gen):
     return int(torch.multinomial(probs, 1, generator=gen)), logp
 
 
+def _sample_numpy(logits: np.ndarray, params: SamplingParams, gen):
+    """`_sample_dist` in numpy: the same steps (shift, temperature, top-k, top-p, draw)."""
+    logp = log_softmax(logits)
+    if params.temperature <= 0:
+        return int(np.argmax(logits)), logp
+    scaled = (logits.astype(np.float64) - logits.max()) / params.temperature
+    if params.top_k > 0:
+        k = min(params.top_k, scaled.shape[-1])
+        kth = np.partition(scaled, -k)[-k]
+        scaled[scaled < kth] = -np.inf
+    if params.top_p < 1.0:
+        order = np.argsort(-scaled, kind="stable")
+        probs = np.exp(scaled[order] - scaled[order[0]])
+        probs /= probs.sum()
+        cum = np.cumsum(probs)
+        scaled[order[cum - probs > params.top_p]] = -np.inf  # keep the smallest prefix reaching top_p
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    rng = gen if gen is not None else np.random.default_rng()
+    return int(rng.choice(probs.shape[-1], p=probs)), logp
+
+
 class Row:
     """One sequence being decoded: its matcher, sampling settings, output and trace. Built per
     request (or per choice of a request with n > 1); driven by whichever loop owns the model.
@@ -166,16 +207,14 @@ class Row:
     def __init__(self, vocab, matcher=None, params: SamplingParams | None = None, *, fast_forward: bool = True,
                  on_step: Callable[[Step], None] | None = None, cancelled: Callable[[], bool] | None = None,
                  decided: Callable[[list[int]], bool] | None = None, seed: int | None = None, router=None):
-        import torch
-
         self.vocab = vocab
         self.matcher = matcher
         self.params = p = params or SamplingParams()
         self.fast_forward = fast_forward
         self.on_step, self.cancelled, self.decided = on_step, cancelled, decided
         self.router = router  # railcall.runtime.routing.NameRouter: whole-name tool choice (None: token by token)
-        seed = p.seed if seed is None else seed
-        self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.seed = p.seed if seed is None else seed
+        self._gen = None  # made at the first sample, for the kind of logits the backend gives
         self.stops = set(vocab.stop_ids)
         self.out: list[int] = []
         self.steps: list[Step] = []
@@ -198,6 +237,18 @@ class Row:
         # apply to the free text only: one would cut a call's JSON in two.
         self._in_free = getattr(matcher, "in_free_text", None)
         self._free_from = 0
+
+    def generator(self, logits):
+        """The row's random generator for `logits`' kind: a numpy Generator for numpy logits, a
+        torch one for torch logits, seeded with the row's seed (None: unseeded; torch's global)."""
+        if self._gen is None:
+            if isinstance(logits, np.ndarray):
+                self._gen = np.random.default_rng(self.seed)
+            elif self.seed is not None:
+                import torch
+
+                self._gen = torch.Generator().manual_seed(self.seed)
+        return self._gen
 
     # -- one step ----------------------------------------------------------------------------
     def advance(self, logits) -> list[int]:
@@ -236,7 +287,7 @@ class Row:
                 return self._end("length")
         if m is not None and self.router is not None:
             before = self.router.passes
-            routed = self.router.route(m, logits, self.gen, p.max_tokens - len(self.out))
+            routed = self.router.route(m, logits, self.generator(logits), p.max_tokens - len(self.out))
             if routed is not None and routed[0]:
                 toks, lps = routed
                 self.passes += self.router.passes - before
@@ -254,11 +305,11 @@ class Row:
                 self._bm = allocate_bitmask(logits.shape[-1])
             legal = m.fill_bitmask(self._bm)
             if not (p.adjusts or p.min_tokens):
-                logits = logits.clone()
+                logits = logits.copy() if isinstance(logits, np.ndarray) else logits.clone()
             apply_bitmask(logits, self._bm)
         if p.min_tokens and len(self.out) < p.min_tokens:
             logits = self._hold_stops(logits)
-        tok, logp = _sample_dist(logits, p, self.gen)
+        tok, logp = _sample_dist(logits, p, self.generator(logits))
         if m is not None:
             m.consume_token(tok)
         if tok in self.stops:
@@ -286,16 +337,21 @@ class Row:
 
     def _adjust(self, logits):
         """Penalties and bias (vLLM's and OpenAI's definitions), on a copy of the logits."""
-        import torch
-
         p = self.params
-        logits = logits.clone()
+        logits = logits.copy() if isinstance(logits, np.ndarray) else logits.clone()
         if self._counts and (p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty):
-            ids = torch.tensor(list(self._counts), dtype=torch.long)
-            counts = torch.tensor(list(self._counts.values()), dtype=logits.dtype)
+            ids = np.fromiter(self._counts, dtype=np.int64, count=len(self._counts))
+            counts = np.fromiter(self._counts.values(), dtype=np.float32, count=len(self._counts))
+            if not isinstance(logits, np.ndarray):
+                import torch
+
+                ids, counts = torch.from_numpy(ids), torch.from_numpy(counts).to(logits.dtype)
             x = logits[ids]
             if p.repetition_penalty != 1.0:
-                x = torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
+                x = x.clone() if not isinstance(x, np.ndarray) else x
+                pos = x > 0
+                x[pos] = x[pos] / p.repetition_penalty
+                x[~pos] = x[~pos] * p.repetition_penalty
             x = x - p.presence_penalty - p.frequency_penalty * counts
             logits[ids] = x
         for t, b in (p.logit_bias or {}).items():
@@ -306,13 +362,12 @@ class Row:
     def _hold_stops(self, logits):
         """Stop tokens masked while fewer than min_tokens were generated -- unless nothing else is
         legal (a grammar that is done), which min_tokens cannot override."""
-        held = logits.clone()
+        held = logits.copy() if isinstance(logits, np.ndarray) else logits.clone()
         for t in self.stops:
             if 0 <= t < held.shape[-1]:
                 held[t] = float("-inf")
-        import torch
-
-        return held if bool(torch.isfinite(held).any()) else logits
+        finite = np.isfinite(held).any() if isinstance(held, np.ndarray) else held.isfinite().any()
+        return held if bool(finite) else logits
 
     def _record(self, tok: int, legal, forced: bool, logprob, logp=None) -> None:
         p = self.params

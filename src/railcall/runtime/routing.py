@@ -168,19 +168,23 @@ class NameRouter:
         return ids
 
     def _end_logp(self, logits, b: int) -> float:
-        import torch
-
-        logp = torch.log_softmax(logits.float(), dim=-1)
+        logp = _log_softmax(logits)
         ids = self._terminator_ids(b)
         ids = ids[ids < logp.shape[-1]]
-        return float(torch.logsumexp(logp[torch.from_numpy(ids)], dim=0)) if len(ids) else float("-inf")
+        if not len(ids):
+            return float("-inf")
+        if isinstance(logp, np.ndarray):
+            x = logp[ids].astype(np.float64)
+            top = x.max()
+            return float(top + np.log(np.exp(x - top).sum())) if np.isfinite(top) else float(top)
+        import torch
+
+        return float(torch.logsumexp(logp[torch.from_numpy(ids)], dim=0))
 
     def route(self, matcher, logits, gen=None, budget: int | None = None):
         """At a name position: (the tokens of the chosen name, their log-probabilities); None
         elsewhere. `logits` are the (width,) logits of the next token; `budget` the tokens left.
         The caller feeds the tokens (they are legal: each spells part of an allowed name)."""
-        import torch
-
         cands = self.candidates(matcher)
         if cands is None:
             return None
@@ -195,24 +199,31 @@ class NameRouter:
         scored = [b for b in branches if b]
         rows = self.score(scored) if scored else []
         self.passes += 1 if scored else 0
-        base = torch.log_softmax(logits.float(), dim=-1)
+        base = _log_softmax(logits)
         scores, per_token, it = [], [], iter(rows)
         for (_, rest), toks in zip(cands, branches):
             lps = []
             if toks:
                 r = next(it)
-                lp = torch.log_softmax(r.float(), dim=-1)
+                lp = _log_softmax(r)
                 lps = [float(base[toks[0]])] + [float(lp[i, t]) for i, t in enumerate(toks[1:])]
                 end = self._end_logp(r[-1], rest[-1])
             else:
                 end = self._end_logp(logits, rest[-1])
             per_token.append(lps)
             scores.append(sum(lps) + end)
-        s = torch.tensor(scores, dtype=torch.float64)
-        if self.temperature > 0 and torch.isfinite(s).any():
-            k = int(torch.multinomial(torch.softmax(s / self.temperature, dim=0), 1, generator=gen))
+        s = np.asarray(scores, dtype=np.float64)
+        if self.temperature > 0 and np.isfinite(s).any():
+            if isinstance(logits, np.ndarray):  # the llama.cpp backend: numpy all through
+                p = np.exp((s - s.max()) / self.temperature)
+                k = int((gen if gen is not None else np.random.default_rng()).choice(len(s), p=p / p.sum()))
+            else:
+                import torch
+
+                t = torch.from_numpy(s)
+                k = int(torch.multinomial(torch.softmax(t / self.temperature, dim=0), 1, generator=gen))
         else:
-            k = int(torch.argmax(s))
+            k = int(np.argmax(s))
         toks, lps = branches[k], per_token[k]
         if any(n != names[k] and n.startswith(names[k]) for n in names):
             # another allowed name goes on from this one: write the terminator too, or the
@@ -257,3 +268,15 @@ def branch_scorer(backend) -> Scorer:
         raise TypeError(f"{type(backend).__name__} cannot score branches (no branch_logits): scored routing "
                         "needs a backend that can run tokens on a copy of its cache; use routing='greedy'")
     return fn
+
+
+def _log_softmax(x):
+    """Log-probabilities along the last axis, in numpy for numpy logits and in torch for torch ones."""
+    if isinstance(x, np.ndarray):
+        top = x.max(axis=-1, keepdims=True)
+        z = x - np.where(np.isfinite(top), top, 0)
+        with np.errstate(divide="ignore"):
+            return z - np.log(np.exp(z, dtype=np.float64).sum(axis=-1, keepdims=True)).astype(np.float32)
+    import torch
+
+    return torch.log_softmax(x.float(), dim=-1)

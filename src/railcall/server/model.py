@@ -4,7 +4,7 @@ prompt ids."""
 
 from __future__ import annotations
 
-from railcall.runtime.batch import OneRowBatch, PrefixCache, TransformersBatch
+from railcall.runtime.batch import OneRowBatch, PrefixCache
 from railcall.errors import RequestError
 from railcall.matcher import MAX_STRING
 from railcall.runtime.output import Delimiters
@@ -56,21 +56,19 @@ class ServedModel:
         self.keys = {"json": ("tool", "args"), "pythonic": None}.get(fmt, ("name", "arguments"))
 
     @classmethod
-    def load(cls, model: str | None = None) -> "ServedModel":
-        from railcall.models.store import load_model
-        from railcall.vocab import Vocabulary
-
+    def load(cls, model: str | None = None, backend: str | None = None) -> "ServedModel":
         from railcall.matcher import prepare_vocabulary
+        from railcall.models.store import load_model
 
-        lm = load_model(model)
-        vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
+        lm = load_model(model, backend=backend)
+        vocab = lm.vocabulary()
         prepare_vocabulary(vocab)  # the engine's indexes now, not on the first request
         return cls(lm, vocab)
 
     def batch(self):
         """A fresh batch of rows over this model (one per run of the decode loop)."""
         pad = self.vocab.eos_id if self.vocab.eos_id is not None else 0
-        return TransformersBatch(self.lm.model, pad_id=pad)
+        return self.lm.new_batch(pad)
 
     def serve_one_at_a_time(self, backend) -> None:
         """Decode through a single-sequence backend (`start`/`feed`: a test double, or a runtime

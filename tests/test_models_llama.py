@@ -1,0 +1,269 @@
+"""railcall.models.llama: the embedded GGUF on llama.cpp, against llama.cpp's own generation.
+
+Each test runs the real embedded SmolLM2-135M (Q4_1) in llama.cpp: the backend's greedy output
+equals llama-cpp-python's own greedy generation token for token; rows batched together equal the
+same rows run alone; a prefix-cache hit and a copied row (n > 1) equal a cold prefill; the
+branch pass of scored routing equals feeding each branch alone; under a grammar no illegal token
+is ever sampled and every output parses; a damaged GGUF gets a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is part of railcall[llama] and of `make setup`")
+
+from railcall.errors import ModelError  # noqa: E402
+from railcall.grammar.tools import Tool, tool_grammar  # noqa: E402
+from railcall.matcher import Matcher, compiled_grammar  # noqa: E402
+from railcall.runtime.batch import BatchLoop, PrefixCache, decode_stream  # noqa: E402
+from railcall.runtime.decode import Row, SamplingParams, generate  # noqa: E402
+from railcall.runtime.prompt import chat_prompt_ids  # noqa: E402
+
+pytestmark = pytest.mark.model
+
+# llama.cpp is not batch-invariant: the same token's logits differ by up to ~1.2 with the shape of
+# the pass that computes them (one token or a prompt's worth) and with where the sequence's cells
+# lie in the shared cache (other sequences before them widen the attention's span of cells, and
+# its sums run in another order); what the other cells hold changes nothing (measured: the same
+# logits, to the bit, beside two different sequences). Runs that must be the same are the same
+# token for token until, at most, a step where the reference's best two tokens were this close,
+# where a near-tie may break the other way. Where the cells and the pass shapes are the same,
+# runs are equal to the bit (the greedy test against llama-cpp-python's own generation).
+NEAR_TIE = 1.0
+
+
+def same_run(got, want) -> bool:
+    """`got` equals `want` token for token, or up to a near-tie of `want` (both Generations decoded
+    with top_logprobs=2), where `got` took the reference's second choice. Asserts otherwise."""
+    for k, (a, b) in enumerate(zip(got.tokens, want.tokens)):
+        if a == b:
+            continue
+        (t1, l1), (t2, l2) = want.steps[k].top[:2]
+        assert a == t2 and l1 - l2 < NEAR_TIE, (
+            f"step {k}: {a} against {b}, the reference's top two {t1} ({l1:.3f}), {t2} ({l2:.3f})")
+        return False
+    assert len(got.tokens) == len(want.tokens) or got.finish_reason == want.finish_reason == "length", (got.tokens, want.tokens)
+    return True
+
+TOOLS = [Tool("get_weather", "Current weather in a city",
+              {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+               "required": ["city"]}),
+         Tool("calc", "Evaluate an arithmetic expression",
+              {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]})]
+REQUESTS = ["What is the weather in Paris?", "Compute 12 * 7.", "Is it raining in Oslo right now?",
+            "Tell me a joke about cats.", "What is 2 to the power of 10?"]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from railcall.models.store import load_model
+
+    return load_model(backend="llama", threads=2)
+
+
+@pytest.fixture(scope="module")
+def vocab(lm):
+    return lm.vocabulary()
+
+
+@pytest.fixture(scope="module")
+def grammar(vocab):
+    return compiled_grammar(tool_grammar(TOOLS, "json"), vocab)
+
+
+@pytest.fixture(scope="module")
+def prompts(lm):
+    return [chat_prompt_ids(lm.tokenizer, TOOLS, r) for r in REQUESTS]
+
+
+def test_it_is_the_default_for_a_gguf_and_reads_the_file_in_place(lm):
+    from railcall.models.store import load_model, pick_backend, resolve_source
+
+    assert lm.backend_name == "llama.cpp"
+    assert pick_backend(resolve_source(None)) == "llama"
+    assert pick_backend(resolve_source(None), device="cuda") == "transformers"
+    assert lm.model.path.suffix == ".gguf" and lm.width == 49152
+    with pytest.raises(ModelError, match="unknown backend"):
+        load_model(backend="onnx")
+
+
+def test_greedy_equals_llama_cpps_own_generation(lm, vocab, prompts):
+    """Token for token, with no grammar: railcall's loop over the backend against
+    llama-cpp-python's `Llama.generate` at temperature 0 on the same prompt ids. Each side starts
+    from an empty cache (llama.cpp's sums depend on where a sequence's cells lie, see NEAR_TIE)."""
+    import llama_cpp
+
+    from railcall.models.llama import LlamaBackend, LlamaModel
+
+    own = llama_cpp.Llama(str(lm.model.path), n_ctx=2048, n_threads=2, verbose=False)
+    for p in prompts:
+        want = []
+        own.reset()
+        for t in own.generate(p, temp=0.0, top_k=1, reset=True):
+            if t in vocab.stop_ids or len(want) == 40:
+                break
+            want.append(t)
+        fresh = LlamaModel(lm.model.path, threads=2)
+        got = generate(LlamaBackend(fresh), vocab, p, None, SamplingParams(max_tokens=40)).tokens
+        fresh.close()
+        got = [t for t in got if t not in vocab.stop_ids]
+        assert got == want, (vocab.decode(got), vocab.decode(want))
+    own.close()
+
+
+def test_batched_rows_equal_the_same_rows_alone(lm, vocab, grammar, prompts):
+    params = SamplingParams(max_tokens=32, top_logprobs=2)
+    reqs = [(p, Matcher(grammar) if i % 2 == 0 else None) for i, p in enumerate(prompts)]
+    want = [generate(lm.backend(), vocab, p, Matcher(grammar) if m is not None else None, params) for p, m in reqs]
+    free = len(lm.model._free)
+    got = dict(decode_stream(lm.model, vocab, reqs, params, max_rows=3))
+    same = [same_run(got[i], w) for i, w in enumerate(want)]
+    assert sum(same) >= 3, same  # most rows equal throughout; the rest up to a near-tie
+    assert len(lm.model._free) == free  # every row's sequence freed
+
+
+def test_a_prefix_cache_hit_and_a_copied_row_equal_a_cold_prefill(lm, vocab, grammar, prompts):
+    params = SamplingParams(max_tokens=24, top_logprobs=2)
+    want = [generate(lm.backend(), vocab, p, Matcher(grammar), params) for p in prompts[:3]]
+    cache = PrefixCache(min_tokens=8)
+    loop = BatchLoop(lm.model, vocab, max_rows=4, prefix_cache=cache)
+    rows = []
+    for p in prompts[:3]:  # one after another: the tool prompt's start is found in the cache
+        row = Row(vocab, Matcher(grammar), params)
+        loop.add(p, row)
+        while loop.busy:
+            loop.step()
+        rows.append(row)
+    assert sum(same_run(r.generation(), w) for r, w in zip(rows, want)) >= 2
+    assert all(r.prompt_cached >= 50 for r in rows[1:]) and cache.hits == 2
+    # three rows of one prompt share its prefill (keep copies the row into new sequences)
+    copies = [Row(vocab, Matcher(grammar), params) for _ in range(3)]
+    for r in copies:
+        loop.add(prompts[0], r)
+    while loop.busy:
+        loop.step()
+    outs = [r.generation().tokens for r in copies]
+    assert outs[0] == outs[1] == outs[2]  # the copies share one prefill: the same cells, the same logits
+    same_run(copies[0].generation(), want[0])
+    cache.clear()
+    assert not lm.model._kept
+
+
+def test_the_single_backend_reuses_the_previous_sequence(lm, vocab, grammar, prompts):
+    params = SamplingParams(max_tokens=16, top_logprobs=2)
+    backend = lm.backend(reuse_prefix=True)
+    g1 = generate(backend, vocab, prompts[0], Matcher(grammar), params)
+    follow = prompts[0] + g1.tokens + prompts[1][-6:]
+    g2 = generate(backend, vocab, follow, Matcher(grammar), params)
+    assert g2.prompt_cached >= len(prompts[0])
+    same_run(g2, generate(lm.backend(), vocab, follow, Matcher(grammar), params))
+
+
+@pytest.mark.parametrize("single", [True, False])
+def test_branch_logits_equal_each_branch_fed_alone(lm, vocab, prompts, single):
+    """Scored routing's pass over the names' trie (shared first tokens, branches of different
+    lengths) gives each branch the logits it has when fed alone after the prompt."""
+    names = ["get_weather", "get_time", "calc", "calculate_tax"]
+    branches = [lm.tokenizer.encode(n, add_special_tokens=False) for n in names]
+    p = prompts[0]
+    if single:
+        b = lm.backend()
+        b.start(p)
+        got = b.branch_logits(branches)
+        del b
+    else:
+        batch = lm.model.new_batch()
+        batch.start([prompts[1], p])
+        got = batch.branch_logits(1, branches)
+        batch.release()
+    for br, g in zip(branches, got):
+        alone = lm.backend()
+        alone.start(p)
+        want = alone.feed(br)
+        del alone  # its cells are free again: the next branch's run lies where this one did
+        assert g.shape == want.shape
+        diff = np.abs(g - want).max(axis=-1)
+        assert (diff < 1.5).all(), diff  # the shape noise above, not another sequence's attention
+        top = np.argsort(-want, axis=-1)[:, :2]
+        for k, row in enumerate(want):
+            if row[top[k, 0]] - row[top[k, 1]] > NEAR_TIE:
+                assert int(g[k].argmax()) == top[k, 0]
+
+
+def test_sampled_calls_are_always_legal_and_parse(lm, vocab, grammar, prompts):
+    """The engine's property on this backend: sampled at temperature 1 with several seeds, every
+    token is one the mask allowed (the matcher never errs) and every output is a call that parses
+    and names a tool with its required argument."""
+    params = [SamplingParams(max_tokens=48, temperature=1.0, seed=s, cut="close") for s in range(8)]
+    reqs = [(prompts[s % len(prompts)], Matcher(grammar)) for s in range(8)]
+    seen = 0
+    for (i, g), (_, m) in zip(sorted(decode_stream(lm.model, vocab, reqs, params[0], max_rows=8)), reqs):
+        assert not g.grammar_error, g.grammar_error
+        if g.finish_reason == "length":
+            continue  # cut by the ceiling (the test of budget-aware closing is elsewhere)
+        call = json.loads(g.text)
+        assert call["tool"] in ("get_weather", "calc")
+        assert {"get_weather": "city", "calc": "expr"}[call["tool"]] in call["args"]
+        seen += 1
+    assert seen >= 4
+
+
+def test_a_truncated_gguf_gets_a_clear_error(lm, tmp_path):
+    from railcall.models.llama import LlamaModel
+
+    cut = tmp_path / "cut.gguf"
+    with open(lm.model.path, "rb") as f:
+        cut.write_bytes(f.read(4 << 20))  # the header and metadata, a few tensors, then nothing
+    with pytest.raises(ModelError, match="could not load .*cut.gguf.*complete GGUF"):
+        LlamaModel(cut)
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(ModelError, match="junk.gguf"):
+        LlamaModel(junk)
+
+
+def test_the_ggufs_own_tokenizer_equals_the_one_transformers_rebuilds(lm, vocab, prompts):
+    """llama.cpp's tokenizer and the GGUF's chat template (no transformers) give the ids that the
+    tokenizer transformers rebuilds from the same file gives, and the same vocabulary."""
+    from railcall.models.store import load_tokenizer
+    from railcall.vocab import Vocabulary
+
+    hf = load_tokenizer()
+    assert Vocabulary.from_hf(hf, logits_width=lm.width).token_bytes == vocab.token_bytes
+    assert Vocabulary.from_hf(hf, logits_width=lm.width).stop_ids == vocab.stop_ids
+    for text in REQUESTS + ["héllo wörld 🎉 中文  two  spaces\n\nnew", "<|im_start|>user\nhi<|im_end|>", ""]:
+        assert lm.tokenizer.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False)
+    assert prompts == [chat_prompt_ids(hf, TOOLS, r) for r in REQUESTS]
+    assert lm.tokenizer.decode(prompts[0]) == hf.decode(prompts[0])
+
+
+def test_no_torch_and_no_transformers_on_this_path(tmp_path):
+    """The embedded model on llama.cpp, a call under the grammar with scored routing, sampled:
+    neither torch nor transformers is imported (`pip install 'railcall[llama]'` has neither)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, json\n"
+        "from railcall.models.store import load_model\n"
+        "from railcall.demo import DEMO_TOOLS\n"
+        "from railcall.grammar.tools import tool_grammar\n"
+        "from railcall.matcher import Matcher, compiled_grammar\n"
+        "from railcall.runtime.decode import SamplingParams, generate\n"
+        "from railcall.runtime.prompt import chat_prompt_ids\n"
+        "from railcall.runtime.routing import NameRouter\n"
+        "lm = load_model()\n"
+        "vocab = lm.vocabulary()\n"
+        "g = compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)\n"
+        "p = chat_prompt_ids(lm.tokenizer, DEMO_TOOLS, 'What is 17 times 23?')\n"
+        "out = generate(lm.backend(), vocab, p, Matcher(g), SamplingParams(max_tokens=40, temperature=0.7, seed=1),\n"
+        "               router=NameRouter.for_tools(vocab, DEMO_TOOLS, "json", temperature=0.7))\n"
+        "json.loads(out.text)\n"
+        "print(lm.backend_name, sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "llama.cpp []"
