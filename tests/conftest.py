@@ -53,6 +53,14 @@ def tiny_bpe_tokenizer():
 
 
 @pytest.fixture(autouse=True)
+def cli_settings_stay_in_their_test(monkeypatch):
+    """`--backend` and `--threads` set RAILCALL_BACKEND / RAILCALL_THREADS for the process (a CLI
+    command is one process); under CliRunner that would reach every later test."""
+    monkeypatch.delenv("RAILCALL_BACKEND", raising=False)
+    monkeypatch.delenv("RAILCALL_THREADS", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def no_terminal_to_ask(monkeypatch, tmp_path_factory):
     """The approval gate asks on /dev/tty; a test run from a terminal must not wait for a person
     there. A test that wants a terminal points `policy.TTY` at a pseudo-terminal of its own."""

@@ -35,10 +35,10 @@ def missing(monkeypatch, *names):
 # --- a missing optional package ------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, package, install", [
-    (["demo"], "torch", "pip install 'railcall[model]'"),
-    (["info"], "torch", "pip install 'railcall[model]'"),
-    (["agent", "hi", "-w", "."], "torch", "pip install 'railcall[model]'"),
-    (["eval", "ablation"], "torch", "pip install 'railcall[eval]'"),
+    (["demo", "--backend", "transformers"], "torch", "pip install 'railcall[model]'"),
+    (["info", "--backend", "transformers"], "torch", "pip install 'railcall[model]'"),
+    (["agent", "hi", "-w", ".", "--backend", "transformers"], "torch", "pip install 'railcall[model]'"),
+    (["eval", "ablation", "--backend", "transformers"], "torch", "pip install 'railcall[eval]'"),
 ])
 def test_a_command_without_torch_names_it(monkeypatch, no_model, args, package, install):
     missing(monkeypatch, "torch")
@@ -46,6 +46,26 @@ def test_a_command_without_torch_names_it(monkeypatch, no_model, args, package, 
     assert r.exit_code == 2, r.output
     assert f"the Python package '{package}', which is not installed" in r.output and install in r.output
     assert "truncated" not in r.output and "download" not in r.output  # the model file is not blamed
+
+
+@pytest.mark.parametrize("args", [["demo", "--backend", "llama"], ["info", "--backend", "llama"],
+                                  ["agent", "hi", "-w", ".", "--backend", "llama"], ["serve", "--backend", "llama"]])
+def test_a_command_on_llama_cpp_without_it_names_it(monkeypatch, no_model, args):
+    missing(monkeypatch, "llama_cpp")
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert "'llama_cpp', which is not installed" in r.output and "pip install 'railcall[llama]'" in r.output
+
+
+def test_a_gguf_on_llama_cpp_needs_neither_torch_nor_transformers(monkeypatch, no_model):
+    """The default backend of the embedded GGUF is llama.cpp: without torch and transformers the
+    command gets as far as loading the model (here refused by the fixture), not a missing package."""
+    pytest.importorskip("llama_cpp")
+    missing(monkeypatch, "torch")
+    missing(monkeypatch, "transformers")
+    r = runner.invoke(app, ["info"])
+    assert "not installed" not in r.output
+    assert isinstance(r.exception, AssertionError) and "loaded before" in str(r.exception)
 
 
 @pytest.mark.parametrize("args, package, install", [

@@ -40,7 +40,7 @@ def test_the_demo_names_each_task_as_it_starts_and_its_time_when_it_ends(monkeyp
     monkeypatch.setattr(cli, "_facts", lambda lm, vocab: None)
     monkeypatch.setattr(cli, "_check_model_arg", lambda model, command, extra="model": None)
 
-    def run(model, *, task, tools, grammar, seed, max_tokens, log, starting):
+    def run(model, *, task, tools, grammar, seed, max_tokens, log, starting, lm=None):
         for i, text in enumerate(demo.TASKS[:2], 1):
             starting(i, 2, text)
             log({"task": text, "without_grammar": {"output": "hi", "parses": False}, "seconds": 1.25 * i})

@@ -260,9 +260,12 @@ def stub_model(monkeypatch, tokenizer) -> None:
 
     from railcall.models import store
 
+    from railcall.vocab import Vocabulary
+
     lm = types.SimpleNamespace(tokenizer=tokenizer, name="stub",
-                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(tokenizer))))
-    monkeypatch.setattr(store, "load_model", lambda model=None, device=None: lm)
+                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(tokenizer))),
+                               vocabulary=lambda: Vocabulary.from_hf(tokenizer, logits_width=len(tokenizer), name="stub"))
+    monkeypatch.setattr(store, "load_model", lambda model=None, device=None, **kw: lm)
 
 
 @pytest.mark.parametrize("fmt, routing", [("pythonic", "scored"), ("openai", "greedy"), ("hermes", "scored")])

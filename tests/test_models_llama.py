@@ -261,7 +261,7 @@ def test_no_torch_and_no_transformers_on_this_path(tmp_path):
         "g = compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)\n"
         "p = chat_prompt_ids(lm.tokenizer, DEMO_TOOLS, 'What is 17 times 23?')\n"
         "out = generate(lm.backend(), vocab, p, Matcher(g), SamplingParams(max_tokens=40, temperature=0.7, seed=1),\n"
-        "               router=NameRouter.for_tools(vocab, DEMO_TOOLS, "json", temperature=0.7))\n"
+        "               router=NameRouter.for_tools(vocab, DEMO_TOOLS, 'json', temperature=0.7))\n"
         "json.loads(out.text)\n"
         "print(lm.backend_name, sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

@@ -183,12 +183,11 @@ def test_gemma3_loads_and_writes_a_call():
 
     from railcall.runtime.decode import SamplingParams, generate
     from railcall.runtime.prompt import chat_prompt_ids
-    from railcall.vocab import Vocabulary
 
     lm = store.load_model("gemma3")
     assert lm.model.config.vocab_size == 262144 and lm.plain_prompt
     assert lm.name.startswith("gemma3-") and not lm.name.startswith("gemma3-tokenizer")
-    vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size, name=lm.name)
+    vocab = lm.vocabulary()
     prompt = chat_prompt_ids(lm.tokenizer, DEMO_TOOLS, "Read the file notes.txt")
     assert lm.tokenizer.decode(prompt).startswith("<bos>") and lm.tokenizer.decode(prompt).endswith("Answer:\n")
     assert lm.backend_name == ("llama.cpp" if importlib.util.find_spec("llama_cpp") else "transformers")

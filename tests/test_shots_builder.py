@@ -203,9 +203,13 @@ def test_shots_go_in_the_prompt_and_the_settings(tmp_path, monkeypatch, smollm2_
     from railcall.eval.runner import examples, run_bfcl
     from railcall.models import store
 
+    from railcall.vocab import Vocabulary
+
     lm = types.SimpleNamespace(tokenizer=smollm2_tokenizer, name="stub",
-                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(smollm2_tokenizer))))
-    monkeypatch.setattr(store, "load_model", lambda model=None, device=None: lm)
+                               model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=len(smollm2_tokenizer))),
+                               vocabulary=lambda: Vocabulary.from_hf(smollm2_tokenizer, logits_width=len(smollm2_tokenizer),
+                                                                     name="stub"))
+    monkeypatch.setattr(store, "load_model", lambda model=None, device=None, **kw: lm)
     seen = []
 
     def nothing_decoded(model, vocab, requests, params, **kw):

@@ -84,12 +84,16 @@ def _check_model_arg(model, command: str, extra: str = "model") -> None:
     """Before a model loads (half a minute, or a minute's conversion the first time): the packages
     it needs are installed and --model names something that exists. Found, not imported."""
     from railcall.errors import require
-    from railcall.models.store import TOKENIZER_ONLY, resolve_source
+    from railcall.models.store import TOKENIZER_ONLY, pick_backend, resolve_source
 
     try:
-        require(command, "torch", "transformers", "safetensors", extra=extra)
-        if model is None or str(model) not in TOKENIZER_ONLY:  # model_folder says why that one cannot load
-            resolve_source(model)
+        if model is not None and str(model) in TOKENIZER_ONLY:  # model_folder says why that one cannot load
+            require(command, "torch", "transformers", "safetensors", extra=extra)
+            return
+        if pick_backend(resolve_source(model)) == "llama":  # a GGUF on llama.cpp: neither torch nor transformers
+            require(command, "llama_cpp", extra="llama")
+        else:
+            require(command, "torch", "transformers", "safetensors", extra=extra)
     except RailcallError as e:
         _fail(e)
 
@@ -124,7 +128,9 @@ def _load(model):
         from railcall.models.store import load_model
 
         t0 = time.perf_counter()
-        lm = load_model(model)
+        from railcall.models.llama import SINGLE_CELLS
+
+        lm = load_model(model, cells=SINGLE_CELLS)  # one sequence at a time (info, demo)
         lm.total_seconds = time.perf_counter() - t0
         vocab = lm.vocabulary()
     except RailcallError as e:
@@ -179,6 +185,7 @@ def demo(
         _fail(ValueError(f"--tools: no tool {', '.join(sorted(set(names) - set(known)))}; the demo's tools are "
                          f"{', '.join(known)}"))
     _check_model_arg(model, "railcall demo")
+    lm = None
     if not as_json:
         lm, vocab = _load(model)
         _facts(lm, vocab)
@@ -214,7 +221,7 @@ def demo(
 
     try:
         out = demo_mod.run(model, task=task, tools=names, grammar=not no_grammar, seed=seed, max_tokens=max_tokens,
-                           log=show, starting=starting)
+                           log=show, starting=starting, lm=lm)
     except (RailcallError, ValueError) as e:
         _fail(e)
         return
@@ -600,9 +607,12 @@ def serve(
         call_format = _call_format(None, model)
     if threads:
         os.environ["RAILCALL_THREADS"] = str(threads)  # llama.cpp's threads (railcall.models.llama)
-        import torch
+        import importlib.util
 
-        torch.set_num_threads(threads)
+        if importlib.util.find_spec("torch") is not None:  # transformers' (not installed with railcall[llama])
+            import torch
+
+            torch.set_num_threads(threads)
     try:
         run_server(model, host=host, port=port, api_key=api_key or None, max_pending=max_pending, max_body=max_body,
                    max_string=max_string, max_rows=max_rows, prefix_cache_bytes=prefix_cache_mb << 20,
@@ -1178,6 +1188,45 @@ def eval_merge(
     tp = summary["throughput"]
     console.print(f"{tp['tasks']} tasks, {tp['rows']} replies; wrote {dest}/results.jsonl, run.json, summary.json, "
                   "table.md and eval.png")
+
+
+@eval_app.command("endpoint")
+def eval_endpoint(
+    url: str = typer.Option(..., "--url", help="The server's OpenAI base URL (http://127.0.0.1:8000/v1)."),
+    model: str = typer.Option("smollm2", "--model", help="The model name to send."),
+    category: list[str] = typer.Option(["live_simple"], "--category", help="BFCL categories (repeat, or comma-separate)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N tasks of each category."),
+    max_tokens: int = typer.Option(192, "--max-tokens", help="max_tokens of each request."),
+    data: Optional[str] = typer.Option(None, "--data", help="The BFCL data folder (default: the installed bfcl-eval package's)."),
+    out: str = typer.Option("eval-out/endpoint", "--out", help="The folder for results.jsonl and summary.json."),
+    api_key: str = typer.Option("none", "--api-key", envvar="OPENAI_API_KEY", help="The server's API key, if it wants one."),
+) -> None:
+    """BFCL tasks through any OpenAI-compatible server (railcall serve, llama-server, vLLM), as a
+    client sends them: parse, schema-valid and AST rates, cut replies counted as failures."""
+    from pathlib import Path
+
+    from railcall.errors import require
+    from railcall.eval import endpoint
+
+    try:
+        require("railcall eval endpoint", "jsonschema", extra="eval")
+        require("railcall eval endpoint", "openai")
+    except RailcallError as e:
+        _fail(e)
+        return
+    _at_least_1(limit=limit, max_tokens=max_tokens)
+    cats = [c.strip() for item in category for c in item.split(",") if c.strip()]
+    summary = endpoint.run(url, model=model, data=Path(_bfcl_folder(data)), categories=cats, limit=limit,
+                           max_tokens=max_tokens, out=Path(out), api_key=api_key,
+                           progress=lambda m: console.print(m, style="dim", markup=False, highlight=False))
+    table = Table(title=f"{url} ({model}), max_tokens {max_tokens}")
+    for col in ("category", "tasks", "parse", "valid", "AST", "cut", "calls in content", "errors"):
+        table.add_column(col)
+    for cat, r in summary["categories"].items():
+        table.add_row(cat, str(r["tasks"]), *(f"{100 * r[k]:.1f}%" for k in ("parse", "valid", "ast", "cut")),
+                      str(r["calls_in_content"]), str(r["errors"]))
+    console.print(table)
+    console.print(f"wrote {out}/results.jsonl and summary.json")
 
 
 @eval_app.command("ablation")

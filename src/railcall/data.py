@@ -97,7 +97,7 @@ def bfcl_data() -> Path:
 
 
 def _home() -> Path:
-    from railcall.models.store import railcall_home
+    from railcall.home import railcall_home
 
     return railcall_home() / "data"
 

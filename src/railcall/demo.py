@@ -104,7 +104,7 @@ class TaskResult:
 
 
 def run(model=None, *, task: int | None = None, tools: list[str] | None = None, grammar: bool = True,
-        seed: int = 0, max_tokens: int = 48, log=None, starting=None, backend: str | None = None) -> dict:
+        seed: int = 0, max_tokens: int = 48, log=None, starting=None, backend: str | None = None, lm=None) -> dict:
     """Run the demo; returns {"tasks": [...], "summary": {...}} (the --json output).
 
     `starting(i, n, task)` is called as task i of n starts, `log(record)` as it ends (the record
@@ -117,7 +117,10 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
     from railcall.runtime.plain import stop_strings
     from railcall.runtime.prompt import chat_prompt_ids
 
-    lm = load_model(model, backend=backend)
+    from railcall.models.llama import SINGLE_CELLS
+
+    if lm is None:  # (`lm`: the model already loaded, as `railcall demo` does to show its facts first)
+        lm = load_model(model, backend=backend, cells=SINGLE_CELLS)  # one sequence at a time
     vocab = lm.vocabulary()
     table = [t for t in DEMO_TOOLS if not tools or t.name in tools]
     if not table:

@@ -346,7 +346,7 @@ class Vocabulary:
 
     @staticmethod
     def cache_path(source_key: str) -> Path:
-        from railcall.models.store import railcall_home
+        from railcall.home import railcall_home
 
         return railcall_home() / "vocab" / f"{source_key}.npz"
 
@@ -388,10 +388,10 @@ class Vocabulary:
         the front (railcall.models.gguf_metadata), so a file cut short after it -- a split GGUF's
         first part -- builds the same vocabulary as the whole file; needs neither transformers nor
         the `gguf` package."""
-        from railcall.models.store import _quick_digest
+        from railcall.home import file_digest
 
         path = Path(path)
-        key = f"gguf-{_quick_digest(path)}-{logits_width}"
+        key = f"gguf-{file_digest(path)}-{logits_width}"
         if cache:
             cpath = cls.cache_path(key)
             if cpath.is_file():

@@ -74,7 +74,9 @@ class AgentModel:
         from railcall.models.store import load_model
         from railcall.runtime.prompt import has_native_tools
 
-        lm = load_model(model, backend=backend)
+        from railcall.models.llama import SINGLE_CELLS
+
+        lm = load_model(model, backend=backend, cells=SINGLE_CELLS)  # one sequence at a time
         vocab = lm.vocabulary()
         tok = lm.tokenizer
 

@@ -41,6 +41,7 @@ an earlier one.
 from __future__ import annotations
 
 import codecs
+import importlib.util
 import json
 import os
 import platform
@@ -244,7 +245,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         raise ValueError(f"shots must be 0 or more, not {shots}")
     if not (grammar or without_grammar):
         raise ValueError("nothing to run: both the grammar and the free condition are off")
-    if threads:
+    if threads and importlib.util.find_spec("torch") is not None:  # llama.cpp's threads: load_model's
         import torch
 
         # On a machine other processes keep busy, fewer threads than cores avoids OpenMP's
@@ -272,7 +273,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
                         grammar=GRAMMARS[call_format], call_format=call_format, routing=routing, values=values,
                         prompt=bfcl.PROMPT_VERSION + ("+example" if prompt_example else ""))
     results_path, run_path = out / "results.jsonl", out / "run.json"
-    here = machine(device)
+    here = machine(device, lm)
     machines = [here]
     if resume and run_path.is_file():
         run_before = read_run(run_path)
@@ -383,15 +384,22 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     return summary
 
 
-def machine(device: str | None = None) -> dict:
+def machine(device: str | None = None, lm=None) -> dict:
+    """What ran a run: the machine, the library versions and the model's backend."""
     import numpy
-    import torch
 
     import railcall
 
     m = {"platform": platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(),
-         "torch": torch.__version__, "numpy": numpy.__version__, "railcall": railcall.__version__,
-         "torch_threads": torch.get_num_threads()}
+         "numpy": numpy.__version__, "railcall": railcall.__version__}
+    if getattr(lm, "backend_name", None) == "llama.cpp":
+        import llama_cpp
+
+        m.update(backend="llama.cpp", llama_cpp=llama_cpp.__version__, threads=lm.model.threads)
+        return m
+    import torch
+
+    m.update(backend="transformers", torch=torch.__version__, torch_threads=torch.get_num_threads())
     if device is not None and torch.device(device).type == "cuda":
         m["device"] = torch.cuda.get_device_name(torch.device(device))
     return m

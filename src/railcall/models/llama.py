@@ -44,10 +44,13 @@ import numpy as np
 
 from railcall.errors import ModelError, require
 
-# Cells of the shared KV cache (tokens over all live sequences, kept prefixes included). SmolLM2-135M
-# keeps ~23 KB per cell in f16, so 16,384 cells are ~380 MB; a server's 16 rows of 700 tokens
-# fill 11,200 of them. The model's trained context bounds one sequence, not the sum.
+# Cells of the shared KV cache (tokens over all live sequences, kept prefixes included), allocated
+# whole when the model loads. SmolLM2-135M keeps ~23 KB per cell in f16, so 16,384 cells are
+# ~380 MB: a server's 16 rows of 700 tokens fill 11,200 of them. One sequence at a time (the
+# demo, the agent, `railcall info`) needs far fewer: 4,096 cells, ~94 MB, hold an agent's
+# episode (its prompts reach ~1,500 tokens). The model's trained context bounds one sequence.
 DEFAULT_CELLS = 16384
+SINGLE_CELLS = 4096
 # Sequence ids: live rows + kept prefixes + scratch ids of a scoring pass (llama.cpp's limit: 256).
 DEFAULT_SEQUENCES = 64
 # Tokens handed to one llama_decode; a longer prefill runs in several calls.

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Callable
 
 from railcall.errors import ModelError, ModelPackageMissing, RailcallError, from_import_error, require
+from railcall.home import file_digest, railcall_home  # noqa: F401  (railcall_home: imported from here too)
 
 DEFAULT_MODEL = "smollm2"
 
@@ -100,12 +101,6 @@ def default_call_format(model: str | None = None) -> str:
     return CALL_FORMATS.get(model or DEFAULT_MODEL, "json")
 
 
-def railcall_home() -> Path:
-    """The root of railcall's caches: `$RAILCALL_HOME`, else `~/.cache/railcall`."""
-    env = os.environ.get("RAILCALL_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "railcall"
-
-
 def embedded_gguf_path(name: str = DEFAULT_MODEL) -> Path:
     """Locate an embedded model's GGUF through its installed package's file record."""
     if name not in EMBEDDED:
@@ -155,19 +150,7 @@ def _assembled_gemma3(dist_name: str, install: str) -> Path:
     return target
 
 
-def _quick_digest(path: Path) -> str:
-    """A content key for a large file that costs milliseconds: its size plus the hash of its
-    first and last MiB. GGUF files carry their metadata and tensor index at the front, so two
-    different models never share this key in practice; it names a cache, it does not guard one."""
-    h = hashlib.sha256()
-    size = path.stat().st_size
-    h.update(str(size).encode())
-    with path.open("rb") as f:
-        h.update(f.read(1 << 20))
-        if size > 2 << 20:
-            f.seek(-(1 << 20), os.SEEK_END)
-            h.update(f.read(1 << 20))
-    return h.hexdigest()[:16]
+_quick_digest = file_digest  # the content key of a GGUF (railcall.home)
 
 
 @dataclass(frozen=True)
@@ -483,19 +466,21 @@ def pick_backend(source: ModelSource, backend: str | None = None, device: str | 
 
 
 def load_model(model: str | os.PathLike | None = None, device: str | None = None, backend: str | None = None,
-               threads: int | None = None, **kw) -> LoadedModel:
+               threads: int | None = None, cells: int | None = None, **kw) -> LoadedModel:
     """Load `model` (default: the embedded SmolLM2) for inference. A GGUF file runs on llama.cpp
     (`backend` "auto" or "llama"; `threads` for its kernels, default every core this process
     may use); a Hugging Face folder, `backend="transformers"` or a `device` runs in float32 through
     transformers, on the CPU or on `device` (a torch device name: "cuda", "cuda:1"; the batch loop
-    keeps the KV there and brings each step's logits back to the CPU, `railcall.runtime.batch`)."""
+    keeps the KV there and brings each step's logits back to the CPU, `railcall.runtime.batch`).
+    `cells`: llama.cpp's KV cells, shared by every sequence (railcall.models.llama.DEFAULT_CELLS;
+    SINGLE_CELLS where one sequence runs at a time)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if model is not None and str(model) in TOKENIZER_ONLY:
         model_folder(model)  # its message: a tokenizer package, no weights
     source = resolve_source(model)
     if pick_backend(source, backend, device) == "llama":
-        return _load_llama(model, source, threads, **kw)
+        return _load_llama(model, source, threads, cells, **kw)
     # before a conversion that would need them (a minute), and before any file is blamed
     require("loading a model", "torch", "transformers", "safetensors", extra="model")
     if device is not None:
@@ -537,17 +522,17 @@ def load_model(model: str | os.PathLike | None = None, device: str | None = None
     return LoadedModel(mdl, tok, folder, time.perf_counter() - t1, t1 - t0)
 
 
-def _load_llama(model, source: ModelSource, threads: int | None, **kw) -> LoadedModel:
+def _load_llama(model, source: ModelSource, threads: int | None, cells: int | None = None, **kw) -> LoadedModel:
     """The GGUF file on llama.cpp, read in place (no conversion, no float32 copy), with its own
     tokenizer and chat template through llama.cpp (railcall.models.llama_tokenizer): neither
     torch nor transformers is imported."""
     from railcall.models.gguf_metadata import read_metadata
-    from railcall.models.llama import LlamaModel
+    from railcall.models.llama import DEFAULT_CELLS, LlamaModel
     from railcall.models.llama_tokenizer import LlamaTokenizer
     from railcall.runtime.plain import use_plain_template
 
     t0 = time.perf_counter()
-    mdl = LlamaModel(source.path, threads=threads)  # first: a damaged file is refused in a second
+    mdl = LlamaModel(source.path, threads=threads, cells=cells or DEFAULT_CELLS)  # first: a damaged file is refused in a second
     tok = LlamaTokenizer(mdl, read_metadata(source.path))
     use_plain_template(tok)
     return LoadedModel(mdl, tok, source.path, time.perf_counter() - t0, 0.0, backend_name="llama.cpp",
