@@ -267,3 +267,75 @@ def test_no_torch_and_no_transformers_on_this_path(tmp_path):
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "llama.cpp []"
+
+
+def test_a_kept_prefix_is_held_from_its_lookup_to_its_copy(lm, vocab, grammar, prompts):
+    """The model gives up kept prefixes when it needs ids or cells, least recently used first,
+    but never one a row has found and not yet copied; one given up before its copy (an entry
+    found, then released) costs a full prefill, never a row on someone else's cells."""
+    from railcall.models.llama import KVFull, LlamaModel
+
+    small = LlamaModel(lm.model.path, threads=2, cells=1024, sequences=3)
+    s = small.new_seq()
+    small.run(s, prompts[0], 0)
+    kept = small.keep_seq(s, len(prompts[0]))
+    small.free_seq(s)
+    kept.touch()  # found by a lookup: pinned
+    a, b = small.new_seq(), small.new_seq()
+    with pytest.raises(KVFull):
+        small.new_seq()  # the only kept entry is pinned: not given up
+    kept.unpin()
+    c = small.new_seq()  # now it goes
+    assert not kept.alive and c == kept.seq
+    for q in (a, b, c):
+        small.free_seq(q)
+    # a hit whose entry was released before its copy: the whole prompt runs
+    s = small.new_seq()
+    small.run(s, prompts[0], 0)
+    kept = small.keep_seq(s, len(prompts[0]))
+    small.free_seq(s)
+    kept.touch()
+    kept.release()
+    batch = small.new_batch()
+    logits = batch.start_cached(prompts[0], len(prompts[0]) - 1, kept)
+    assert batch.last_cached == 0 and batch.pos == [len(prompts[0])]
+    cold = small.new_batch()
+    want = cold.start([prompts[0]])
+    assert int(np.argmax(logits[0])) == int(np.argmax(want[0]))
+    batch.release()
+    cold.release()
+    assert len(small._free) == 3
+    small.close()
+
+
+def test_a_prompt_the_cache_cannot_hold_ends_alone_and_frees_everything(lm, vocab, prompts):
+    from railcall.models.llama import LlamaModel
+
+    small = LlamaModel(lm.model.path, threads=2, cells=256, sequences=4)
+    loop = BatchLoop(small, vocab, max_rows=2)
+    too_long = Row(vocab, None, SamplingParams(max_tokens=4))
+    loop.add(prompts[0] * 3, too_long)  # ~470 tokens: more than the 256 cells
+    ended = loop.step()
+    assert ended == [too_long] and too_long.finish_reason == "error" and "cells" in str(too_long.error)
+    assert len(small._free) == 4 and not loop.busy
+    # beside a live row, a prompt that does not fit waits; the live row finishes
+    ok = Row(vocab, None, SamplingParams(max_tokens=4))
+    loop.add(prompts[1], ok)
+    loop.step()
+    waits = Row(vocab, None, SamplingParams(max_tokens=4))
+    loop.add(prompts[2], waits)  # ~155 + ~155 tokens > 256 cells while `ok` holds its cells
+    for _ in range(12):
+        loop.step()
+    assert ok.finish_reason == "length" and len(ok.out) == 4
+    assert waits.ended and len(waits.out) == 4  # admitted once `ok` left
+    assert len(small._free) == 4
+    small.close()
+
+
+def test_an_abandoned_stream_frees_its_rows_and_a_negative_seed_samples(lm, vocab, prompts):
+    free = len(lm.model._free)
+    stream = decode_stream(lm.model, vocab, [(p, None) for p in prompts],
+                           SamplingParams(max_tokens=3, temperature=1.0, seed=-5), max_rows=4)
+    next(stream)
+    stream.close()  # a consumer that stops early
+    assert len(lm.model._free) == free

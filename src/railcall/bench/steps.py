@@ -31,13 +31,16 @@ def _raw_llama(path: Path, prompt: list[int], rows: int, steps: int, threads: in
     import llama_cpp
     import numpy as np
 
-    from railcall.models.llama import _quiet_logs
+    from railcall.models.llama import DEFAULT_CELLS, DEFAULT_SEQUENCES, EXTRA_BUFFERS, FLASH_ATTENTION, _quiet_logs
 
     _quiet_logs()
     mp = llama_cpp.llama_model_default_params()
+    mp.use_extra_bufts = EXTRA_BUFFERS
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
     cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_seq_max, cp.kv_unified = 8192, 4096, 32, True
+    # the context railcall makes (railcall.models.llama): its settings measured best here
+    cp.n_ctx, cp.n_batch, cp.n_seq_max, cp.kv_unified = DEFAULT_CELLS, 4096, DEFAULT_SEQUENCES, True
+    cp.flash_attn_type = FLASH_ATTENTION
     cp.n_threads = cp.n_threads_batch = threads
     ctx = llama_cpp.llama_init_from_model(model, cp)
     width = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))

@@ -47,10 +47,11 @@ from railcall.errors import ModelError, require
 # Cells of the shared KV cache (tokens over all live sequences, kept prefixes included), allocated
 # whole when the model loads. SmolLM2-135M keeps ~23 KB per cell in f16, so 16,384 cells are
 # ~380 MB: a server's 16 rows of 700 tokens fill 11,200 of them. One sequence at a time (the
-# demo, the agent, `railcall info`) needs far fewer: 4,096 cells, ~94 MB, hold an agent's
-# episode (its prompts reach ~1,500 tokens). The model's trained context bounds one sequence.
+# demo, the agent, `railcall info`) needs fewer: 8,192 cells (~190 MB), SmolLM2's whole trained
+# context. A sequence is bounded by the smaller of the trained context and the cells
+# (`config.max_position_embeddings`, what the server checks a prompt against).
 DEFAULT_CELLS = 16384
-SINGLE_CELLS = 4096
+SINGLE_CELLS = 8192
 # Sequence ids: live rows + kept prefixes + scratch ids of a scoring pass (llama.cpp's limit: 256).
 DEFAULT_SEQUENCES = 64
 # Tokens handed to one llama_decode; a longer prefill runs in several calls.
@@ -125,7 +126,8 @@ class KeptSequence:
     """A prefix-cache entry's KV: a sequence of the model's context holding the cells of a token
     sequence a row ran. Made by `LlamaBatch.row_kv`; `release()` frees its sequence id (its
     cells too, where no live row shares them). The model may release it first when it runs out
-    of cells or ids (oldest first); `alive` then reads False and the prefix cache skips it."""
+    of cells or ids (least recently used first, never while `pins` > 0: a hit between its lookup
+    and its copy into the row); `alive` then reads False and the prefix cache drops it."""
 
     def __init__(self, model: "LlamaModel", seq: int, tokens: int):
         self.model = model
@@ -133,6 +135,16 @@ class KeptSequence:
         self.tokens = tokens
         self.nbytes = tokens * model.bytes_per_token  # an upper bound: cells shared with rows count once
         self.alive = True
+        self.pins = 0
+
+    def touch(self) -> None:
+        """A hit: the entry becomes the model's most recently used, and is pinned until `unpin`."""
+        if self.alive:
+            self.model._kept.move_to_end(self.seq)
+            self.pins += 1
+
+    def unpin(self) -> None:
+        self.pins = max(0, self.pins - 1)
 
     def release(self) -> None:
         if self.alive:
@@ -162,11 +174,18 @@ class LlamaModel:
         mp = llama_cpp.llama_model_default_params()
         mp.n_gpu_layers = 0
         mp.use_extra_bufts = EXTRA_BUFFERS
+        self._ctx = None
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self._model:
             raise ModelError(f"llama.cpp could not load {self.path}: the file is not a complete GGUF model "
                              f"(truncated, damaged, or an architecture this llama.cpp does not know){_last_log()}; "
                              "pass a complete .gguf file, or --backend transformers for a Hugging Face folder")
+        if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model):
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+            raise ModelError(f"{self.path} is a recurrent or hybrid model: railcall's llama.cpp backend shares and "
+                             "trims KV cells between sequences, which such a model's state cannot do; "
+                             "run it with --backend transformers")
         self.threads = threads or default_threads()
         cp = llama_cpp.llama_context_default_params()
         self.train_context = int(llama_cpp.llama_model_n_ctx_train(self._model))
@@ -181,7 +200,9 @@ class LlamaModel:
         cp.flash_attn_type = FLASH_ATTENTION
         self._ctx = llama_cpp.llama_init_from_model(self._model, cp)
         if not self._ctx:
+            self._ctx = None
             llama_cpp.llama_model_free(self._model)
+            self._model = None
             raise ModelError(f"llama.cpp could not make a context for {self.path} ({cells} cells, "
                              f"{sequences} sequences){_last_log()}")
         self._mem = llama_cpp.llama_get_memory(self._ctx)
@@ -192,10 +213,13 @@ class LlamaModel:
         self.batch_size = batch
         layers = int(llama_cpp.llama_model_n_layer(self._model))
         heads, kv_heads = int(llama_cpp.llama_model_n_head(self._model)), int(llama_cpp.llama_model_n_head_kv(self._model))
-        head_dim = int(llama_cpp.llama_model_n_embd(self._model)) // max(heads, 1)
-        self.bytes_per_token = 2 * layers * kv_heads * head_dim * 2  # keys and values, f16
-        # What the rest of railcall reads of a model's configuration (as of a transformers config).
-        self.config = SimpleNamespace(vocab_size=self.width, max_position_embeddings=self.train_context)
+        key_dim = self._meta_int("attention.key_length") or int(llama_cpp.llama_model_n_embd(self._model)) // max(heads, 1)
+        value_dim = self._meta_int("attention.value_length") or key_dim
+        self.bytes_per_token = layers * kv_heads * (key_dim + value_dim) * 2  # keys and values, f16
+        # What the rest of railcall reads of a model's configuration (as of a transformers config):
+        # one sequence is bounded by the trained context and by the cells.
+        self.config = SimpleNamespace(vocab_size=self.width,
+                                      max_position_embeddings=min(self.train_context or self.cells, self.cells))
         self._free = list(range(sequences - 1, -1, -1))  # a stack: the lowest id is taken first
         self._kept: collections.OrderedDict[int, KeptSequence] = collections.OrderedDict()  # seq -> entry, oldest first
         self._batch = llama_cpp.llama_batch_init(batch, 0, sequences)
@@ -207,16 +231,37 @@ class LlamaModel:
         self.forward_passes = 0
         self.tokens_run = 0
 
+    def _meta_int(self, key: str) -> int | None:
+        """An integer of the model's GGUF metadata under its architecture ("attention.key_length")."""
+        buf = ctypes.create_string_buffer(64)
+        arch = ctypes.create_string_buffer(64)
+        if self._ll.llama_model_meta_val_str(self._model, b"general.architecture", arch, 64) < 0:
+            return None
+        name = arch.value + b"." + key.encode()
+        if self._ll.llama_model_meta_val_str(self._model, name, buf, 64) < 0:
+            return None
+        try:
+            return int(buf.value)
+        except ValueError:
+            return None
+
+    def _drop_oldest_kept(self) -> bool:
+        """Release the least recently used kept prefix that no admission holds; False if none."""
+        for kept in self._kept.values():
+            if kept.pins == 0:
+                kept.release()
+                return True
+        return False
+
     # -- sequence ids -------------------------------------------------------------------------
 
     def new_seq(self) -> int:
-        """A free sequence id (its cells empty). Kept prefixes are released, oldest first, when
-        none is free."""
+        """A free sequence id (its cells empty). Kept prefixes are released, least recently used
+        first, when none is free."""
         while not self._free:
-            if not self._kept:
+            if not self._drop_oldest_kept():
                 raise KVFull(f"llama.cpp: all {self.sequences} sequences are in use by live rows; "
                              "run fewer rows at once")
-            next(iter(self._kept.values())).release()
         return self._free.pop()
 
     def free_seq(self, seq: int) -> None:
@@ -251,6 +296,8 @@ class LlamaModel:
 
     def _decode_chunk(self, items):
         ll = self._ll
+        if self._ctx is None:
+            raise ModelError(f"the llama.cpp model {self.path} was closed")
         n = len(items)
         wants = 0
         for i, (seqs, tok, pos, out) in enumerate(items):
@@ -267,8 +314,7 @@ class LlamaModel:
             rc = ll.llama_decode(self._ctx, self._batch)
             if rc == 0:
                 break
-            if rc == 1 and self._kept:  # no free cells: drop the oldest kept prefix and try again
-                next(iter(self._kept.values())).release()
+            if rc == 1 and self._drop_oldest_kept():  # no free cells: drop a kept prefix and try again
                 continue
             if rc == 1:
                 raise KVFull(f"llama.cpp: the KV cache's {self.cells} cells are full (live rows hold them all); "
@@ -363,6 +409,7 @@ class LlamaBatch:
         self.seqs: list[int] = []  # per row: its sequence id
         self.pos: list[int] = []  # per row: the position of its next token (tokens its cells hold)
         self.forward_passes = 0
+        self.last_cached = 0  # prompt tokens the last start_cached took from a kept sequence
 
     def _new_rows(self, n: int) -> list[int]:
         got = []
@@ -395,14 +442,22 @@ class LlamaBatch:
 
     def start_cached(self, prompt: Sequence[int], m: int, kv: KeptSequence):
         """One row whose first m tokens' cells are a kept sequence's: they are shared into the
-        row's sequence, only prompt[m:] runs. (1, width) logits."""
-        (s,) = self._new_rows(1)
+        row's sequence, only prompt[m:] runs. (1, width) logits. Where the kept sequence was
+        released after its lookup, the whole prompt runs; `last_cached` says how much was reused."""
         try:
-            self.model.copy_seq(kv.seq, s, m)
+            (s,) = self._new_rows(1)
+        finally:
+            kv.unpin()  # the lookup's pin: the copy below is the last use
+        try:
+            if kv.alive:
+                self.model.copy_seq(kv.seq, s, m)
+            else:
+                m = 0
             logits = self.model.run(s, prompt[m:], m)
         except Exception:
             self.model.free_seq(s)
             raise
+        self.last_cached = m
         self.seqs.append(s)
         self.pos.append(len(prompt))
         self.forward_passes += 1
@@ -423,16 +478,22 @@ class LlamaBatch:
     def keep(self, rows: Sequence[int]) -> None:
         """The batch becomes rows `rows` of the current one, in order: a row not named leaves (its
         cells freed at once), a row named twice is shared into a new sequence (no copy)."""
-        seqs, pos, used = [], [], set()
-        for b in rows:
-            if b in used:
-                s = self.model.new_seq()
-                self.model.copy_seq(self.seqs[b], s)
-            else:
-                s = self.seqs[b]
-                used.add(b)
-            seqs.append(s)
-            pos.append(self.pos[b])
+        seqs, pos, used, made = [], [], set(), []
+        try:
+            for b in rows:
+                if b in used:
+                    s = self.model.new_seq()
+                    made.append(s)
+                    self.model.copy_seq(self.seqs[b], s)
+                else:
+                    s = self.seqs[b]
+                    used.add(b)
+                seqs.append(s)
+                pos.append(self.pos[b])
+        except Exception:  # all or nothing: the copies made so far go, the batch stays as it was
+            for s in made:
+                self.model.free_seq(s)
+            raise
         for b, s in enumerate(self.seqs):
             if b not in used:
                 self.model.free_seq(s)

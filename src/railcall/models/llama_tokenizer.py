@@ -37,11 +37,13 @@ class LlamaTokenizer:
             i = metadata.get(f"tokenizer.ggml.{key}_token_id")
             return tokens[i] if i is not None and 0 <= i < len(tokens) else None
 
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))  # llama.cpp's rule, per vocabulary type
         self.bos_token = name("bos")
         self.eos_token = name("eos")
         self.pad_token = name("padding")
-        self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False))
         self.chat_template: str | None = metadata.get("tokenizer.chat_template")
+        # a template of its own for requests with tools (transformers picks it the same way)
+        self.tool_template: str | None = metadata.get("tokenizer.chat_template.tool_use")
         self.name_or_path = str(model.path)
         self._template_cache: tuple[str, object] | None = None
 
@@ -73,8 +75,8 @@ class LlamaTokenizer:
 
     # -- chat template --------------------------------------------------------------------------
 
-    def _template(self):
-        src = self.chat_template
+    def _template(self, tools=None):
+        src = self.tool_template if tools and self.tool_template else self.chat_template
         if src is None:
             raise ModelError(f"{self.name_or_path} has no chat template (tokenizer.chat_template); "
                              "railcall gives a base model plain-text turns (railcall.runtime.plain)")
@@ -101,7 +103,7 @@ class LlamaTokenizer:
                             **kwargs):
         """The conversation rendered by the GGUF's chat template (the tools passed as `tools`,
         as transformers passes them); its token ids, or the text with `tokenize=False`."""
-        text = self._template().render(messages=list(messages), tools=tools, add_generation_prompt=add_generation_prompt,
+        text = self._template(tools).render(messages=list(messages), tools=tools, add_generation_prompt=add_generation_prompt,
                                        bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 

@@ -293,10 +293,10 @@ class PrefixCache:
         values)); (0, None) when no entry shares at least min_tokens with it."""
         np = self._np
         a = np.asarray(prompt, dtype=np.int64)
+        for key in [k for k, (_, kv, _) in self._entries.items() if not getattr(kv, "alive", True)]:
+            self.bytes -= self._entries.pop(key)[2]  # released by its model when it needed the cells
         best, hit = 0, None
         for key, (ids, kv, _) in self._entries.items():
-            if not getattr(kv, "alive", True):  # released by its model under memory pressure
-                continue
             n = min(len(ids), len(a))
             if n <= best:
                 continue
@@ -311,7 +311,11 @@ class PrefixCache:
         self._entries.move_to_end(hit)
         self.hits += 1
         self.tokens_saved += best
-        return best, self._entries[hit][1]
+        kv = self._entries[hit][1]
+        touch = getattr(kv, "touch", None)
+        if touch is not None:  # the entry's model keeps it until the row has its copy (start_cached)
+            touch()
+        return best, kv
 
     def store(self, tokens: Sequence[int], kv: list[tuple]) -> None:
         if len(tokens) < self.min_tokens:
@@ -349,6 +353,14 @@ def _concat(a, b):
     import torch
 
     return torch.cat([a, b])
+
+
+def _unpin(kv) -> None:
+    """End a prefix-cache hit's hold on its entry (railcall.models.llama.KeptSequence pins one
+    between its lookup and its copy into the row; torch tensors need none)."""
+    unpin = getattr(kv, "unpin", None)
+    if unpin is not None:
+        unpin()
 
 
 def _release(kv) -> None:
@@ -446,7 +458,13 @@ class BatchLoop:
         return ended
 
     def _admit(self) -> list[Row]:
-        """Prefill queued rows into the batch; returns rows that ended while queued (cancelled)."""
+        """Prefill queued rows into the batch; returns rows that ended while queued (cancelled),
+        or whose prefill failed.
+
+        A prefill that fails (the model's KV cache full, say) takes nothing into the batch: the
+        batches it started are released. Its rows wait again at the front of the queue while
+        other rows are live (they free cells as they end); with none live nothing will free
+        any, so they end with finish_reason "error" and the exception in `row.error`."""
         ended: list[Row] = []
         take: list[tuple[list[int], Row, int, list | None]] = []
         budget = self.prefill_tokens
@@ -460,13 +478,47 @@ class BatchLoop:
             m, kv = self.cache.lookup(prompt) if self.cache is not None else (0, None)
             cost = len(prompt) - m
             if take and cost > budget:
+                _unpin(kv)
                 break
             self.waiting.popleft()
             budget -= cost
             take.append((prompt, row, m, kv))
         if not take:
             return ended
-        parts: list[tuple[TransformersBatch, object]] = []
+        parts: list[tuple[object, object]] = []
+        try:
+            order = self._prefill(take, parts)
+        except Exception as e:
+            for _, _, _, kv in take:
+                _unpin(kv)
+            for lm, _ in parts:
+                release = getattr(lm, "release", None)
+                if release is not None:
+                    release()
+            if self.live:
+                self.waiting.extendleft((p, r) for p, r, _, _ in reversed(take))
+                return ended
+            for _, r, _, _ in take:
+                r.error = e
+                r.end("error")
+                ended.append(r)
+            return ended
+        for lm, logits in parts:
+            self.forward_passes += 1
+            if self._lm is None:
+                self._lm, self._logits = lm, logits
+            else:
+                self._lm.join(lm)
+                self._logits = _concat(self._logits, logits)
+        for p, r in order:
+            self.live.append(r)
+            self._tokens.append(list(p))
+        return ended
+
+    def _prefill(self, take, parts: list) -> list[tuple[list[int], Row]]:
+        """Start a batch for the rows of `take` (into `parts`: (batch, logits) each, in the
+        order of the rows returned): rows with equal prompts share one prefill; a row with a
+        cached prefix runs only the rest."""
         plain = [(p, r) for p, r, m, _ in take if not m]
         order: list[tuple[list[int], Row]] = []
         if plain:
@@ -480,30 +532,21 @@ class BatchLoop:
                 slots.append(firsts[key])
             lm = self.new_batch()
             logits = lm.start(uniq)
+            parts.append((lm, logits))
             if slots != list(range(len(uniq))):
                 lm.keep(slots)
-                logits = logits[np.asarray(slots, dtype=np.int64)]
-            parts.append((lm, logits))
+                parts[-1] = (lm, logits[np.asarray(slots, dtype=np.int64)])
             order += plain
             self.prefilled_tokens += sum(len(p) for p in uniq)
         for p, r, m, kv in take:
             if m:
                 lm = self.new_batch()
                 parts.append((lm, lm.start_cached(p, m, kv)))
-                r.prompt_cached = m
+                used = getattr(lm, "last_cached", m)  # a kept prefix released meanwhile: all of it ran
+                r.prompt_cached = used
                 order.append((p, r))
-                self.prefilled_tokens += len(p) - m
-        for lm, logits in parts:
-            self.forward_passes += 1
-            if self._lm is None:
-                self._lm, self._logits = lm, logits
-            else:
-                self._lm.join(lm)
-                self._logits = _concat(self._logits, logits)
-        for p, r in order:
-            self.live.append(r)
-            self._tokens.append(list(p))
-        return ended
+                self.prefilled_tokens += len(p) - used
+        return order
 
     def cancel_all(self, reason: str = "cancelled") -> list[Row]:
         """End every row, live or queued (the loop is stopping); returns them."""
@@ -557,6 +600,13 @@ def decode_stream(model, vocab, requests: Iterable[tuple], params: SamplingParam
     params = params or SamplingParams()
     loop = BatchLoop(model, vocab, max_rows=max_rows, prefill_tokens=1 << 30)
     source = enumerate(requests)
+    try:
+        yield from _drive(loop, source, vocab, params, max_rows, fast_forward, decided)
+    finally:  # an error, or a consumer that stopped early: the rows' KV goes now, not with the model
+        loop.cancel_all()
+
+
+def _drive(loop, source, vocab, params, max_rows, fast_forward, decided):
     pending = next(source, None)
     index: dict[int, int] = {}
     while pending is not None or loop.busy:

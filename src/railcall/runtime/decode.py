@@ -242,8 +242,8 @@ class Row:
         """The row's random generator for `logits`' kind: a numpy Generator for numpy logits, a
         torch one for torch logits, seeded with the row's seed (None: unseeded; torch's global)."""
         if self._gen is None:
-            if isinstance(logits, np.ndarray):
-                self._gen = np.random.default_rng(self.seed)
+            if isinstance(logits, np.ndarray):  # numpy takes no negative seed; the API allows one
+                self._gen = np.random.default_rng(None if self.seed is None else self.seed % (1 << 64))
             elif self.seed is not None:
                 import torch
 

@@ -499,6 +499,12 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
     if call_format is not None:
         served.use_format(call_format)
     served.max_string = max_string
+    sequences = getattr(served.lm.model, "sequences", None)  # llama.cpp: sequence ids for rows, copies, kept prefixes
+    if sequences is not None and max_rows > sequences // 2:
+        from railcall.errors import ModelError
+
+        raise ModelError(f"--max-rows {max_rows}: the llama.cpp context holds {sequences} sequences, for the rows, "
+                         f"their copies (n > 1) and the prefix cache; use at most {sequences // 2} rows")
     served.max_rows = max_rows
     served.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
     app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body)
