@@ -143,11 +143,12 @@ def _facts(lm, vocab) -> None:
     table = Table(title=f"model {lm.name}", show_header=False)
     if lm.backend_name == "llama.cpp":
         m = lm.model
-        table.add_row("backend", f"llama.cpp (the GGUF file {m.path}, read in place; {m.threads} threads, "
-                      f"{m.cells} KV cells shared by up to {m.sequences} sequences)")
-        table.add_row("tokenizer", str(lm.folder))
-        table.add_row("load time", f"{lm.load_seconds:.2f} s (+{lm.import_seconds:.1f} s for the tokenizer; "
-                      f"{lm.total_seconds:.1f} s in all)")
+        table.add_row("backend", f"llama.cpp ({m.threads} threads, {m.cells} KV cells shared by up to "
+                      f"{m.sequences} sequences)")
+        table.add_row("weights", str(m.path) + ("  (the GGUF's Q4_1 weights re-laid out as Q8_0 once: "
+                      "railcall.models.llama.runnable_weights)" if m.path.name.endswith("-q8_0.gguf") else ""))
+        table.add_row("GGUF file", f"{lm.folder} (its tokenizer and chat template, through llama.cpp)")
+        table.add_row("load time", f"{lm.load_seconds:.2f} s ({lm.total_seconds:.1f} s in all)")
     else:
         table.add_row("backend", "transformers (float32)")
         table.add_row("folder", str(lm.folder))

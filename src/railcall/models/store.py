@@ -527,12 +527,17 @@ def _load_llama(model, source: ModelSource, threads: int | None, cells: int | No
     tokenizer and chat template through llama.cpp (railcall.models.llama_tokenizer): neither
     torch nor transformers is imported."""
     from railcall.models.gguf_metadata import read_metadata
-    from railcall.models.llama import DEFAULT_CELLS, LlamaModel
+    from railcall.models.llama import DEFAULT_CELLS, LlamaModel, runnable_weights
     from railcall.models.llama_tokenizer import LlamaTokenizer
     from railcall.runtime.plain import use_plain_template
 
     t0 = time.perf_counter()
-    mdl = LlamaModel(source.path, threads=threads, cells=cells or DEFAULT_CELLS)  # first: a damaged file is refused in a second
+    require("running a GGUF model on llama.cpp", "llama_cpp", extra="llama")
+    try:
+        weights = runnable_weights(source.path, source.name)  # Q4_1 re-laid out as Q8_0 once (its docstring)
+    except (OSError, ValueError) as e:  # the metadata of a damaged file
+        raise ModelError(f"cannot read the GGUF {source.path}: {e}; pass a complete .gguf file") from None
+    mdl = LlamaModel(weights, threads=threads, cells=cells or DEFAULT_CELLS)  # a damaged file is refused in a second
     tok = LlamaTokenizer(mdl, read_metadata(source.path))
     use_plain_template(tok)
     return LoadedModel(mdl, tok, source.path, time.perf_counter() - t0, 0.0, backend_name="llama.cpp",
