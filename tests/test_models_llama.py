@@ -339,3 +339,24 @@ def test_an_abandoned_stream_frees_its_rows_and_a_negative_seed_samples(lm, voca
     next(stream)
     stream.close()  # a consumer that stops early
     assert len(lm.model._free) == free
+
+
+def test_q4_1_weights_are_re_laid_out_as_q8_0_once(lm, tmp_path, monkeypatch):
+    """A Q4_1 GGUF runs as Q8_0 (llama.cpp has no batched Q4_1 kernel without AMX), written once
+    into the cache and found there after; RAILCALL_LLAMA_REQUANTIZE=0 runs the file as it is;
+    a file of another type runs as it is."""
+    from railcall.models.gguf_metadata import read_metadata
+    from railcall.models.llama import runnable_weights
+    from railcall.models.store import embedded_gguf_path
+
+    monkeypatch.setenv("RAILCALL_HOME", str(tmp_path))
+    src = embedded_gguf_path()
+    assert read_metadata(src)["general.file_type"] == 3  # the embedded SmolLM2 is Q4_1
+    out = runnable_weights(src, "smollm2")
+    assert out.parent == tmp_path / "models" and out.name.endswith("-q8_0.gguf")
+    assert read_metadata(out)["general.file_type"] == 7 and not list(out.parent.glob(".*tmp"))
+    stamp = out.stat().st_mtime_ns
+    assert runnable_weights(src, "smollm2") == out and out.stat().st_mtime_ns == stamp  # found, not redone
+    assert runnable_weights(out, "again") == out  # Q8_0 runs as it is
+    monkeypatch.setenv("RAILCALL_LLAMA_REQUANTIZE", "0")
+    assert runnable_weights(src, "smollm2") == src

