@@ -10,10 +10,11 @@ call may be right, temperature 0. A reply is read the way a tolerant client woul
 with a name and arguments, or an array of them), so a server that answers in prose but spells a
 call inside it still gets the credit.
 
-    parse   the reply holds at least one call that reads as JSON (a call cut by max_tokens does not)
+    parse   the reply holds at least one call that reads as JSON, and it was not cut
     valid   every call names a tool of the task and its arguments validate against the schema
     ast     BFCL's AST check against the gold answer (railcall.eval.checker)
-    cut     the reply ended at max_tokens (finish_reason "length")
+    cut     the reply ended at max_tokens (finish_reason "length"): it counts as not parsed, not
+            valid and not right, whatever calls it holds (the rest of the reply is missing)
 """
 
 from __future__ import annotations
@@ -109,9 +110,11 @@ def run(url: str, *, model: str, data: Path, categories: list[str], limit: int |
                     calls, source, finish, text, tokens, error = None, "", None, "", None, f"{type(e).__name__}: {e}"
                 verdict = check_calls(task.functions, calls, task.ground_truth, language=task.language,
                                       expects=task.expects)
-                rec = {"category": cat, "id": task.id, "parse": calls is not None, "source": source,
-                       "valid": bool(calls) and valid_calls(calls, task.tools), "ast": verdict.ok,
-                       "reason": verdict.reason, "cut": finish == "length", "finish": finish, "tokens": tokens,
+                whole = finish != "length"  # a reply max_tokens cut is no reply, whatever calls it holds
+                rec = {"category": cat, "id": task.id, "parse": calls is not None and whole, "source": source,
+                       "valid": bool(calls) and whole and valid_calls(calls, task.tools), "ast": verdict.ok and whole,
+                       "reason": verdict.reason if whole else "cut by max_tokens", "cut": not whole, "finish": finish,
+                       "tokens": tokens,
                        "seconds": round(time.perf_counter() - t0, 3), "calls": calls, "text": text[:500],
                        "error": error}
                 f.write(json.dumps(rec) + "\n")
