@@ -532,9 +532,19 @@ class Workspace:
             ffd = self._open_file(rel, os.O_RDONLY | os.O_CREAT, hard_links=hard_links, make_dirs=True,
                                   admit=admit, folder=f"{rel!r} is a folder; give a file's path")
             try:
-                fcntl.flock(ffd, fcntl.LOCK_EX)  # released when ffd is closed, after the rename
                 fd, name, parts = self._walk(rel, last="entry")
                 try:
+                    # Appends to files of one folder take turns on the folder's lock (released when
+                    # fd is closed, after the rename): the file itself is replaced by every append,
+                    # so a lock on it let a waiting append find it gone again and again (150
+                    # appends from each of two processes ran out of tries).
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    # the file as it is now that no other append can replace it (the first open made
+                    # it, and its folders, where missing)
+                    os.close(ffd)
+                    ffd = -1
+                    ffd = self._open_file(rel, os.O_RDONLY, hard_links=hard_links, admit=admit,
+                                          folder=f"{rel!r} is a folder; give a file's path")
                     _admitted(rel, parts, admit)
                     try:
                         now = os.stat(name, dir_fd=fd, follow_symlinks=False)
@@ -555,7 +565,8 @@ class Workspace:
                 finally:
                     os.close(fd)
             finally:
-                os.close(ffd)
+                if ffd >= 0:
+                    os.close(ffd)
         raise PathRefused(f"{rel!r} kept being replaced while it was appended to; try again")
 
     def list(self, rel: str, *, admit: Admit | None = None) -> list[str]:
