@@ -360,3 +360,17 @@ def test_q4_1_weights_are_re_laid_out_as_q8_0_once(lm, tmp_path, monkeypatch):
     assert runnable_weights(out, "again") == out  # Q8_0 runs as it is
     monkeypatch.setenv("RAILCALL_LLAMA_REQUANTIZE", "0")
     assert runnable_weights(src, "smollm2") == src
+
+
+def test_the_servers_prefix_cache_keeps_a_quarter_of_the_cells_at_most():
+    """Kept prefixes widen every step's span of cells on llama.cpp, so the server's prefix cache
+    is held to a quarter of them; a transformers model keeps the budget asked for."""
+    import types
+
+    from railcall.server.model import ServedModel
+
+    llama = types.SimpleNamespace(lm=types.SimpleNamespace(model=types.SimpleNamespace(cells=8192, bytes_per_token=1000)))
+    torchy = types.SimpleNamespace(lm=types.SimpleNamespace(model=types.SimpleNamespace(config=None)))
+    assert ServedModel.prefix_budget(llama, 256 << 20) == 2048 * 1000
+    assert ServedModel.prefix_budget(llama, 1000) == 1000
+    assert ServedModel.prefix_budget(torchy, 256 << 20) == 256 << 20
