@@ -79,3 +79,16 @@ def _apply_torch(logits, bitmask) -> None:
     if width > n:
         logits[..., n:] = float("-inf")
     logits[..., :n].masked_fill_(~bits[..., :n], float("-inf"))
+
+
+def log_softmax(logits):
+    """Log-probabilities along the last axis, -inf where a logit is -inf: numpy logits (the
+    llama.cpp backend) in numpy, float32 out; torch ones (transformers) in torch."""
+    if isinstance(logits, np.ndarray):
+        top = logits.max(axis=-1, keepdims=True)
+        z = logits - np.where(np.isfinite(top), top, 0)
+        with np.errstate(divide="ignore"):
+            return z - np.log(np.exp(z, dtype=np.float64).sum(axis=-1, keepdims=True)).astype(np.float32)
+    import torch
+
+    return torch.log_softmax(logits.float(), dim=-1)

@@ -48,7 +48,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from railcall.bitmask import allocate_bitmask, apply_bitmask
+from railcall.bitmask import allocate_bitmask, apply_bitmask, log_softmax
 
 CUT_MODES = ("complete", "close", "leave")
 # How close to the ceiling a row starts measuring its shortest close (a copy of the matcher runs
@@ -129,14 +129,6 @@ def _top(logp, n: int) -> list[tuple[int, float]]:
 
     values, ids = torch.topk(logp, min(n, logp.shape[-1]))
     return [(int(i), float(v)) for v, i in zip(values.tolist(), ids.tolist()) if v != float("-inf")]
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    """(width,) float32 log-probabilities of (width,) logits, -inf where a logit is -inf."""
-    top = x.max()
-    z = x - top if np.isfinite(top) else x
-    with np.errstate(divide="ignore"):
-        return z - np.float32(np.log(np.exp(z, dtype=np.float64).sum()))
 
 
 def sample_token(logits, params: SamplingParams, gen):

@@ -58,6 +58,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from railcall.bitmask import log_softmax
+
 # branches (token lists) -> for each, the (len(branch), width) logits after each of its tokens
 Scorer = Callable[[list[list[int]]], list]
 
@@ -168,7 +170,7 @@ class NameRouter:
         return ids
 
     def _end_logp(self, logits, b: int) -> float:
-        logp = _log_softmax(logits)
+        logp = log_softmax(logits)
         ids = self._terminator_ids(b)
         ids = ids[ids < logp.shape[-1]]
         if not len(ids):
@@ -199,13 +201,13 @@ class NameRouter:
         scored = [b for b in branches if b]
         rows = self.score(scored) if scored else []
         self.passes += 1 if scored else 0
-        base = _log_softmax(logits)
+        base = log_softmax(logits)
         scores, per_token, it = [], [], iter(rows)
         for (_, rest), toks in zip(cands, branches):
             lps = []
             if toks:
                 r = next(it)
-                lp = _log_softmax(r)
+                lp = log_softmax(r)
                 lps = [float(base[toks[0]])] + [float(lp[i, t]) for i, t in enumerate(toks[1:])]
                 end = self._end_logp(r[-1], rest[-1])
             else:
@@ -268,15 +270,3 @@ def branch_scorer(backend) -> Scorer:
         raise TypeError(f"{type(backend).__name__} cannot score branches (no branch_logits): scored routing "
                         "needs a backend that can run tokens on a copy of its cache; use routing='greedy'")
     return fn
-
-
-def _log_softmax(x):
-    """Log-probabilities along the last axis, in numpy for numpy logits and in torch for torch ones."""
-    if isinstance(x, np.ndarray):
-        top = x.max(axis=-1, keepdims=True)
-        z = x - np.where(np.isfinite(top), top, 0)
-        with np.errstate(divide="ignore"):
-            return z - np.log(np.exp(z, dtype=np.float64).sum(axis=-1, keepdims=True)).astype(np.float32)
-    import torch
-
-    return torch.log_softmax(x.float(), dim=-1)
