@@ -150,9 +150,6 @@ def _assembled_gemma3(dist_name: str, install: str) -> Path:
     return target
 
 
-_quick_digest = file_digest  # the content key of a GGUF (railcall.home)
-
-
 @dataclass(frozen=True)
 class ModelSource:
     """Where a model comes from: a GGUF file to convert or a Hugging Face folder to load as is."""
@@ -211,7 +208,7 @@ def _check_gguf_magic(path: Path) -> None:
 
 
 def cache_dir_for(source: ModelSource) -> Path:
-    key = _quick_digest(source.path)
+    key = file_digest(source.path)
     return railcall_home() / "models" / f"{source.name}-{key}-v{CACHE_FORMAT}"
 
 
@@ -367,7 +364,7 @@ def model_folder(model: str | os.PathLike | None = None, **kw) -> Path:
 class LoadedModel:
     """A model and its tokenizer, loaded for inference. Built once per process per model.
 
-    `backend` says what runs it: "llama.cpp" (a GGUF file, `model` a
+    `backend_name` says what runs it: "llama.cpp" (a GGUF file, `model` a
     railcall.models.llama.LlamaModel) or "transformers" (a Hugging Face folder, or a GGUF
     converted once to one; `model` a transformers causal LM). `folder` is the folder the
     tokenizer (and, under transformers, the weights) load from. `load_seconds` is the time to
@@ -541,7 +538,7 @@ def _load_llama(model, source: ModelSource, threads: int | None, cells: int | No
     tok = LlamaTokenizer(mdl, read_metadata(source.path))
     use_plain_template(tok)
     return LoadedModel(mdl, tok, source.path, time.perf_counter() - t0, 0.0, backend_name="llama.cpp",
-                       label=f"{source.name}-{_quick_digest(source.path)}-gguf")
+                       label=f"{source.name}-{file_digest(source.path)}-gguf")
 
 
 def check_device(device: str) -> None:
