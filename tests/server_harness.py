@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 API_KEY = "test-key-railcall"
+MODEL = "smollm2"  # the embedded model's short name (the server answers to it and to its full id)
 MAX_BODY = 256 << 10  # small, so the 413 test sends little
 
 WEATHER = {"type": "function", "function": {

@@ -13,14 +13,14 @@ import httpx
 import jsonschema
 import pytest
 
-from server_harness import API_KEY, TOOLS, live
+from server_harness import API_KEY, MODEL, TOOLS, live
 
 pytestmark = pytest.mark.model
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-NAMED = dict(model="any", messages=ASK, tools=TOOLS, max_tokens=14, temperature=0,
+NAMED = dict(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=14, temperature=0,
              tool_choice={"type": "function", "function": {"name": "get_weather"}})
 COUNT = [{"role": "user", "content": "Count from 1 to 20."}]
 
@@ -33,7 +33,7 @@ def named_call(client):
 @pytest.fixture(scope="module")
 def counted(client):
     """A greedy free-text answer with logprobs and token ids (reused by several tests)."""
-    return client.chat.completions.create(model="any", messages=COUNT, max_tokens=8, temperature=0, logprobs=True,
+    return client.chat.completions.create(model=MODEL, messages=COUNT, max_tokens=8, temperature=0, logprobs=True,
                                           top_logprobs=3, extra_body={"return_token_ids": True})
 
 
@@ -48,7 +48,7 @@ def test_health_and_models(srv, client):
     h = httpx.get(srv.url + "/health").json()  # no key needed
     assert h["status"] == "ok" and h["model"] == srv.served.name
     models = client.models.list()
-    assert [m.id for m in models.data] == [srv.served.name]
+    assert [m.id for m in models.data] == [srv.served.name, MODEL]  # the id, then its short name
     doc = httpx.get(srv.url + "/openapi.json").json()
     assert "/v1/chat/completions" in doc["paths"] and "ChatCompletionRequest" in doc["components"]["schemas"]
 
@@ -67,7 +67,7 @@ def test_named_tool_choice_non_streaming(named_call):
 
 
 def test_required_tool_choice_picks_a_listed_tool(client):
-    r = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "What is 17 times 23?"}],
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is 17 times 23?"}],
                                        tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
                                        max_tokens=14, temperature=0, extra_body={"on_length": "close"})
     calls = r.choices[0].message.tool_calls
@@ -102,7 +102,7 @@ def test_json_schema_response_validates(client):
                                                "age": {"type": "integer", "minimum": 0, "maximum": 120}},
               "required": ["name", "age"], "additionalProperties": False}
     r = client.chat.completions.create(
-        model="any", messages=[{"role": "user", "content": "Invent a person."}], max_tokens=12, temperature=0,
+        model=MODEL, messages=[{"role": "user", "content": "Invent a person."}], max_tokens=12, temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": schema}})
     msg = r.choices[0].message
     assert msg.tool_calls is None
@@ -131,11 +131,11 @@ def test_stop_string_ends_and_is_cut(client, counted):
     free = counted.choices[0].message.content
     assert len(free) >= 6, free
     stop = free[len(free) // 2:][:2]  # a stop string from the middle of the greedy answer
-    r = client.chat.completions.create(model="any", messages=COUNT, max_tokens=8, temperature=0, stop=[stop, "@@@"])
+    r = client.chat.completions.create(model=MODEL, messages=COUNT, max_tokens=8, temperature=0, stop=[stop, "@@@"])
     assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].message.content == free[: free.index(stop)]
     streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model="any", messages=COUNT, max_tokens=8, temperature=0, stop=[stop, "@@@"], stream=True) if c.choices)
+        model=MODEL, messages=COUNT, max_tokens=8, temperature=0, stop=[stop, "@@@"], stream=True) if c.choices)
     assert streamed == r.choices[0].message.content
 
 
@@ -147,7 +147,7 @@ def test_history_with_tool_calls_and_results(client):
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
     ]
-    r = client.chat.completions.create(model="any", messages=msgs, tools=TOOLS, tool_choice="none",
+    r = client.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS, tool_choice="none",
                                        max_tokens=2, temperature=0, extra_body={"return_token_ids": True})
     assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
     # the history is in the prompt in the wire format the grammar enforces

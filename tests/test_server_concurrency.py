@@ -12,7 +12,7 @@ import httpx
 import jsonschema
 import pytest
 
-from server_harness import API_KEY, TOOLS, wait_idle
+from server_harness import API_KEY, MODEL, TOOLS, wait_idle
 
 pytestmark = pytest.mark.model
 
@@ -26,7 +26,7 @@ def one(srv, i: int):
     stream = i % 3 == 0
     # on_length "close": a call or answer the budget would cut is closed within it, so every
     # reply parses however the sampled values run
-    kw = dict(model="any", max_tokens=16, temperature=0.7, seed=i, extra_body={"on_length": "close"},
+    kw = dict(model=MODEL, max_tokens=16, temperature=0.7, seed=i, extra_body={"on_length": "close"},
               messages=[{"role": "user", "content": f"Request {i}: weather in city number {i}?"}])
     if i % 2 == 0:
         kw.update(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -79,7 +79,7 @@ def _cancelled_after(srv, before: int, timeout: float = 30) -> bool:
 def test_disconnect_while_streaming_cancels(srv):
     assert wait_idle(srv.engine)
     before, tokens_before = srv.engine.stats["cancelled"], srv.engine.stats["generated_tokens"]
-    body = {"model": "m", "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
             "max_tokens": 400, "temperature": 0, "stream": True}
     with httpx.stream("POST", srv.base_url + "/chat/completions", json=body, timeout=60,
                       headers={"Authorization": f"Bearer {API_KEY}"}) as r:
@@ -99,7 +99,7 @@ def test_disconnect_while_waiting_cancels(srv):
     """A non-streaming client that times out: its generation stops (it was running or queued)."""
     assert wait_idle(srv.engine)
     before = srv.engine.stats["cancelled"]
-    body = {"model": "m", "messages": [{"role": "user", "content": "Write a long story about a cat."}],
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story about a cat."}],
             "max_tokens": 400, "temperature": 0}
 
     def slow():  # occupies the worker so that the next request waits in the queue

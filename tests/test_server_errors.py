@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from server_harness import API_KEY, MAX_BODY, TOOLS, wait_idle
+from server_harness import API_KEY, MAX_BODY, MODEL, TOOLS, wait_idle
 
 pytestmark = pytest.mark.model
 
@@ -34,7 +34,7 @@ def test_broken_tool_schema_names_keyword_and_pointer(client):
         "type": "object", "properties": {"n": {"type": "number", "multipleOf": 3}}}}}]
     t0 = time.monotonic()
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="any", messages=ASK, tools=tools, max_tokens=4)
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=tools, max_tokens=4)
     assert time.monotonic() - t0 < 5  # answered at validation, not after generating
     err = e.value.body
     assert e.value.status_code == 400 and err["param"] == "tools[1].function.parameters" and err["code"] == "invalid_schema"
@@ -44,24 +44,24 @@ def test_broken_tool_schema_names_keyword_and_pointer(client):
 def test_broken_response_schema_names_keyword_and_pointer(client):
     schema = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}}}
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="any", messages=ASK, max_tokens=4, response_format={
+        client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, response_format={
             "type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": schema}})
     assert e.value.body["param"] == "response_format.json_schema.schema"
     assert "'uniqueItems'" in e.value.body["message"] and "/properties/tags" in e.value.body["message"]
     # not strict: the keyword the grammar cannot enforce is ignored instead (as OpenAI does)
-    r = client.chat.completions.create(model="any", messages=ASK, max_tokens=2, response_format={
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2, response_format={
         "type": "json_schema", "json_schema": {"name": "x", "strict": False, "schema": schema}})
     assert r.choices[0].message.content.startswith("{")
 
 
 def test_unknown_tool_in_tool_choice(client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="any", messages=ASK, tools=TOOLS, max_tokens=4,
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=4,
                                        tool_choice={"type": "function", "function": {"name": "send_email"}})
     assert e.value.body["param"] == "tool_choice" and "send_email" in e.value.body["message"]
     assert "get_weather" in e.value.body["message"]  # and says what is known
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="any", messages=ASK, tool_choice="required", max_tokens=4)
+        client.chat.completions.create(model=MODEL, messages=ASK, tool_choice="required", max_tokens=4)
     assert e.value.body["param"] == "tool_choice"
 
 
@@ -78,7 +78,7 @@ def test_unknown_tool_in_tool_choice(client):
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content"),
 ])
 def test_malformed_messages(srv, messages, param):
-    err = error_of(post(srv, {"model": "m", "messages": messages, "max_tokens": 4}), 400)
+    err = error_of(post(srv, {"model": MODEL, "messages": messages, "max_tokens": 4}), 400)
     assert err["type"] == "invalid_request_error"
     assert err["param"] == param or (err["param"] or "").startswith(param), err
 
@@ -116,7 +116,7 @@ def test_oversized_body_is_413(srv, client):
     err = error_of(post(srv, {"messages": [{"role": "user", "content": big}]}), 413)
     assert err["code"] == "request_too_large"
     with pytest.raises(openai.APIStatusError) as e:
-        client.chat.completions.create(model="any", messages=[{"role": "user", "content": big}], max_tokens=4)
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": big}], max_tokens=4)
     assert e.value.status_code == 413
 
     def chunked():  # no Content-Length: counted while read
@@ -133,7 +133,7 @@ def test_full_queue_is_429_and_stopped_engine_is_503(srv, client):
     engine.max_pending = 0
     try:
         with pytest.raises(openai.RateLimitError) as e:
-            client.chat.completions.create(model="any", messages=ASK, max_tokens=4)
+            client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4)
         assert e.value.status_code == 429 and e.value.body["type"] == "rate_limit_error"
         assert int(e.value.response.headers["retry-after"]) >= 1  # when to come back
     finally:
@@ -141,11 +141,11 @@ def test_full_queue_is_429_and_stopped_engine_is_503(srv, client):
     engine.stop()
     try:
         with pytest.raises(openai.InternalServerError) as e:
-            client.chat.completions.create(model="any", messages=ASK, max_tokens=4)
+            client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4)
         assert e.value.status_code == 503
     finally:
         engine.start()
-    r = client.chat.completions.create(model="any", messages=ASK, max_tokens=1)  # serving again
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1)  # serving again
     assert r.usage.completion_tokens == 1
 
 

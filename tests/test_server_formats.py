@@ -103,7 +103,7 @@ def server(smollm2_tokenizer):
 
 def ask(s, fmt, stream, routing="greedy", choice="required"):
     s.backend.replies.append(REPLIES[fmt].encode())
-    kw = dict(model="any", messages=ASK, tools=TOOLS, temperature=0, max_tokens=60, tool_choice=choice,
+    kw = dict(model="smollm2-scripted", messages=ASK, tools=TOOLS, temperature=0, max_tokens=60, tool_choice=choice,
               parallel_tool_calls=False,
               extra_body={"call_format": fmt, "routing": routing})
     if not stream:
@@ -148,7 +148,7 @@ def test_an_unknown_call_format_or_routing_is_a_400_that_names_it(server):
 
     for field, value in (("call_format", "xml"), ("routing", "best")):
         with pytest.raises(openai.BadRequestError) as e:
-            server.client.chat.completions.create(model="any", messages=ASK, tools=TOOLS, extra_body={field: value})
+            server.client.chat.completions.create(model="smollm2-scripted", messages=ASK, tools=TOOLS, extra_body={field: value})
         assert field in str(e.value)
 
 
@@ -158,7 +158,7 @@ def test_scored_routing_without_a_scoring_backend_is_a_400(smollm2_tokenizer):
     s = serve(smollm2_tokenizer, ScriptedText)
     try:
         with pytest.raises(openai.BadRequestError) as e:
-            s.client.chat.completions.create(model="any", messages=ASK, tools=TOOLS, extra_body={"routing": "scored"})
+            s.client.chat.completions.create(model="smollm2-scripted", messages=ASK, tools=TOOLS, extra_body={"routing": "scored"})
         assert e.value.body["code"] == "unsupported_field" and e.value.body["param"] == "routing"
     finally:
         s.run.stop()
@@ -171,7 +171,7 @@ TIMER = [{"type": "function", "function": {"name": "set_timer", "parameters": {
 def timers(s, text, reply, values, parallel=False, before=()):
     s.backend.replies.append(reply.encode())
     msg = s.client.chat.completions.create(
-        model="any", messages=[*before, {"role": "user", "content": text}], tools=TIMER, temperature=0, max_tokens=60,
+        model="smollm2-scripted", messages=[*before, {"role": "user", "content": text}], tools=TIMER, temperature=0, max_tokens=60,
         tool_choice="required", parallel_tool_calls=parallel, extra_body={"values": values}).choices[0].message
     return [json.loads(c.function.arguments)["minutes"] for c in msg.tool_calls]
 
@@ -196,7 +196,7 @@ def test_grounded_values_write_the_requests_numbers_and_fill_a_call_each(server)
     import openai
 
     with pytest.raises(openai.BadRequestError) as e:
-        server.client.chat.completions.create(model="any", messages=ASK, tools=TOOLS, extra_body={"values": "exact"})
+        server.client.chat.completions.create(model="smollm2-scripted", messages=ASK, tools=TOOLS, extra_body={"values": "exact"})
     assert "values" in str(e.value)
 
 
@@ -208,7 +208,7 @@ def test_matched_routing_prefers_the_tools_the_message_names(server):
     from railcall.server.schemas import ChatCompletionRequest
 
     def router(text):
-        req = ChatCompletionRequest(model="any", messages=[{"role": "user", "content": text}], tools=TOOLS,
+        req = ChatCompletionRequest(model="smollm2-scripted", messages=[{"role": "user", "content": text}], tools=TOOLS,
                                     tool_choice="required", routing="matched")
         return build_plan(server.served, req).router(server.served)
 

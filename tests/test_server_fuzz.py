@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server_harness import API_KEY
+from server_harness import API_KEY, MODEL
 
 pytestmark = pytest.mark.model
 
@@ -76,7 +76,7 @@ FIELDS = {
 
 @st.composite
 def bodies(draw):
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
     for key in draw(st.lists(st.sampled_from(sorted(FIELDS)), max_size=4, unique=True)):
         body[key] = draw(FIELDS[key])
     if draw(st.booleans()):

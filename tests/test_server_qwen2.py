@@ -101,7 +101,7 @@ def test_the_format_follows_the_template(server):
 def test_reasoning_and_a_tool_call(server, stream):
     call = {"name": "get_weather", "args": {"city": "Paris"}}
     server.backend.turns.append(turn(server, call))
-    kw = dict(model="any", messages=ASK, tools=TOOLS, temperature=0, max_tokens=80)
+    kw = dict(model="deepseek-r1-distill-qwen", messages=ASK, tools=TOOLS, temperature=0, max_tokens=80)
     if not stream:
         msg = server.client.chat.completions.create(**kw).choices[0].message
         reasoning, content, calls = msg.reasoning_content, msg.content, msg.tool_calls
@@ -137,6 +137,6 @@ def test_a_call_tag_spelled_in_pieces_is_content(server):
     ids = [THINK] + enc("no tool") + [UNTHINK] + enc("Write <") + enc("tool_call> to call one.") + [EOS]
     assert CALL not in ids
     server.backend.turns.append(ids)
-    msg = server.client.chat.completions.create(model="any", messages=ASK, tools=TOOLS, temperature=0,
+    msg = server.client.chat.completions.create(model="deepseek-r1-distill-qwen", messages=ASK, tools=TOOLS, temperature=0,
                                                 max_tokens=40).choices[0].message
     assert (msg.reasoning_content, msg.content, msg.tool_calls) == ("no tool", "Write <tool_call> to call one.", None)

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from server_harness import API_KEY, TOOLS, wait_idle
+from server_harness import API_KEY, MODEL, TOOLS, wait_idle
 
 pytestmark = pytest.mark.model
 
@@ -25,7 +25,7 @@ NAMED = {"type": "function", "function": {"name": "send_email"}}
 def test_a_call_cut_by_max_tokens_is_returned_cut(client, stream):
     """max_tokens 8 cannot hold the call: OpenAI's answer is finish 'length' with the arguments
     cut where they were cut, which no framework runs -- never '?' values in a complete call."""
-    kw = dict(model="any", messages=ASK, tools=[EMAIL], tool_choice=NAMED, max_tokens=16, temperature=0)
+    kw = dict(model=MODEL, messages=ASK, tools=[EMAIL], tool_choice=NAMED, max_tokens=16, temperature=0)
     if not stream:
         r = client.chat.completions.create(**kw)
         choice = r.choices[0]
@@ -50,7 +50,7 @@ def test_a_call_cut_by_max_tokens_is_returned_cut(client, stream):
 
 
 def test_on_length_close_completes_within_the_budget(client):
-    r = client.chat.completions.create(model="any", messages=ASK, tools=[EMAIL], tool_choice=NAMED, max_tokens=24,
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[EMAIL], tool_choice=NAMED, max_tokens=24,
                                        temperature=0, extra_body={"on_length": "close"})
     [call] = r.choices[0].message.tool_calls
     assert r.usage.completion_tokens <= 24 and r.choices[0].finish_reason == "length"
@@ -58,7 +58,7 @@ def test_on_length_close_completes_within_the_budget(client):
 
 
 def test_n_choices_are_rows_of_one_batch(client, srv):
-    r = client.chat.completions.create(model="any", messages=ASK, tools=TOOLS, tool_choice="required", n=3,
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", n=3,
                                        max_tokens=20, temperature=1.0, seed=5, extra_body={"on_length": "close"})
     assert [c.index for c in r.choices] == [0, 1, 2]
     for c in r.choices:
@@ -67,18 +67,18 @@ def test_n_choices_are_rows_of_one_batch(client, srv):
         json.loads(call.function.arguments)
     assert r.usage.completion_tokens >= 3 * 4  # every choice's tokens are counted
     streamed: dict[int, str] = {}
-    for chunk in client.chat.completions.create(model="any", messages=ASK, n=2, max_tokens=5, temperature=0, stream=True):
+    for chunk in client.chat.completions.create(model=MODEL, messages=ASK, n=2, max_tokens=5, temperature=0, stream=True):
         for c in chunk.choices:
             streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
     assert sorted(streamed) == [0, 1] and streamed[0] == streamed[1]  # temperature 0: the same text twice
 
 
 def test_guided_choice_and_guided_json(client):
-    r = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Is water wet?"}],
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Is water wet?"}],
                                        max_tokens=6, temperature=0, extra_body={"guided_choice": ["yes", "no", "maybe"]})
     assert r.choices[0].message.content in {"yes", "no", "maybe"}
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"]}
-    r = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Pick a number."}],
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Pick a number."}],
                                        max_tokens=12, temperature=0, extra_body={"structured_outputs": {"json": schema}})
     assert 1 <= json.loads(r.choices[0].message.content)["n"] <= 9
 
@@ -86,7 +86,7 @@ def test_guided_choice_and_guided_json(client):
 def test_logit_bias_is_honoured(client, srv):
     tok = srv.served.tokenizer
     first = tok.encode("Paris")[0]
-    r = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Say hello."}], max_tokens=3,
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=3,
                                        temperature=0, logit_bias={str(first): 100})
     assert r.choices[0].message.content.startswith(tok.decode([first]))
 
@@ -108,7 +108,7 @@ def test_refusals_name_what_is_wrong(srv):
 
 def test_metrics_in_prometheus_text(srv, client):
     assert wait_idle(srv.engine)
-    client.chat.completions.create(model="any", messages=ASK, max_tokens=2, temperature=0)
+    client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2, temperature=0)
     text = httpx.get(srv.url + "/metrics").text
     lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
     assert float(lines['railcall_requests_total{outcome="completed"}']) >= 1
@@ -117,23 +117,23 @@ def test_metrics_in_prometheus_text(srv, client):
 
 
 def test_completions_free_and_constrained(client):
-    r = client.completions.create(model="any", prompt="The capital of France is", max_tokens=4, temperature=0)
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0)
     assert r.object == "text_completion" and r.choices[0].text and r.usage.completion_tokens <= 4
     streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="any", prompt="The capital of France is", max_tokens=4, temperature=0, stream=True) if c.choices)
+        model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, stream=True) if c.choices)
     assert streamed == r.choices[0].text
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
-    r = client.completions.create(model="any", prompt="A JSON object naming a city: ", max_tokens=20, temperature=0,
+    r = client.completions.create(model=MODEL, prompt="A JSON object naming a city: ", max_tokens=20, temperature=0,
                                   extra_body={"guided_json": schema})
     assert isinstance(json.loads(r.choices[0].text)["city"], str)
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="any", prompt=[10**9], max_tokens=2)
+        client.completions.create(model=MODEL, prompt=[10**9], max_tokens=2)
     assert e.value.body["param"] == "prompt"
 
 
 def test_a_cached_prefix_changes_nothing_but_the_prefill(client):
     system = "You answer in one short sentence. " + " ".join(f"Fact {k}: the shop opens at {k % 12 + 1} o'clock." for k in range(30))
-    kw = dict(model="any", max_tokens=12, temperature=0, messages=[{"role": "system", "content": system},
+    kw = dict(model=MODEL, max_tokens=12, temperature=0, messages=[{"role": "system", "content": system},
                                                                     {"role": "user", "content": "When does the shop open?"}])
     first = client.chat.completions.create(**kw)
     second = client.chat.completions.create(**kw)

@@ -581,8 +581,13 @@ def serve(
                                               "(call_format): json, openai, hermes or pythonic (default: an embedded "
                                               "model's own, as for --format elsewhere; for a model given by path, hermes "
                                               "where it has a <tool_call> token and a tools template, else json)."),
+    served_model_name: list[str] = typer.Option(None, "--served-model-name",
+                                                help="A name requests may use for the model (repeat it, or separate "
+                                                     "names with commas); answers carry the first. Default: the "
+                                                     "model's id and its short name (smollm2). Any other name is a 404."),
 ) -> None:
-    """Serve the model over an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health, /metrics)."""
+    """Serve the model over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models,
+    /health, /metrics)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from railcall.errors import from_import_error, require
 
@@ -601,6 +606,9 @@ def serve(
         _fail(ValueError("--prefix-cache-mb must be 0 (off) or more"))
     _at_least_1(threads=threads)
     _check_format_and_routing(call_format, None)
+    names = [n.strip() for given in served_model_name or () for n in given.split(",") if n.strip()]
+    if served_model_name and not names:
+        _fail(ValueError("--served-model-name needs a name"))
     _check_model_arg(model, "railcall serve", extra="serve")
     from railcall.models.store import EMBEDDED
 
@@ -617,7 +625,7 @@ def serve(
     try:
         run_server(model, host=host, port=port, api_key=api_key or None, max_pending=max_pending, max_body=max_body,
                    max_string=max_string, max_rows=max_rows, prefix_cache_bytes=prefix_cache_mb << 20,
-                   call_format=call_format)
+                   call_format=call_format, names=names or None)
     except RailcallError as e:
         _fail(e)
 

@@ -2,13 +2,15 @@
 
     GET  /health                 liveness and queue depth (no key needed)
     GET  /metrics                Prometheus text: requests, queue, tokens, batch size, TTFT (no key)
-    GET  /v1/models              the one model this process serves
+    GET  /v1/models              the one model this process serves, under each of its names
+    GET  /v1/models/{model}      one of those names
     POST /v1/chat/completions    tools, tool_choice, response_format, streaming, logprobs, ...
     POST /v1/completions         a prompt in, text out; response_format / guided_* constrain it
 
 Every error is OpenAI's error object, `{"error": {"message", "type", "param", "code"}}`: 400 for
 a request that cannot be served as written (the message names the field, and for a schema the
-keyword and JSON pointer), 401 without the API key, 404/405 for a wrong path or method, 413 for
+keyword and JSON pointer), 401 without the API key, 404/405 for a wrong path or method (404
+`model_not_found` for a model name this server does not answer to), 413 for
 a body over the limit, 429 when the queue is full, 503 when the engine is not running. A request
 is read, validated and planned (prompt, grammar) before it is queued, so every 4xx is answered
 without waiting for the model.
@@ -20,6 +22,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import secrets
 import threading
 import time
@@ -40,7 +43,7 @@ from railcall.server.engine import Engine
 from railcall.server.model import ServedModel
 from railcall.server.output import Assembler
 from railcall.server.plan import Plan, build_completion_plan, build_plan
-from railcall.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
+from railcall.server.schemas import IGNORED, ChatCompletionRequest, CompletionRequest, error_body
 
 log = logging.getLogger("railcall.server")
 
@@ -48,10 +51,29 @@ DEFAULT_MAX_BODY = 4 << 20  # 4 MiB: a long conversation with a large tool table
 PING_SECONDS = 1.0  # a streamed request waiting in the queue sends a comment this often
 
 
+# The cache's name for a model ends in its file's 16-hex-digit digest and the format
+# (smollm2-747cb1f0195582d0-gguf, smollm2-747cb1f0195582d0-v1): what is before is the name a user
+# typed (--model smollm2), which requests may use as well.
+_DIGEST_SUFFIX = re.compile(r"^(?P<alias>.+)-[0-9a-f]{16}-(gguf|v\d+)$")
+
+
+def model_names(served: ServedModel, given: list[str] | None = None) -> list[str]:
+    """The names a request's `model` may use for the served model; answers carry the first.
+    `given` (`railcall serve --served-model-name`, as vLLM's option) replaces the defaults: the
+    model's id and, where the id carries the cache's digest, the short name before it."""
+    if given:
+        return list(dict.fromkeys(given))
+    short = _DIGEST_SUFFIX.match(served.name)
+    return [served.name] + ([short["alias"]] if short else [])
+
+
 def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY,
-               max_pending: int = 32, engine: Engine | None = None) -> FastAPI:
-    """The app for `served`. Its engine starts and stops with the app (lifespan)."""
+               max_pending: int = 32, engine: Engine | None = None, names: list[str] | None = None) -> FastAPI:
+    """The app for `served`, answering to `names` (default: `model_names(served)`). Its engine
+    starts and stops with the app (lifespan)."""
     engine = engine or Engine(served, max_pending=max_pending)
+    names = model_names(served, names)
+    ignored_seen: set[str] = set()  # IGNORED fields already logged (once per name, per process)
     plan_lock = threading.Lock()  # one request planned at a time: compiling is CPU work
 
     from contextlib import asynccontextmanager
@@ -71,6 +93,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
     app.state.engine = engine
     app.state.api_key = api_key
     app.state.max_body = max_body
+    app.state.names = names
 
     # -- errors -----------------------------------------------------------------------------
     @app.exception_handler(RequestError)
@@ -105,26 +128,43 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
                                status=401, param=None, code="invalid_api_key")
 
     # -- routes -----------------------------------------------------------------------------
+    def model_object(name: str) -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "railcall", "root": served.name}
+
+    def resolve(name: str | None) -> None:
+        """A request's `model`: one of `names`, or none given (one model per process, as vLLM
+        takes it); any other is OpenAI's 404 `model_not_found`."""
+        if name and name not in names:
+            known = " or ".join(repr(n) for n in names)
+            raise RequestError(f"The model {name!r} does not exist: this server serves {known}; send one of those "
+                               "names, or start it with --served-model-name NAME to answer to another",
+                               status=404, param="model", code="model_not_found")
+
+    def note_ignored(req) -> None:
+        for field in sorted(req.model_fields_set & IGNORED.keys() - ignored_seen):
+            ignored_seen.add(field)
+            log.info("the request field %r is accepted and ignored (%s); logged once", field, IGNORED[field])
+
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": served.name, "pending": engine.pending}
+        return {"status": "ok", "model": names[0], "pending": engine.pending}
 
     @app.get("/v1/models", dependencies=[Depends(auth)])
     async def models():
-        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0, "owned_by": "railcall"}]}
+        return {"object": "list", "data": [model_object(n) for n in names]}
 
     @app.get("/v1/models/{model_id:path}", dependencies=[Depends(auth)])
     async def model(model_id: str):
-        if model_id != served.name:
-            raise RequestError(f"model {model_id!r} is not served here; this server serves {served.name!r}",
-                               status=404, type="not_found_error", param="model", code="model_not_found")
-        return {"id": served.name, "object": "model", "created": 0, "owned_by": "railcall"}
+        resolve(model_id or " ")  # an empty name names no model here
+        return model_object(model_id)
 
     async def serve_request(request: Request, model, build, prefix: str, text: bool):
         """Both endpoints: read and validate the body, plan it off the event loop, queue it, and
         answer whole or as a stream (`text`: a text completion's shape)."""
         body = await _read_body(request, request.app.state.max_body)
         req = _parse(body, model)
+        resolve(req.model)
+        note_ignored(req)
 
         def plan_it() -> Plan:
             with plan_lock:
@@ -137,10 +177,10 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
         job.rid = cid
         created = int(time.time())
         if plan.stream:
-            return StreamingResponse(_stream(job, asms, plan, cid, created, served.name, text=text),
+            return StreamingResponse(_stream(job, asms, plan, cid, created, names[0], text=text),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(await _complete(request, job, asms, plan, cid, created, served.name, text=text))
+        return JSONResponse(await _complete(request, job, asms, plan, cid, created, names[0], text=text))
 
     @app.post("/v1/chat/completions", dependencies=[Depends(auth)],
               responses={400: {"description": "bad request"}, 413: {"description": "body too large"},
@@ -481,11 +521,12 @@ def _openapi(app: FastAPI) -> dict:
 def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY, max_string: int = MAX_STRING,
           max_rows: int = 16, prefix_cache_bytes: int = 256 << 20, log_level: str = "info",
-          call_format: str | None = None) -> None:
+          call_format: str | None = None, names: list[str] | None = None) -> None:
     """Load `model` and serve it until interrupted (what `railcall serve` runs). `max_string`:
     the most characters a generated string whose schema gives no maxLength may have; `max_rows`:
     requests decoded together; `prefix_cache_bytes`: the prefix cache's budget (0: off);
-    `call_format`: the calls' format where a request names none (default: the model's own)."""
+    `call_format`: the calls' format where a request names none (default: the model's own);
+    `names`: the model names requests may use (default: `model_names`)."""
     import uvicorn
 
     from railcall.runtime.batch import PrefixCache
@@ -507,7 +548,7 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
                          f"their copies (n > 1) and the prefix cache; use at most {sequences // 2} rows")
     served.max_rows = max_rows
     served.prefix_cache = PrefixCache(served.prefix_budget(prefix_cache_bytes)) if prefix_cache_bytes > 0 else None
-    app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body)
+    app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body, names=names)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 
@@ -524,15 +565,15 @@ class Running:
 
 def start_in_thread(model: str | None = None, *, served: ServedModel | None = None, host: str = "127.0.0.1",
                     port: int = 0, api_key: str | None = None, max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY,
-                    log_level: str = "warning") -> Running:
+                    log_level: str = "warning", names: list[str] | None = None) -> Running:
     """Serve in a background thread of this process (tests, notebooks); returns once it listens.
-    `port=0` picks a free port."""
+    `port=0` picks a free port; `names` as for `serve`."""
     import socket
 
     import uvicorn
 
     served = served or ServedModel.load(model)
-    app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body)
+    app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body, names=names)
     if port == 0:
         with socket.socket() as s:
             s.bind((host, 0))

@@ -3,8 +3,8 @@
 Validation here is structural: types, ranges, which fields go together. What needs the model or
 the grammar compiler (a tool's JSON Schema, the prompt's length, a logit_bias token id) is checked
 in `plan.py`, still before the request is queued. A top-level field is either honoured, or one of
-OpenAI's bookkeeping fields that change no output (`NO_EFFECT`: accepted), or a 400 that names it:
-a field is never silently dropped. Content parts other than text (images, audio, files) are a 400
+the fields whose absence would not change the answer (`IGNORED`: OpenAI's bookkeeping, settings
+of OpenAI's own models; accepted, and logged once per name), or a 400 that names it. Content parts other than text (images, audio, files) are a 400
 saying that this server's model reads text only.
 """
 
@@ -140,9 +140,23 @@ _NULL_MEANS_DEFAULT = ("temperature", "top_p", "n", "stream", "logprobs", "paral
                        "return_token_ids", "frequency_penalty", "presence_penalty", "repetition_penalty",
                        "min_tokens", "on_length", "routing", "values")
 
-# OpenAI request fields that change nothing in the output (bookkeeping for OpenAI's platform):
-# accepted and not acted on.
-NO_EFFECT = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
+# OpenAI request fields that are accepted and not acted on, each with why ignoring it leaves the
+# answer as it would be: OpenAI's bookkeeping, and settings that do nothing on a small open
+# model. The server logs each name once (app.py) so an operator sees what clients send. A field
+# whose honouring is impossible and whose dropping would change the answer (audio output, web
+# search) is refused instead (`modalities` with "audio", `audio`).
+IGNORED = {
+    "user": "OpenAI's end-user id for abuse monitoring",
+    "metadata": "OpenAI's tags for stored completions",
+    "store": "OpenAI's storage for distillation and evals",
+    "service_tier": "OpenAI's processing tier; one tier here",
+    "prompt_cache_key": "OpenAI's cache routing hint; railcall's prefix cache needs no key",
+    "safety_identifier": "OpenAI's end-user id for abuse monitoring",
+    "reasoning_effort": "a setting of OpenAI's reasoning models; the served model reasons (or not) as it was trained",
+    "verbosity": "a setting of OpenAI's GPT-5 models; the served model has none",
+    "modalities": "text is the only output modality, and the one asked for",
+    "prediction": "predicted outputs only speed up OpenAI's decoding; the answer is the same without",
+}
 
 
 class StructuredOutputs(_Strict):
@@ -172,7 +186,7 @@ class _Request(_Strict):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    user: str | None = None  # IGNORED: accepted, logged once, not acted on
     # vLLM's sampling extensions
     top_k: int = Field(default=0, ge=0, strict=True)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
@@ -244,11 +258,16 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     logprobs: bool = Field(default=False, strict=True)
     top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
+    # IGNORED (accepted, logged once, not acted on); their types are still checked
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
     # railcall's: the call format this request's tool calls are written in (grammar, prompt and
     # parser; default: the served model's, `railcall serve --format`), and how the tool name is
     # chosen ("greedy": token by token under the mask; "scored": by the likelihood of each whole
@@ -261,6 +280,15 @@ class ChatCompletionRequest(_Request):
     # under tool_choice "required", makes as many calls as the last user message's numbers fill
     # (railcall.runtime.grounding); "free": the schema alone
     values: Literal["free", "grounded"] = "free"
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_out(cls, v):
+        other = [m for m in v or () if m != "text"]
+        if other:
+            raise ValueError(f"this server's model writes text only, not {', '.join(map(repr, other))}; send "
+                             "modalities [\"text\"] or leave it out")
+        return v
 
     @field_validator("top_logprobs")
     @classmethod
