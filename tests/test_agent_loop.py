@@ -144,9 +144,23 @@ def test_step_limit_and_memory(tmp_path):
 
 
 def test_cut_calls_are_finished_by_the_grammar(tmp_path):
-    a = make(tmp_path, [call("answer", text="x" * 200)], params=SamplingParams(max_tokens=30))
+    a = make(tmp_path, [call("answer", text="x" * 200)], params=SamplingParams(max_tokens=30, cut="complete"))
     ep = a.run("long")
     assert ep.steps[0]["cut"] and ep.calls[0]["tool"] == "answer"
+
+
+def test_a_long_answer_closes_in_budget_and_a_long_write_is_not_run(tmp_path):
+    """Under "fit" (the default) the model's own tokens close a call inside max_tokens: an answer
+    cut short is still an answer, but a changing call the budget closed early is never run."""
+    a = make(tmp_path, [call("answer", text="x" * 200)], params=SamplingParams(max_tokens=48))
+    ep = a.run("long")
+    assert ep.steps[0]["fitted"] and not ep.steps[0]["cut"] and ep.steps[0]["ok"]
+    assert ep.calls[0]["tool"] == "answer" and ep.calls[0]["args"]["text"].startswith("xxx")
+    long = call("write_file", path="out.txt", text="x" * 200)
+    a = make(tmp_path, [long], params=SamplingParams(max_tokens=64), max_steps=1, approver=Approver("auto"))
+    ep = a.run("write a long file")
+    assert ep.steps[0]["fitted"] and not ep.steps[0]["ok"] and "was not run" in ep.steps[0]["result"]
+    assert not (tmp_path / "out.txt").exists()
 
 
 def test_calc_is_safe():

@@ -75,9 +75,23 @@ def test_logits_processor_matches_own_loop(setup):
 def test_forced_finish_at_a_tiny_token_ceiling(setup):
     lm, vocab, compiled, backend, prompt = setup
     for n in (1, 3, 9):
-        g = generate(backend, vocab, prompt, Matcher(compiled), SamplingParams(max_tokens=n))
+        g = generate(backend, vocab, prompt, Matcher(compiled), SamplingParams(max_tokens=n, cut="complete"))
         assert g.cut and g.finish_reason == "length"
         assert parse_call(g.text, DEMO_TOOLS) is not None, g.text
+
+
+def test_fit_closes_the_models_own_call_inside_the_ceiling_or_reports_it_cut(setup):
+    """"fit" (the default): for every ceiling the reply is a whole call the model's tokens closed
+    within max_tokens, or, below the shortest call, marked truncated -- never completed past it."""
+    lm, vocab, compiled, backend, prompt = setup
+    shortest = len(Matcher(compiled).finish())
+    for n in (3, shortest - 1, shortest, shortest + 2, 24):
+        g = generate(backend, vocab, prompt, Matcher(compiled), SamplingParams(max_tokens=n))
+        assert len(g.tokens) <= n and not g.cut
+        if n < shortest:
+            assert g.truncated and parse_call(g.text, DEMO_TOOLS) is None
+        else:
+            assert not g.truncated and parse_call(g.text, DEMO_TOOLS) is not None, (n, g.text)
 
 
 def test_unconstrained_generation_stops_at_a_stop_token(setup):

@@ -344,17 +344,22 @@ class Agent:
         g = generate(self.model.backend, self.model.vocab, self.model.render(messages, described), Matcher(compiled),
                      self.params, router=router)
         rec.update(text=g.text, tokens=len(g.tokens), legal=[s.legal for s in g.steps],
-                   forced=sum(s.forced for s in g.steps), cut=g.cut)
+                   forced=sum(s.forced for s in g.steps), cut=g.cut or g.truncated, fitted=g.fitted)
         if router is not None:
             rec["routed"] = router.routed
         call = read_call(self.model.vocab, g.tokens, g.text, fmt)
         if call is None:
-            rec.update(call=None, ok=False, result=f"error: the output is not a call ({g.grammar_error or 'cut'})")
+            why = (f"the call was cut at {self.params.max_tokens} tokens and was not run; write a shorter call"
+                   if g.truncated else f"the output is not a call ({g.grammar_error or 'cut'})")
+            rec.update(call=None, ok=False, result=f"error: {why}")
             return rec
         rec["call"] = call
-        if g.cut:
-            # max_tokens cut the call and the grammar closed it: its values may be filled in
-            # ("?"), so it is never run; the model sees why and may write a shorter one.
+        tool = v.tool(call.get("tool"))
+        mutates = tool is not None and tool.mutates
+        if g.cut or (g.fitted and mutates):
+            # max_tokens cut the call and the grammar closed it (its values may be filled in with
+            # "?"), or the budget made the model close a changing call sooner than it would have
+            # (a file's text cut short): never run; the model sees why and may write a shorter one.
             rec.update(ok=False, seconds=round(time.perf_counter() - t0, 3),
                        result=f"error: the call was cut at {self.params.max_tokens} tokens and was not run; "
                               "write a shorter call")

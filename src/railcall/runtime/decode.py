@@ -15,13 +15,20 @@ fast-forward, stop strings, penalties, the token ceiling -- it does the same in 
   fed in one forward pass instead of one pass per token; the passes saved are counted. A forced
   token's logprob is 0.0: under the masked distribution it was the only legal token.
 - Token ceiling (`SamplingParams.cut`): what happens to a call or answer that `max_tokens` would
-  cut. "complete" (the library's default, seed 000's forced finish): as the budget runs out the
-  row writes the grammar's shortest close (`Matcher.finish`) while it still fits, so the output
-  stays inside `max_tokens`; where even that is too long it is completed past the ceiling. A
-  completion may fill a required value with "?", and `Generation.cut` says it happened: such an
-  output must never be executed as the model's call. "close": the same steering, never past
-  `max_tokens` (a close that does not fit leaves the output cut). "leave": no steering, no
-  completion; the output ends where the ceiling cut it (OpenAI's behaviour, the server's default).
+  cut. "fit" (the default): as the budget runs out, a token is legal only if the grammar's
+  shortest close still fits after it (`Matcher.finish`'s length in this vocabulary's tokens, an
+  upper bound on the fewest), so the model's own tokens close a string, an array, the call, inside
+  `max_tokens`; `Generation.fitted` says the budget removed a token the model would have written.
+  Where the budget cannot hold even the shortest close, the output ends cut (`Generation.truncated`:
+  it is no complete call and must not be read as one). "complete" (seed 000's forced finish, opt-in):
+  the row writes the grammar's shortest close while it still fits, and past `max_tokens` where it
+  does not; a completion may fill a required value with "?", and `Generation.cut` says it happened:
+  such an output must never be executed as the model's call. "close": the same forced close,
+  never past `max_tokens`. "leave": no steering, no completion; the output ends where the ceiling
+  cut it (OpenAI's behaviour).
+- Distinct calls (`SamplingParams.distinct_calls`, on by default): within one reply a call
+  identical to an earlier one is unspellable (`railcall.runtime.distinct`), so a model cannot
+  repeat one call until the ceiling.
 - Routing (`Row(router=...)`, `generate(..., router=...)`): with a `railcall.runtime.routing.NameRouter`
   the tool name is chosen whole, by the log-probability of each allowed name's complete token
   sequence (`routing="scored"`), instead of token by token from the first one (the default,
@@ -50,11 +57,15 @@ import numpy as np
 
 from railcall.bitmask import allocate_bitmask, apply_bitmask, log_softmax
 
-CUT_MODES = ("complete", "close", "leave")
+CUT_MODES = ("fit", "complete", "close", "leave")
 # How close to the ceiling a row starts measuring its shortest close (a copy of the matcher runs
 # `finish` once per step inside this window): a close longer than this is rare for tool calls,
 # and the measuring costs a completion search per step only near the end.
 CLOSE_WINDOW = 24
+# "fit": how many drawn tokens may be refused (each one removed and the draw repeated, which samples
+# exactly from the distribution restricted to the tokens that fit) before the draw is among the
+# tokens that begin the shortest close: each refusal costs a matcher copy and a close search.
+FIT_TRIES = 8
 
 
 @dataclass
@@ -66,7 +77,8 @@ class SamplingParams:
     seed: int | None = None
     top_logprobs: int = 0  # record this many alternatives per step (Step.top)
     stop: tuple[str, ...] = ()  # stop strings: generation ends at the first, which is cut from text
-    cut: str = "complete"  # at the token ceiling: "complete" | "close" | "leave" (module docstring)
+    cut: str = "fit"  # at the token ceiling: "fit" | "complete" | "close" | "leave" (module docstring)
+    distinct_calls: bool = True  # a call identical to an earlier one of the reply is unspellable
     min_tokens: int = 0  # stop tokens are masked until this many tokens were generated
     repetition_penalty: float = 1.0  # >1: a generated token's logit is divided (positive) or multiplied
     presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
@@ -101,6 +113,8 @@ class Generation:
     steps: list[Step] = field(default_factory=list)
     finish_reason: str = "stop"  # stop | length | cancelled | decided
     cut: bool = False  # the grammar closed the output at the token ceiling (values may be filled in)
+    truncated: bool = False  # the ceiling ended the output before the grammar accepted it: no whole call
+    fitted: bool = False  # the budget ("fit") removed a token the model drew: its own close came sooner
     forward_passes: int = 0
     passes_saved: int = 0  # forced tokens that did not need a pass of their own
     seconds: float = 0.0
@@ -213,6 +227,14 @@ class Row:
         self.finish_reason = "length"
         self.ended = False
         self.cut = False
+        self.truncated = False
+        self.fitted = False
+        self._distinct = None
+        if matcher is not None and p.distinct_calls:
+            from railcall.runtime.distinct import DistinctCalls
+
+            self._distinct = DistinctCalls(vocab)
+        self._need: dict[int, int] = {}  # matcher state -> its shortest close in tokens ("fit")
         self.passes = 1  # the prefill
         self.saved = 0
         self.prompt_cached = 0
@@ -269,7 +291,7 @@ class Row:
                 if len(self.out) >= p.max_tokens:
                     return self._end("length")
                 return forced
-        if m is not None and p.cut != "leave" and p.max_tokens - len(self.out) <= CLOSE_WINDOW:
+        if m is not None and p.cut in ("complete", "close") and p.max_tokens - len(self.out) <= CLOSE_WINDOW:
             close = self._close()
             if close:
                 for t in close:
@@ -299,9 +321,18 @@ class Row:
             if not (p.adjusts or p.min_tokens):
                 logits = logits.copy() if isinstance(logits, np.ndarray) else logits.clone()
             apply_bitmask(logits, self._bm)
+            if self._distinct is not None and self._distinct.calls:
+                legal -= self._ban_copies(logits, legal)
         if p.min_tokens and len(self.out) < p.min_tokens:
             logits = self._hold_stops(logits)
-        tok, logp = _sample_dist(logits, p, self.generator(logits))
+        left = p.max_tokens - len(self.out)
+        if m is not None and p.cut == "fit" and left <= CLOSE_WINDOW and not m.is_error():
+            picked = self._fit(logits, left)
+            if isinstance(picked, list):  # nothing the model drew fits: the shortest close, written
+                return picked
+            tok, logp = picked
+        else:
+            tok, logp = _sample_dist(logits, p, self.generator(logits))
         if m is not None:
             m.consume_token(tok)
         if tok in self.stops:
@@ -314,6 +345,113 @@ class Row:
         if m is None and self.decided is not None and self.decided(self.out):
             return self._end("decided")
         return [tok]
+
+    def _ban_copies(self, logits, legal: int) -> int:
+        """Give -inf to the legal tokens that would copy an earlier call of this reply
+        (`railcall.runtime.distinct`); returns how many. Never every legal token: the check that
+        let the row reach this state found a way on that is no copy."""
+        from railcall.runtime.distinct import TEST_ALL_BELOW, byte_state
+
+        def legal_ids():
+            if legal > TEST_ALL_BELOW:
+                return None
+            if isinstance(logits, np.ndarray):
+                return np.flatnonzero(np.isfinite(logits)).tolist()
+            import torch
+
+            return torch.isfinite(logits).nonzero().flatten().tolist()
+
+        banned = self._distinct.banned(byte_state(self.matcher), legal_ids)
+        if not banned or len(banned) >= legal:
+            return 0
+        if isinstance(logits, np.ndarray):
+            logits[np.asarray(banned, dtype=np.int64)] = -np.inf
+        else:
+            import torch
+
+            logits[torch.as_tensor(banned, dtype=torch.long, device=logits.device)] = float("-inf")
+        return len(banned)
+
+    def _need_after(self, tok: int | None) -> int | None:
+        """Tokens the grammar's shortest close takes after `tok` (None: from here); 0 where the
+        output may end; None where no close exists."""
+        m = self.matcher.copy()
+        if tok is not None and (not m.consume_token(tok) or m.is_error()):
+            return None
+        if m.is_accepting():
+            return 0
+        key = m.state if isinstance(getattr(m, "state", None), int) else None
+        if key is not None and key in self._need:
+            return self._need[key]
+        close = m.finish()
+        need = len(close) if close and m.is_accepting() else None
+        if key is not None:
+            self._need[key] = need
+        return need
+
+    def _fit(self, logits, left: int):
+        """Sample among the tokens after which the shortest close still fits in `left` tokens.
+        A drawn token that does not fit is removed and the draw repeated (the same as sampling
+        from the distribution restricted to the tokens that fit); after FIT_TRIES refusals (the
+        budget is tight and the model wants to go on) the draw is among the legal tokens that
+        begin a shortest close (`"`, `"}`, `"}}` ...) and fit. Returns (token, logprob), or, where
+        none does, the shortest close written by the grammar (the tokens to feed; `cut`). Where
+        not even the shortest close fits now, the draw is unrestricted and the ceiling will cut
+        the output (`truncated`)."""
+        gen = self.generator(logits)
+        need = self._need_after(None)
+        if need is None or need > left:
+            return _sample_dist(logits, self.params, gen)
+        is_np = isinstance(logits, np.ndarray)
+        copied = False
+        for _ in range(FIT_TRIES):
+            tok, logp = _sample_dist(logits, self.params, gen)
+            if tok in self.stops:
+                return tok, logp
+            after = self._need_after(tok)
+            if after is not None and 1 + after <= left:
+                return tok, logp
+            self.fitted = True
+            if not copied:
+                logits = logits.copy() if is_np else logits.clone()
+                copied = True
+            logits[tok] = float("-inf")
+            if not (np.isfinite(logits).any() if is_np else bool(logits.isfinite().any())):
+                break
+        fits = [t for t in self._close_starts() if (a := self._need_after(t)) is not None and 1 + a <= left
+                and bool(np.isfinite(logits[t]) if is_np else logits[t].isfinite())]
+        if fits:
+            keep = np.full(logits.shape[-1], False)
+            keep[fits] = True
+            if is_np:
+                logits[~keep] = -np.inf
+            else:
+                import torch
+
+                logits[~torch.from_numpy(keep).to(logits.device)] = float("-inf")
+            return _sample_dist(logits, self.params, gen)
+        m = self.matcher
+        close = m.finish()
+        for t in close:
+            self._record(t, 1, True, 0.0)
+        self.cut = bool(close)
+        return close or self._end("length")
+
+    def _close_starts(self) -> list[int]:
+        """The tokens that begin the grammar's shortest close from here: its first token, and
+        every token whose bytes are a prefix of the close's bytes."""
+        close = self.matcher.copy().finish()
+        if not close:
+            return []
+        v = self.vocab
+        out = [close[0]]
+        data = v.decode(close)
+        for k in range(1, min(len(data), v.max_token_len) + 1):
+            t = v.lookup.get(data[:k])
+            if t is not None:
+                out.append(t)
+                out.extend(v.duplicates.get(data[:k], ()))
+        return list(dict.fromkeys(out))
 
     def _close(self) -> list[int]:
         """The grammar's shortest close if it is time to write it: it takes exactly the budget
@@ -374,6 +512,10 @@ class Row:
         self.steps.append(step)
         if self.on_step is not None:
             self.on_step(step)
+        if self._distinct is not None and 0 <= tok < self.vocab.size:
+            self._distinct.feed(self.vocab.token_bytes[tok])
+            if self._in_free is not None and self._in_free():
+                self._distinct.leave_call()
         if self._stops_b and not self._stop_at and 0 <= tok < self.vocab.size:
             start = max(self._free_from, len(self._text_b) - self._longest_stop + 1)
             self._text_b.extend(self.vocab.token_bytes[tok])
@@ -394,6 +536,8 @@ class Row:
             for t in tail:
                 self._record(t, 1, True, 0.0)
             self.cut = bool(tail)
+        if reason == "length" and m is not None and not m.is_accepting():
+            self.truncated = True
         self.seconds = time.perf_counter() - self.t0
         return []
 
@@ -409,7 +553,8 @@ class Row:
         m = self.matcher
         return Generation(
             tokens=self.out, text=data.decode("utf-8", errors="replace"), steps=self.steps,
-            finish_reason=self.finish_reason, cut=self.cut, forward_passes=self.passes, passes_saved=self.saved,
+            finish_reason=self.finish_reason, cut=self.cut, truncated=self.truncated, fitted=self.fitted,
+            forward_passes=self.passes, passes_saved=self.saved,
             seconds=self.seconds, grammar_error=m.error_message if m is not None else "",
             stop_string=self._stop_at[1] if self._stop_at else None, prompt_cached=self.prompt_cached)
 

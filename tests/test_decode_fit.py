@@ -1,0 +1,66 @@
+"""The token ceiling under "fit" (the default): a call closes by the model's own tokens inside
+max_tokens, or is reported truncated where even the shortest close cannot fit; "complete" stays
+seed 000's forced finish with its "?" tell."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentkit import ScriptedBackend
+from railcall.grammar.tools import Tool, tool_grammar
+from railcall.matcher import Matcher, compiled_grammar
+from railcall.runtime.decode import SamplingParams, generate
+
+NOTE = Tool("save_note", "Save a note.", {"type": "object", "properties": {
+    "text": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["text", "tags"]})
+LONG = '{"tool":"save_note","args":{"text":"' + "x" * 300 + '","tags":["a"]}}'
+ARRAY = '{"tool":"save_note","args":{"text":"hi","tags":[' + ",".join(['"t%d"' % i for i in range(80)]) + "]}}"
+
+
+def run(vocab, reply, max_tokens, cut="fit", parallel=False, **kw):
+    g = compiled_grammar(tool_grammar([NOTE], parallel=parallel), vocab)
+    return generate(ScriptedBackend(vocab, [reply]), vocab, [0], Matcher(g),
+                    SamplingParams(max_tokens=max_tokens, cut=cut, **kw))
+
+
+@pytest.mark.parametrize("reply", [LONG, ARRAY], ids=["string", "array"])
+@pytest.mark.parametrize("max_tokens", [28, 40, 64])
+def test_a_call_that_would_run_past_the_ceiling_closes_by_its_own_tokens(bytes_vocab, reply, max_tokens):
+    g = run(bytes_vocab, reply, max_tokens)
+    assert len(g.tokens) <= max_tokens and not g.truncated and not g.cut and g.fitted
+    call = json.loads(g.text)
+    assert call["tool"] == "save_note" and set(call["args"]) == {"text", "tags"}
+    assert "?" not in g.text  # no value filled in by the grammar
+
+
+def test_a_budget_below_the_shortest_call_is_truncated_not_completed(bytes_vocab):
+    g = run(bytes_vocab, LONG, 3)
+    assert g.truncated and not g.cut and g.finish_reason == "length"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(g.text)
+
+
+def test_a_call_that_fits_is_untouched(bytes_vocab):
+    short = '{"tool":"save_note","args":{"text":"hi","tags":[]}}'
+    g = run(bytes_vocab, short, 64)
+    assert g.text == short and not g.fitted and not g.truncated and g.finish_reason == "stop"
+
+
+def test_complete_is_the_forced_finish_with_its_tell(bytes_vocab):
+    g = run(bytes_vocab, LONG, 12, cut="complete")
+    assert g.cut and not g.truncated
+    assert json.loads(g.text)["args"]["tags"] == []  # completed by the grammar
+
+
+def test_leave_cuts_where_the_ceiling_falls(bytes_vocab):
+    g = run(bytes_vocab, LONG, 40, cut="leave")
+    assert len(g.tokens) == 40 and g.truncated and not g.cut and not g.fitted
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sampled_calls_fit_too(bytes_vocab, seed):
+    g = run(bytes_vocab, LONG, 34, temperature=1.5, seed=seed, parallel=True)
+    assert len(g.tokens) <= 34 and not g.truncated, g.text
+    json.loads(g.text)
