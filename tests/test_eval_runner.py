@@ -105,7 +105,16 @@ def test_terminal_table_shows_both_conditions():
     console = Console(width=160, record=True)
     console.print(report.table(s))
     text = console.export_text()
-    assert "0.0% / 100.0%" in text and "AST accuracy" in text
+    assert "0.0% / 100.0%" in text and "AST" in text and "cut" in text
+
+
+def test_a_cut_reply_fails_every_verdict_in_the_summary():
+    """Records written before cut replies were scored as failures (parse/valid true beside cut)
+    still count as failures."""
+    cut = {**rec("c", 0, "with_grammar", True, True, False), "cut": True}
+    s = report.summarise([cut, rec("c", 1, "with_grammar", True, True, True)], settings={}, categories=["c"])
+    g = s["categories"]["c"]["with_grammar"]
+    assert (g["parse_rate"], g["valid_rate"], g["ast_accuracy"], g["cut_rate"]) == (0.5, 0.5, 0.5, 0.5)
 
 
 def test_report_command_renders_a_run_folder(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from railcall.cli import app
-from railcall.models.store import CALL_FORMATS, DEFAULT_MODEL, EMBEDDED, default_call_format, default_eval_choices
+from railcall.models.store import CALL_FORMATS, DEFAULT_MODEL, EMBEDDED, default_call_format
 
 
 def test_the_measured_formats():
@@ -43,15 +43,15 @@ def test_eval_bfcl_takes_the_models_format(monkeypatch, tmp_path, args, fmt):
 
 
 @pytest.mark.parametrize("args, values, routing", [
-    ([], "grounded", "matched"),  # SmolLM2's measured choice
-    (["--model", "gemma3"], "free", "greedy"),  # not measured so: the grammar alone
+    ([], "free", "greedy"),  # the grammar alone, for every model: heuristics are opt-in rows
+    (["--model", "gemma3"], "free", "greedy"),
+    (["--values", "grounded", "--routing", "matched"], "grounded", "matched"),
     (["--values", "free", "--routing", "greedy"], "free", "greedy"),
     (["--model", "gemma3", "--routing", "scored"], "free", "scored"),
 ])
 def test_eval_bfcl_takes_the_models_values_and_routing(monkeypatch, tmp_path, args, values, routing):
     seen = eval_bfcl_settings(monkeypatch, tmp_path, args)
     assert (seen["values"], seen["routing"]) == (values, routing)
-    assert default_eval_choices("/models/other.gguf") == {"values": "free", "routing": "greedy"}
 
 
 @pytest.mark.parametrize("args, fmt", [([], "json"), (["--model", "gemma3"], "pythonic"),

@@ -924,15 +924,15 @@ def eval_bfcl(
     routing: Optional[str] = typer.Option(None, "--routing", help="How the tool name is chosen under the grammar: greedy "
                                           "(token by token), scored (by the likelihood of each whole name; one extra "
                                           "forward pass per call) or matched (scored among the tools whose name and "
-                                          "description share the most words with the request). Default: the "
-                                          "model's measured one, matched for SmolLM2, else greedy."),
+                                          "description share the most words with the request: a heuristic on the request's "
+                                          "words, reported as its own row). Default: greedy."),
     prompt_example: bool = typer.Option(False, "--prompt-example", help="The prompt also shows one call built from the "
                                         "table (the first tool, placeholders of its required arguments' types)."),
     values: Optional[str] = typer.Option(None, "--values", help="free, or grounded: under the grammar each required "
                                          "numeric argument takes one of the numbers the request states, and a request "
                                          "stating more numbers than one call holds gets that many calls "
-                                         "(docs/evaluation.md). Default: the model's measured one, grounded for "
-                                         "SmolLM2, else free. --values free --routing greedy: the grammar alone."),
+                                         "(docs/evaluation.md; a heuristic on the request's words, reported as its own "
+                                         "row). Default: free; with --routing greedy, the grammar alone."),
     device: Optional[str] = typer.Option(None, "--device", help="Where the model runs: cpu (the default) or a CUDA "
                                          "device (cuda, cuda:N). The grammar's masks and the sampling stay on the CPU."),
     shard: Optional[str] = typer.Option(None, "--shard", help="K/N: only every N-th task of each category from the K-th, "
@@ -963,10 +963,8 @@ def eval_bfcl(
     if values not in (None, "free", "grounded"):
         _fail(f"--values must be free or grounded, not {values!r}")
     _check_format_and_routing(call_format, routing, ("greedy", "scored", "matched"))
-    from railcall.models.store import default_eval_choices
-
-    chosen = default_eval_choices(model)
-    values, routing = values or chosen["values"], routing or chosen["routing"]
+    # the grammar alone unless asked: the request-text heuristics are rows of their own
+    values, routing = values or "free", routing or "greedy"
     call_format = _call_format(call_format, model)
     _check_eval_packages(model, "jsonschema", "matplotlib")
     data = _bfcl_folder(data)

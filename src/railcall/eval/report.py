@@ -27,11 +27,14 @@ def summarise(records: list[dict], *, settings: dict, categories: list[str], lim
             if not rs:
                 continue
             n = len(rs)
+            # a reply the token ceiling cut is a failure on every verdict, whatever closed it
+            # (records written before runs scored it so carry parse/valid true beside cut)
+            whole = [r for r in rs if not r["cut"]]
             per[cond] = {
                 "n": n,
-                "parse_rate": sum(r["parse"] for r in rs) / n,
-                "valid_rate": sum(r["valid"] for r in rs) / n,
-                "ast_accuracy": sum(r["ast"] for r in rs) / n,
+                "parse_rate": sum(r["parse"] for r in whole) / n,
+                "valid_rate": sum(r["valid"] for r in whole) / n,
+                "ast_accuracy": sum(r["ast"] for r in whole) / n,
                 "tokens_mean": sum(r["tokens"] for r in rs) / n,
                 "seconds_mean": sum(r["seconds"] for r in rs) / n,
                 "cut_rate": sum(r["cut"] for r in rs) / n,
@@ -85,19 +88,20 @@ def _pct(x) -> str:
     return "—" if x is None else f"{100 * x:.1f}%"
 
 
-def rows(summary: dict):
+def rows(summary: dict, keys=("parse_rate", "valid_rate", "ast_accuracy")):
     """(category, n, [parse, valid, ast] without, [parse, valid, ast] with) per category."""
     for cat, per in summary["categories"].items():
         w, g = per.get("without_grammar"), per.get("with_grammar")
         n = (g or w or {}).get("n", 0)
-        get = lambda d: [d[k] if d else None for k in ("parse_rate", "valid_rate", "ast_accuracy")]  # noqa: E731
+        get = lambda d: [d.get(k) if d else None for k in keys]  # noqa: E731
         yield cat, n, get(w), get(g)
 
 
 def markdown(summary: dict) -> str:
-    lines = ["| category | n | parse rate without | with | schema-valid without | with | AST accuracy without | with |",
-             "|---|---|---|---|---|---|---|---|"]
-    for cat, n, w, g in rows(summary):
+    lines = ["| category | n | parse rate without | with | schema-valid without | with | AST accuracy without | with "
+             "| cut without | with |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for cat, n, w, g in rows(summary, ("parse_rate", "valid_rate", "ast_accuracy", "cut_rate")):
         lines.append(f"| {cat} | {n} | " + " | ".join(f"{_pct(a)} | {_pct(b)}" for a, b in zip(w, g)) + " |")
     return "\n".join(lines) + "\n"
 
@@ -108,14 +112,15 @@ def table(summary: dict):
     v = summary.get("variant") or {}
     t = Table(title=f"BFCL: without / with the grammar ({v.get('call_format', 'json')} format, "
                     f"{v.get('routing', 'greedy')} routing, {v.get('values', 'free')} values)")
-    for col in ("category", "n", "parse rate", "schema-valid", "AST accuracy", "tokens/task", "s/task"):
-        t.add_column(col, justify="left" if col == "category" else "right")
+    t.caption = "each cell: without / with the grammar; a cut reply fails parse, valid and AST"
+    for col in ("category", "n", "parse", "valid", "AST", "cut", "tokens", "s/task"):
+        t.add_column(col, justify="left" if col == "category" else "right", no_wrap=col == "category")
     for cat, per in summary["categories"].items():
         w, g = per.get("without_grammar", {}), per.get("with_grammar", {})
         pair = lambda k, f=_pct: f"{f(w.get(k)) if w else '—'} / {f(g.get(k)) if g else '—'}"  # noqa: E731
         num = lambda x: "—" if x is None else f"{x:.1f}"  # noqa: E731
         t.add_row(cat, str((g or w).get("n", 0)), pair("parse_rate"), pair("valid_rate"), pair("ast_accuracy"),
-                  pair("tokens_mean", num), pair("seconds_mean", num))
+                  pair("cut_rate"), pair("tokens_mean", num), pair("seconds_mean", num))
     return t
 
 

@@ -17,8 +17,11 @@ some gold answers are no call, the reply may be free text or a call (tool_choice
 
 Settings are the same for every category: temperature 0, `max_tokens` (default 192: the
 longest gold answer of the four shared categories in the wire format is 282 SmolLM2 tokens,
-the 99th percentile under 170; a call cut there is finished by the grammar, a free reply just
-stops). A free reply is ended early once it can no longer be a call (`checker.decided`: it
+the 99th percentile under 170). Under the grammar a call closes inside the ceiling by the model's
+own tokens (`SamplingParams.cut` "fit") and repeats no earlier call of its reply
+(`distinct_calls`); a reply the ceiling still cuts, either condition, is a failure on every
+verdict and counted in the cut column (`cut_rate`): it is no call anyone could run.
+A free reply is ended early once it can no longer be a call (`checker.decided`: it
 does not start with { or [, or a complete JSON value is followed by more text); this changes
 no verdict, only the time spent, and its token count is then the tokens up to that point.
 
@@ -341,6 +344,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         return decided(vocab.decode(tokens).decode("utf-8", errors="replace"), call_format, params.stop)
 
     def verdicts(t, g, c, mode):
+        if g.cut or g.truncated:  # the ceiling cut the reply (and the grammar may have closed it): a failure
+            return {"parse": False, "valid": False, "ast": False, "reason": "cut at the token ceiling", "calls": 0}
         if c == "with_grammar" and not t.tools:
             return score(t, g.text, None, auto=True)  # as a server without tools: text, no call
         if c == "with_grammar" and mode == "auto":
@@ -363,7 +368,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
                 "output": g.text, **verdicts(t, g, c, mode),
                 "tokens": len(g.tokens), "seconds": round(g.seconds, 3),
                 "forward_passes": g.forward_passes, "passes_saved": g.passes_saved,
-                "finish_reason": g.finish_reason, "cut": g.cut, "prompt_tokens": len(prompts[(cat, t.id)]),
+                "finish_reason": g.finish_reason, "cut": bool(g.cut or g.truncated), "fitted": g.fitted,
+                "prompt_tokens": len(prompts[(cat, t.id)]),
                 # this row's share of the wall time (the time since the previous row ended):
                 # summed over rows, the run's decoding wall time
                 "wall_share": round(now - last, 4),

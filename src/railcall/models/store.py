@@ -84,17 +84,6 @@ MANIFEST = "railcall-manifest.json"
 CACHE_FORMAT = 1
 
 
-# What `railcall eval bfcl` narrows for a model where --values and --routing are not given, the
-# measured winners (docs/evaluation.md, "Grounded values and matched routing"): SmolLM2 with
-# the request's numbers and the tools its words name; a model not measured so: neither.
-EVAL_CHOICES = {"smollm2": {"values": "grounded", "routing": "matched"}}
-
-
-def default_eval_choices(model: str | None = None) -> dict:
-    """{"values", "routing"} `railcall eval bfcl` uses for `model` where none are given."""
-    return {"values": "free", "routing": "greedy", **EVAL_CHOICES.get(model or DEFAULT_MODEL, {})}
-
-
 def default_call_format(model: str | None = None) -> str:
     """The call format `model` (an embedded name, a path, or None for the default model) gets
     where none is asked for: an embedded model's measured one (CALL_FORMATS), else json."""
