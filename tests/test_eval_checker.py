@@ -232,3 +232,17 @@ def test_valid_calls_follow_the_schema():
 
 # Gold answers of every BFCL category, and replies changed from them, against BFCL's own checker:
 # tests/test_eval_bfcl_rules.py.
+
+
+def test_the_tolerant_reading_finds_a_call_anywhere_in_a_free_reply():
+    from railcall.eval.checker import find_calls
+
+    want = [{"tool": "f", "args": {"a": 1}}]
+    for text in ['{"tool":"f","args":{"a":1}}', 'Sure:\n```json\n{"name": "f", "arguments": {"a": 1}}\n```',
+                 'Calling {"name":"f","parameters":{"a":1}} now.', '{"function":{"name":"f","arguments":"{\\"a\\":1}"}}',
+                 'x {not json} [{"tool":"f","args":{"a":1}}] y']:
+        assert find_calls(text) == want, text
+    assert find_calls('[{"tool":"f","args":{}},{"name":"g","arguments":{"b":[1]}}]') == [
+        {"tool": "f", "args": {}}, {"tool": "g", "args": {"b": [1]}}]
+    for text in ["no call here", '{"tool":"f"}', '{"name":"f","arguments":"not json"}', "[]", '{"tool":1,"args":{}}']:
+        assert find_calls(text) is None, text

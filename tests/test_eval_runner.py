@@ -346,10 +346,17 @@ def test_a_grounded_run_narrows_the_grammar_rows_to_the_requests_numbers(tmp_pat
 
 
 def test_a_run_from_before_the_variants_resumes_as_json_greedy(tmp_path):
+    """A run.json written before a setting existed reads as what it ran with: json, greedy, the
+    forced finish, repeats allowed and the strict baseline -- so today's defaults, which differ
+    in the last three, do not resume it silently."""
     from railcall.eval.runner import SETTINGS_BEFORE, Settings
 
-    old = {k: v for k, v in Settings(model="m").__dict__.items() if k not in SETTINGS_BEFORE}
-    assert {**SETTINGS_BEFORE, **old} == Settings(model="m").__dict__
+    now = Settings(model="m").__dict__
+    old = {k: v for k, v in now.items() if k not in SETTINGS_BEFORE}
+    before = {**SETTINGS_BEFORE, **old}
+    assert {k for k in now if before[k] != now[k]} == {"ceiling", "distinct_calls", "baseline", "baseline_shots"}
+    assert (before["call_format"], before["routing"]) == ("json", "greedy")
+    assert before == Settings(model="m", ceiling="complete", distinct_calls=False, baseline="whole", baseline_shots=0).__dict__
 
 
 def test_a_task_with_no_tools_is_answered_as_text(tmp_path, monkeypatch, smollm2_tokenizer):

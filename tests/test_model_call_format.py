@@ -83,3 +83,11 @@ def test_serve_takes_the_models_format(monkeypatch, args, fmt):
     r = CliRunner().invoke(app, ["serve", *args])
     assert r.exit_code == 0, r.output
     assert seen["call_format"] == fmt
+
+
+def test_eval_bfcl_gives_the_baseline_its_best_chance_by_default(monkeypatch, tmp_path):
+    seen = eval_bfcl_settings(monkeypatch, tmp_path, [])
+    assert (seen["baseline"], seen["baseline_shots"], seen["ceiling"], seen["distinct_calls"]) == ("tolerant", 2, "fit", True)
+    seen = eval_bfcl_settings(monkeypatch, tmp_path, ["--baseline", "whole", "--baseline-shots", "0", "--ceiling",
+                                                      "complete", "--repeats"])
+    assert (seen["baseline"], seen["baseline_shots"], seen["ceiling"], seen["distinct_calls"]) == ("whole", 0, "complete", False)

@@ -914,6 +914,18 @@ def eval_bfcl(
                               "the task's own tools and their calls in the run's call format (never its question or answer)."),
     shot_pair: bool = typer.Option(False, "--shot-pair", help="With --shots: the last example asks for one tool with two "
                                    "sets of values and answers with both calls in one reply."),
+    baseline: str = typer.Option("tolerant", "--baseline", help="How the run without the grammar is read: tolerant "
+                                 "(the default: it runs to its own end and a call counts wherever it is in the reply, in "
+                                 "the wire format or OpenAI's shapes) or whole (the whole reply must be the wire format; "
+                                 "ended once it cannot be)."),
+    baseline_shots: int = typer.Option(2, "--baseline-shots", help="In-context examples in the prompt of the run "
+                                       "without the grammar (2 measured best for it; --shots sets the grammar's)."),
+    ceiling: str = typer.Option("fit", "--ceiling", help="Under the grammar at max_tokens: fit (the default: a call "
+                                "closes by the model's own tokens inside the ceiling) or complete (the grammar "
+                                "completes a cut call, values filled with \"?\"). A reply the ceiling cuts fails every "
+                                "verdict either way."),
+    repeats: bool = typer.Option(False, "--repeats", help="Allow a reply to repeat a call it already made (by "
+                                 "default an identical second call is unspellable)."),
     batch: int = typer.Option(16, "--batch", help="Tasks decoded together (each gives one row per condition)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; 1 helps on a busy machine)."),
     tool_choice: Optional[str] = typer.Option(None, "--tool-choice", help="auto or required for every category (default: "
@@ -962,6 +974,12 @@ def eval_bfcl(
         _fail(f"--tool-choice must be auto or required, not {tool_choice!r}")
     if values not in (None, "free", "grounded"):
         _fail(f"--values must be free or grounded, not {values!r}")
+    if baseline not in ("tolerant", "whole"):
+        _fail(f"--baseline must be tolerant or whole, not {baseline!r}")
+    if ceiling not in ("fit", "complete"):
+        _fail(f"--ceiling must be fit or complete, not {ceiling!r}")
+    if baseline_shots < 0:
+        _fail(ValueError(f"--baseline-shots must be 0 or more, not {baseline_shots}"))
     _check_format_and_routing(call_format, routing, ("greedy", "scored", "matched"))
     # the grammar alone unless asked: the request-text heuristics are rows of their own
     values, routing = values or "free", routing or "greedy"
@@ -991,7 +1009,8 @@ def eval_bfcl(
                                max_tokens=max_tokens, batch=batch, resume=resume, threads=threads, progress=progress,
                                tool_choice=tool_choice, call_format=call_format, routing=routing,
                                prompt_example=prompt_example, values=values, device=device, shard=shard_kn,
-                               log=lambda m: console.print(m, style="dim"))
+                               baseline=baseline, baseline_shots=baseline_shots, ceiling=ceiling,
+                               distinct_calls=not repeats, log=lambda m: console.print(m, style="dim"))
         except (RailcallError, ValueError, FileNotFoundError, NotImplementedError) as e:
             _fail(e)
             return

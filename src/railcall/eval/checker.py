@@ -66,6 +66,49 @@ def parse_calls(text: str) -> list[dict] | None:
     return None
 
 
+# The shapes a free reply's call may take, read as the wire format's {"tool", "args"}: the wire
+# format itself, OpenAI's function object, and OpenAI's tool-call object.
+_NAME_KEYS = (("tool", "args"), ("name", "arguments"), ("name", "parameters"), ("function", "arguments"))
+
+
+def _as_call(x) -> dict | None:
+    if isinstance(x, dict) and isinstance(x.get("function"), dict) and set(x) <= {"function", "type", "id"}:
+        x = x["function"]
+    if not isinstance(x, dict):
+        return None
+    for name, args in _NAME_KEYS:
+        if set(x) == {name, args} and isinstance(x[name], str):
+            value = x[args]
+            if isinstance(value, str):  # OpenAI's arguments are a JSON string
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    return None
+            return {"tool": x[name], "args": value} if isinstance(value, dict) else None
+    return None
+
+
+def find_calls(text: str) -> list[dict] | None:
+    """The calls a free reply makes, read tolerantly (the baseline's best reading): the first JSON
+    value anywhere in the text -- inside prose, a Markdown fence, after a preamble -- that is a
+    call or a non-empty array of calls, in the wire format or OpenAI's shapes (`_NAME_KEYS`),
+    each returned as {"tool", "args"}. None where the text holds no such value."""
+    decoder = json.JSONDecoder()
+    for m in re.finditer(r"[\[{]", text):
+        try:
+            value, _ = decoder.raw_decode(text, m.start())
+        except ValueError:
+            continue
+        one = _as_call(value)
+        if one is not None:
+            return [one]
+        if isinstance(value, list) and value:
+            many = [_as_call(c) for c in value]
+            if all(c is not None for c in many):
+                return many
+    return None
+
+
 def decided(text: str, stop: Sequence[str] = ()) -> bool:
     """True once `text` can never become a call by appending more: the reply does not start
     with { or [, or a complete JSON value is followed by more text or is not a call. Used to

@@ -5,7 +5,7 @@ tokens_mean, seconds_mean, cut_rate}}}, "throughput": {...}, "variant": {call_fo
 "settings", "machine", "machines", "limit"}.
 A condition's `seconds_mean` is each task's latency inside its batch (rows decode together);
 `throughput` is the run's generated tokens over its decoding wall time (prefills included; their
-prompt tokens, one prefill per task, are counted apart).
+prompt tokens, a prompt per task and condition, are counted apart).
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ def summarise(records: list[dict], *, settings: dict, categories: list[str], lim
         "categories": cats,
         "throughput": {"tasks": tasks, "rows": len(records),
                        "generated_tokens": tokens, "decode_seconds": round(wall, 1),
-                       # one prefill per task, shared by its two conditions
-                       "prompt_tokens": sum({(r["category"], r["id"]): r.get("prompt_tokens", 0) for r in records}.values()),
+                       # a prompt per task and condition; one where both conditions had the same
+                       "prompt_tokens": sum(n for _, _, n in {(r["category"], r["id"], r.get("prompt_tokens", 0))
+                                                               for r in records}),
                        "tokens_per_s": round(tokens / wall, 1) if wall else None,
                        "seconds_per_task": round(wall / tasks, 3) if tasks else None},
         # the variant the figures are of (runs written before these settings: json, greedy)

@@ -1,9 +1,16 @@
 """`railcall eval bfcl`: every task on the model, with and without the grammar, batched, resumable.
 
-Each task is one chat prompt (`bfcl.prompt_ids`, the same for every category) decoded greedily
-twice from one shared prefill: once free (`without_grammar`) and once under the grammar of the
-task's tool table (`with_grammar`). The grammar allows one call or several in every category
-(the model decides how many; only the checker knows the category).
+Each task is decoded greedily twice: once free (`without_grammar`, the baseline) and once under
+the grammar of the task's tool table (`with_grammar`), from the same chat prompt
+(`bfcl.prompt_ids`, the same for every category) but for its in-context examples. The grammar
+allows one call or several in every category (the model decides how many; only the checker
+knows the category).
+
+The baseline gets its best fair chance (`baseline="tolerant"`, the default): `baseline_shots`
+in-context examples (2: what measured best for the free model, docs/evaluation.md), the reply
+runs to its own end or the ceiling, and its calls are found anywhere in it, in the wire format or
+OpenAI's shapes (`checker.find_calls`). `baseline="whole"` is the strict reading of earlier runs:
+the whole reply must be the wire format, and it is ended once it no longer can be.
 
 The call format (`call_format`: json, the default, openai, hermes or pythonic) is the grammar's,
 the output parser's and the prompt's: without the grammar the prompt still asks for it, and a
@@ -21,9 +28,9 @@ the 99th percentile under 170). Under the grammar a call closes inside the ceili
 own tokens (`SamplingParams.cut` "fit") and repeats no earlier call of its reply
 (`distinct_calls`); a reply the ceiling still cuts, either condition, is a failure on every
 verdict and counted in the cut column (`cut_rate`): it is no call anyone could run.
-A free reply is ended early once it can no longer be a call (`checker.decided`: it
-does not start with { or [, or a complete JSON value is followed by more text); this changes
-no verdict, only the time spent, and its token count is then the tokens up to that point.
+Under `baseline="whole"` a free reply is ended early once it can no longer be a call
+(`checker.decided`: it does not start with { or [, or a complete JSON value is followed by more
+text); this changes no verdict under that reading, only the time spent.
 
 With `shots` k > 0 each prompt holds k in-context examples between the system message and the
 question (`examples`: made-up requests for the task's own tools and their calls in the run's call
@@ -73,10 +80,18 @@ class Settings:
     routing: str = "greedy"  # "greedy": the tool name token by token; "scored": by whole-name likelihood;
     # "matched": scored among the tools whose words the request shares most (railcall.runtime.routing)
     values: str = "free"  # "grounded": numbers and call count from the request (railcall.runtime.grounding)
+    ceiling: str = "fit"  # SamplingParams.cut under the grammar ("complete": seed 000's forced finish)
+    distinct_calls: bool = True  # under the grammar, no call repeated within a reply
+    baseline: str = "tolerant"  # the free reply: "tolerant" (runs to its end, calls found anywhere in
+    # it, OpenAI's shapes too: checker.find_calls) or "whole" (ended once it cannot be a call; the
+    # whole reply must be the wire format)
+    baseline_shots: int = 2  # in-context examples in the free rows' prompt (the run's `shots` in the grammar's)
 
 
 # What a run.json written before a setting existed ran with (its resume compares like with like).
-SETTINGS_BEFORE = {"shots": 0, "shot_pair": False, "call_format": "json", "routing": "greedy", "values": "free"}
+SETTINGS_BEFORE = {"shots": 0, "shot_pair": False, "call_format": "json", "routing": "greedy", "values": "free",
+                   "ceiling": "complete", "distinct_calls": False, "baseline": "whole", "baseline_shots": 0}
+BASELINES = ("tolerant", "whole")
 ROUTINGS = ("greedy", "scored", "matched")
 VALUES = ("free", "grounded")
 # The grammar's description per format (the run's settings say which grammar its figures are of).
@@ -212,6 +227,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
              resume: bool = False, tool_choice: str | None = None, threads: int | None = None,
              call_format: str = "json", routing: str = "greedy", prompt_example: bool = False,
              values: str = "free", without_grammar: bool = True, device: str | None = None,
+             baseline: str = "tolerant", baseline_shots: int = 2, ceiling: str = "fit", distinct_calls: bool = True,
              shard: tuple[int, int] | None = None,
              progress: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Run the categories; returns the summary (also written to `out`/summary.json). `call_format`:
@@ -224,6 +240,10 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     `shot_pair` (`railcall.runtime.shots`).
     `grammar` / `without_grammar`: whether the run decodes each task under the grammar / free
     (both by default; `railcall.eval.variants` runs a scored variant under the grammar alone).
+    `baseline` / `baseline_shots`: how the free condition is prompted and read (`Settings`): by
+    default at its best -- two in-context examples, run to its own end, calls found anywhere in
+    the reply. `ceiling` / `distinct_calls`: the grammar rows' token ceiling and repeat ban
+    (`SamplingParams.cut`, `.distinct_calls`).
     `device`: where the model runs (`load_model`; default the CPU). `shard=(k, n)`: only every
     n-th task of each category from the k-th (k counts from 1), so n processes, each with its own
     `out`, share a run; `merge_runs` joins their folders."""
@@ -244,8 +264,10 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     if values not in VALUES:
         raise ValueError(f"unknown values {values!r}; use {' or '.join(VALUES)}")
     log = log or (lambda m: None)
-    if shots < 0:
-        raise ValueError(f"shots must be 0 or more, not {shots}")
+    if shots < 0 or baseline_shots < 0:
+        raise ValueError(f"shots must be 0 or more, not {min(shots, baseline_shots)}")
+    if baseline not in BASELINES:
+        raise ValueError(f"unknown baseline {baseline!r}; use {' or '.join(BASELINES)}")
     if not (grammar or without_grammar):
         raise ValueError("nothing to run: both the grammar and the free condition are off")
     if threads and importlib.util.find_spec("torch") is not None:  # llama.cpp's threads: load_model's
@@ -274,7 +296,9 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     settings = Settings(model=lm.name, max_tokens=max_tokens, shots=shots, shot_pair=shot_pair and shots > 0,
                         conditions=list(CONDITIONS),
                         grammar=GRAMMARS[call_format], call_format=call_format, routing=routing, values=values,
-                        prompt=bfcl.PROMPT_VERSION + ("+example" if prompt_example else ""))
+                        prompt=bfcl.PROMPT_VERSION + ("+example" if prompt_example else ""),
+                        ceiling=ceiling, distinct_calls=distinct_calls, baseline=baseline,
+                        baseline_shots=baseline_shots)
     results_path, run_path = out / "results.jsonl", out / "run.json"
     here = machine(device, lm)
     machines = [here]
@@ -293,7 +317,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     atomic_write(run_path, json.dumps({"settings": asdict(settings), "machine": here, "machines": machines}, indent=1))
     done = {(r["category"], r["id"], r["condition"]) for r in read_results(results_path, repair=True, warn=log)}
     # a base model's plain-text turns end at stop strings (railcall.runtime.plain); others: none
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop_strings(lm.tokenizer))
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop_strings(lm.tokenizer), cut=ceiling,
+                            distinct_calls=distinct_calls)
     t_start = time.perf_counter()
     # The order of work: tasks in file order, `batch` at a time from each category in turn, so
     # an interrupted run holds the first N tasks of every category -- what `--limit N` runs.
@@ -306,20 +331,22 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         windows[cat] = [todo[i: i + batch] for i in range(0, len(todo), batch)]
         if progress:
             progress(cat, finished[cat], len(tasks))
-    prompts = {(cat, t.id): bfcl.prompt_ids(lm.tokenizer, t, call_format, prompt_example,
-                                            examples=examples(t, shots, call_format, shot_pair))
-               for ws in windows.values() for w in ws for cat, t in w}
+    # the grammar's rows take the run's `shots`; the free rows the baseline's (its best prompt)
+    k_of = {"with_grammar": shots, "without_grammar": baseline_shots}
+    prompts = {(cat, t.id, c): bfcl.prompt_ids(lm.tokenizer, t, call_format, prompt_example,
+                                               examples=examples(t, k_of[c], call_format, shot_pair and k_of[c] > 0))
+               for ws in windows.values() for w in ws for cat, t in w for c in conditions}
     order = []
     for k in range(max((len(ws) for ws in windows.values()), default=0)):
         for ws in windows.values():
             if k < len(ws):
-                order += sorted(ws[k], key=lambda x: len(prompts[(x[0], x[1].id)]))
+                order += sorted(ws[k], key=lambda x: len(prompts[(x[0], x[1].id, conditions[0])]))
     rows = [(cat, t, c) for cat, t in order for c in conditions if (cat, t.id, c) not in done]
 
     def requests():  # matchers made as rows are admitted (a compiled grammar per table, cached)
         for cat, t, c in rows:
             if c != "with_grammar" or not t.tools:  # no tool: no call to constrain (tool_choice "none")
-                yield prompts[(cat, t.id)], None
+                yield prompts[(cat, t.id, c)], None
                 continue
             tools, per_call, asked = t.tools, None, bfcl.request_text(t)
             if values == "grounded":
@@ -333,7 +360,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
             if routing != "greedy":
                 prefer = matching_tools(tools, asked) if routing == "matched" else ()
                 router = NameRouter.for_tools(vocab, tools, call_format, prefer=prefer)
-            yield prompts[(cat, t.id)], m, router
+            yield prompts[(cat, t.id, c)], m, router
 
     waiting: dict[tuple, int] = {}
     for cat, t, _ in rows:
@@ -350,6 +377,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
             return score(t, g.text, None, auto=True)  # as a server without tools: text, no call
         if c == "with_grammar" and mode == "auto":
             return score(t, g.text, auto_calls(vocab, g.tokens, call_format), auto=True)
+        if c == "without_grammar" and baseline == "tolerant" and call_format == "json":
+            return score(t, g.text, checker.find_calls(g.text), parsed=True)
         if call_format == "json":
             return score(t, g.text)
         return score(t, g.text, whole_calls(vocab, g.tokens, call_format), parsed=True)
@@ -357,7 +386,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     last = time.perf_counter()
     with open(results_path, "a") as f:
         for i, g in decode_stream(lm.model, vocab, requests(), params, max_rows=batch * len(conditions),
-                                  decided=is_decided):
+                                  decided=is_decided if baseline == "whole" else None):
             now = time.perf_counter()
             cat, t, c = rows[i]
             mode = modes[cat]
@@ -369,7 +398,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
                 "tokens": len(g.tokens), "seconds": round(g.seconds, 3),
                 "forward_passes": g.forward_passes, "passes_saved": g.passes_saved,
                 "finish_reason": g.finish_reason, "cut": bool(g.cut or g.truncated), "fitted": g.fitted,
-                "prompt_tokens": len(prompts[(cat, t.id)]),
+                "prompt_tokens": len(prompts[(cat, t.id, c)]),
                 # this row's share of the wall time (the time since the previous row ended):
                 # summed over rows, the run's decoding wall time
                 "wall_share": round(now - last, 4),
