@@ -168,12 +168,20 @@ class ContentKeys:
             if len(memo) > LITERAL_TEXTS_LIMIT:  # texts of tables long gone: start again
                 memo.clear()
                 self._lit_memo.clear()
-            cuts = memo[data] = [self._rest_cut(data[off:]) for off in range(len(data))]
+            # each offset's rest as far as a token reaches past it (all `_rest_cut` reads): the
+            # whole rest at every offset made a literal of n bytes cost n^2/2 (a 20 KB const
+            # held 190 MB)
+            top = self.vocab.max_token_len + 1
+            cuts = memo[data] = [self._rest_cut(data[off:off + top]) for off in range(len(data))]
         return cuts
 
     def _rest_cut(self, rest: bytes) -> int:
         """The key of a literal's remaining text `rest` where no token spells all of it: `rest`
-        cut where no token reaches (-1 where some token spells all of it)."""
+        cut where no token reaches (-1 where some token spells all of it). Only the first
+        max_token_len + 1 bytes of `rest` matter (no token spells more), and only they are kept."""
+        top = self.vocab.max_token_len + 1
+        if len(rest) > top:
+            rest = rest[:top]
         lits = self._lit_memo
         k = lits.get(rest)  # literals of other keys and tools end alike
         if k is None:
