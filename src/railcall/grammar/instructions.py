@@ -229,7 +229,9 @@ class Select(Instr):
     def allowed(self, local):
         m = self._masks.get(local)
         if m is None:
-            m = self._masks[local] = _byteset(self.children[local].keys())
+            kids = self.children[local]
+            # most nodes of a long key have one child: the shared array, not one per node
+            m = self._masks[local] = _ONE_BYTE[next(iter(kids))] if len(kids) == 1 else _byteset(kids.keys())
         return m
 
     def need_parts(self):

@@ -135,6 +135,9 @@ class _Stepper(Instr):
         return None
 
 
+# texts whose feasibility a bounded decimal memoises (~100 B each: it grows as requests walk it,
+# and lives as long as the instruction, in the matcher's shared store)
+JDEC_MEMO_LIMIT = 4096
 JINT_STEPS_LIMIT = 4096  # memoised locals per bounded integer (each a tuple of 11 steps)
 _JINT_MAG_CAP = 10 ** (MAX_NUMBER_CHARS - 2)  # the least magnitude of MAX_NUMBER_CHARS - 1 digits
 # The largest magnitude a bounded integer is written with: MAX_NUMBER_CHARS - 1 digits (a sign
@@ -333,7 +336,7 @@ class JDec(_Stepper):
         if hit is not None:
             return hit
         ok = self._feasible_uncached(text)
-        if len(self._memo) < 50_000:
+        if len(self._memo) < JDEC_MEMO_LIMIT:
             self._memo[text] = ok
         return ok
 
