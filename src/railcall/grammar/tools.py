@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -289,14 +290,56 @@ def write_calls(tools: Sequence[Tool], calls: Sequence[tuple[str, dict]], fmt: C
     return call_format(fmt).write(ordered)
 
 
+class _SchemaCache:
+    """Values by schema key, the least recently used dropped first once the keys' text passes
+    `budget` bytes (each counted SCHEMA_CACHE_FACTOR times its length: its JSON text and the
+    IR built from it, ~3x the text, measured on enum-heavy schemas). A server's builder sees
+    every client's schemas: unbounded, it kept them all."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.used = 0
+        self._d: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _size(key) -> int:
+        return SCHEMA_CACHE_FACTOR * len(key if isinstance(key, str) else key[-1])
+
+    def get(self, key):
+        with self._lock:
+            hit = self._d.get(key)
+            if hit is not None:
+                self._d.move_to_end(key)
+            return hit
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            if key in self._d:
+                return
+            self._d[key] = value
+            self.used += self._size(key)
+            while self.used > self.budget and len(self._d) > 1:
+                old, _ = self._d.popitem(last=False)
+                self.used -= self._size(old)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+SCHEMA_CACHE_FACTOR = 4
+SCHEMA_CACHE_BYTES = 32 << 20  # per builder and cache: the schemas of many large tables
+
+
 class ToolGrammarBuilder:
     """Builds call grammars from tool tables, caching each tool's argument IR by its schema, so a
-    live table change only compiles the tools that changed."""
+    live table change only compiles the tools that changed. Built once per server or process;
+    its caches are bounded in bytes (SCHEMA_CACHE_BYTES, least recently used dropped first)."""
 
-    def __init__(self, options: SchemaOptions | None = None):
+    def __init__(self, options: SchemaOptions | None = None, cache_bytes: int = SCHEMA_CACHE_BYTES):
         self.options = options or SchemaOptions()
-        self._args: dict[str, tuple] = {}
-        self._fmt_args: dict[tuple, tuple] = {}  # (format name, schema key) -> the format's spelling
+        self._args = _SchemaCache(cache_bytes)  # schema key -> (node, rules)
+        self._fmt_args = _SchemaCache(cache_bytes)  # (format name, schema key) -> the format's spelling
 
     def args_ir(self, tool: Tool) -> tuple:
         key = tool.schema_key()
@@ -319,7 +362,8 @@ class ToolGrammarBuilder:
                                       empty=True) from None
                 raise e.with_context(f"tool {tool.name!r}") from None
             # rule names are made unique per tool so tables can combine them
-            hit = self._args[key] = (_prefix_rules(node, rules, tool.name))
+            hit = _prefix_rules(node, rules, tool.name)
+            self._args.put(key, hit)
         return hit
 
     def format_args(self, tool: Tool, fmt: CallFormat) -> tuple:
@@ -330,7 +374,8 @@ class ToolGrammarBuilder:
         hit = self._fmt_args.get(key)
         if hit is None:
             node, rules = self.args_ir(tool)
-            hit = self._fmt_args[key] = fmt.args(node, rules, tool)
+            hit = fmt.args(node, rules, tool)
+            self._fmt_args.put(key, hit)
         return hit
 
     def grammar(self, tools: Sequence[Tool], fmt: CallFormat | str = "json", *, parallel: bool = False,
