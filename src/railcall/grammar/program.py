@@ -32,6 +32,11 @@ class Fragments:
     changed, and every mask keyed by those instructions stays valid and shared.
     Entries are added only after a compilation succeeds; the cache is cleared when it grows
     past `limit` entries.
+
+    Counts what its grammars compiled, in bytes (`nbytes`: each grammar's `grammar_nbytes`,
+    and the pattern automata its strings use, which grow as strings visit them): the matcher's
+    per-vocabulary store adds it to its estimate (matcher.entries.VocabCache.nbytes). A count,
+    never decreased: instructions dropped from the memo live on in the automaton's states.
     """
 
     def __init__(self, token_margin: int, number_margin: int, limit: int = 50_000):
@@ -40,6 +45,75 @@ class Fragments:
         self.accept = Accept()
         self.memo: dict[tuple[int, int], tuple] = {}  # (id(node), id(next)) -> (node, next, instr)
         self.limit = limit
+        self.program_bytes = 0  # grammar_nbytes of every grammar compiled here
+        self.patterns: dict[int, object] = {}  # id -> each pattern automaton (regex._Subsets) used
+
+    def nbytes(self) -> int:
+        """The estimated bytes of what was compiled here: programs and pattern automata."""
+        return self.program_bytes + sum([len(a.sets) for a in list(self.patterns.values())]) * PATTERN_STATE_BYTES
+
+
+# What compiled instructions cost, in bytes, as `grammar_nbytes` estimates them (measured with
+# tracemalloc, from source and compiled alike): a trie node of an enum or a table's names ~265 B
+# (a dict, its slot and its subtree size), so a key costs that per byte; a literal's byte ~24 B
+# with the matcher's per-offset keys (`_lit_cuts`); any other instruction, with its share of
+# memos, ~400 B. A pattern automaton's state ~1.5-2.7 KB (its NFA set and its row).
+TRIE_BYTE_BYTES = 272
+LIT_BYTE_BYTES = 24
+NODE_BYTES = 400
+PATTERN_STATE_BYTES = 2048
+# The most one grammar may compile to (its `grammar_nbytes`): what a request can add to the
+# vocabulary's shared store at once. 64 MiB is ~240 KB of enum values (a 3 MB enum compiled to
+# ~870 MB); a table of 128 tools is ~1 MiB.
+MAX_GRAMMAR_BYTES = 64 << 20
+
+
+def grammar_nbytes(grammar: ir.Grammar) -> tuple[int, int]:
+    """(estimated bytes of the instructions `grammar` compiles to, bytes of text in its keys and
+    literals): each IR node reachable from the start and the rules counted once. A loop, not a
+    recursion (the IR is not yet checked for depth)."""
+    total = text = 0
+    seen: set[int] = set()
+    todo = [grammar.start, *(node for _, node in grammar.rules)]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        total += NODE_BYTES
+        t = type(node)
+        if t is ir.Lit:
+            text += len(node.data)
+            total += len(node.data) * LIT_BYTE_BYTES
+        elif t is ir.Select:
+            n = sum([len(k) for k, _ in node.choices])
+            text += n
+            total += n * TRIE_BYTE_BYTES
+        elif t is ir.JsonObject:
+            n = sum([len(k) + 4 for k, _, _ in node.properties])  # `,"key":`, twice where optional
+            text += n
+            total += 2 * n * LIT_BYTE_BYTES + 2 * len(node.properties) * NODE_BYTES
+        elif t is ir.JsonPattern and node.kind != "regex":
+            names = node.arg if node.kind == "except" else node.arg[0]
+            n = sum([len(str(x)) for x in names or ()])  # excluded names: a trie of them
+            text += n
+            total += n * TRIE_BYTE_BYTES
+        todo.extend(_children(node))
+    return total, text
+
+
+def check_size(grammar: ir.Grammar, limit: int | None = None) -> int:
+    """`grammar_nbytes` of `grammar`; a GrammarError naming the limit where it is over `limit`
+    (None: MAX_GRAMMAR_BYTES)."""
+    limit = MAX_GRAMMAR_BYTES if limit is None else limit
+    total, text = grammar_nbytes(grammar)
+    if total > limit:
+        raise GrammarError(
+            f"the grammar is too large: it would compile to about {total / 2**20:.0f} MiB ({text:,} bytes of enum "
+            f"values, names and literal text), over railcall's limit of {limit / 2**20:.0f} MiB per grammar "
+            f"(MAX_GRAMMAR_BYTES); use fewer or shorter enum values (a pattern can stand for a long list), "
+            f"or split the table")
+    return total
 
 
 def compile_grammar(grammar: ir.Grammar, special_ids: dict[str, int], *, max_string: int,
@@ -51,13 +125,17 @@ def compile_grammar(grammar: ir.Grammar, special_ids: dict[str, int], *, max_str
     and the compiled build does not count recursion."""
     if grammar.rules:  # check_finite recurses over the rules' nodes: bound them first
         _check_nesting([grammar.start, *(node for _, node in grammar.rules)])
+    size = check_size(grammar)  # before anything is built (rule bodies compile later, when entered)
+    fragments = fragments or Fragments(1, 1)
     try:
         depths = check_finite(grammar)
         if depths and _deepest_nesting(grammar) <= MAX_DEPTH:
             depths = {}  # no value can nest to the limit: no branch needs a guard (see _split)
-        return _Compiler(grammar, special_ids, max_string, fragments or Fragments(1, 1), depths).run()
+        program = _Compiler(grammar, special_ids, max_string, fragments, depths).run()
     except RecursionError:  # from source, the interpreter's limit can come first
         raise GrammarError(_TOO_DEEP) from None
+    fragments.program_bytes += size
+    return program
 
 
 MAX_IR_NESTING = 400  # compile() calls nested one in another, at the most (see compile_grammar)
@@ -419,6 +497,7 @@ class _Compiler:
         has an allowed length."""
         hi = self._string_max(node, pattern=True)
         dfa = char_dfa(node.kind, node.arg, hi)
+        self.shared.patterns[id(dfa.auto)] = dfa.auto  # counted in the store (Fragments.nbytes)
         if not dfa.can_end_within(node.min_len, hi) and node.max_len is None and hi < PATTERN_MAX_LEN:
             # The string cap is below the pattern's shortest match (`^a{300}$`): raised to
             # it, as it is to a minLength above it.
@@ -426,6 +505,7 @@ class _Compiler:
             if lengths:
                 hi = node.min_len + (lengths & -lengths).bit_length() - 1
                 dfa = char_dfa(node.kind, node.arg, hi)
+                self.shared.patterns[id(dfa.auto)] = dfa.auto
         if not dfa.can_end_within(node.min_len, hi):
             raise GrammarError(f"no string matching {node.arg!r} has a length in [{node.min_len}, {hi}]")
         return dfa, hi

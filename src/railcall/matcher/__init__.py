@@ -24,6 +24,10 @@ Lifecycles:
   each once (every grammar position's content keys and first mask).
 - `Matcher` is built per request. It holds the current DFA state, the history for rollback, and
   the error flag. It is cheap (a list and a few ints).
+- All that is shared per vocabulary (fragments, automata, masks, content keys) is one store
+  (`entries.VocabCache`) with a byte budget (`set_memory_budget`, 512 MiB by default): over it,
+  new grammars start a fresh store and the old one is freed when its last request ends (see
+  `matcher.matcher`'s docstring). `memory_used` is the current store's estimate.
 
 How a mask is computed (once per cache key, then a lookup and a copy):
 - A DFA state is a frozen set of threads; its transitions are a row of an (n_states, 256) int32
@@ -45,11 +49,13 @@ How a mask is computed (once per cache key, then a lookup and a copy):
 from railcall.matcher.automaton import Automaton
 from railcall.matcher.entries import MaskCache, entry_dense, entry_ids, vocab_cache
 from railcall.matcher.indexes import fill_stops, number_margin, prepare_vocabulary, quote_rests
-from railcall.matcher.matcher import MAX_STRING, CompiledGrammar, Matcher, clear_caches, compiled_grammar
+from railcall.matcher.matcher import (
+    MAX_STRING, CompiledGrammar, Matcher, clear_caches, compiled_grammar, memory_used, set_memory_budget,
+)
 from railcall.matcher.transitions import DEAD, UNBUILT
 
 __all__ = [
     "DEAD", "MAX_STRING", "UNBUILT", "Automaton", "CompiledGrammar", "MaskCache", "Matcher", "clear_caches",
-    "compiled_grammar", "entry_dense", "entry_ids", "fill_stops", "number_margin", "prepare_vocabulary",
-    "quote_rests", "vocab_cache",
+    "compiled_grammar", "entry_dense", "entry_ids", "fill_stops", "memory_used", "number_margin",
+    "prepare_vocabulary", "quote_rests", "set_memory_budget", "vocab_cache",
 ]

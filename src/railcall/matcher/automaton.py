@@ -23,6 +23,14 @@ from railcall.vocab import Vocabulary
 # minItems multiply them (a frame per item count: 300 x 300 gave 180,000 positions and 2.6 s).
 # Past this, prewarm stops and the rest stays lazy: ~0.1 s of work at most on SmolLM2's vocabulary.
 PREWARM_POSITIONS = 8_192
+# What a state holds, in bytes, as `Automaton.nbytes` estimates it beside its row of the table
+# (1 KiB): its thread set and thread, its id in `_ids`, its slots in the per-state lists, an
+# empty token_next dict and, for many, a (256,) bool array of first bytes: ~700 B measured with
+# tracemalloc; each further thread of a state ~100 B.
+STATE_BYTES = 768
+THREAD_BYTES = 96
+# One entry of a memo keyed by state or instruction (token_next, forced tokens, arrivals).
+ENTRY_BYTES = 96
 
 
 class Automaton(LegalTokens):
@@ -31,8 +39,9 @@ class Automaton(LegalTokens):
     grammars (grammar.program.Fragments), so a thread set means the same thing whichever grammar
     reached it: a table that keeps most of its tools after a live change finds their states,
     transitions and masks already built. Thread-safe for concurrent matchers (state growth is
-    serialised by a lock). Replaced by a fresh one for new grammars once it holds
-    AUTOMATON_STATES states; grammars compiled before keep theirs. Its layers are its bases, each
+    serialised by a lock). Part of the vocabulary's store (entries.VocabCache): replaced, with
+    the whole store, for new grammars once the store is over its byte budget; grammars compiled
+    before keep theirs (see matcher.matcher). Its layers are its bases, each
     in its module: content keys (`keys.ContentKeys`), forced tokens and finish searches
     (`completion.Completions`), states and transitions (`transitions.Transitions`), the tokens
     one thread may take (`legal.LegalTokens`); this class adds the masks and the precomputation.
@@ -84,6 +93,15 @@ class Automaton(LegalTokens):
         # what precompute walked already (by any grammar): states, and the mask keys expanded
         self._walked: set[int] = set()
         self._walked_keys: set = set()
+        self._n_threads = 0  # threads in every state's set, for `nbytes`
+
+    def nbytes(self) -> int:
+        """An estimate of the bytes this automaton holds (see STATE_BYTES): its table, its
+        states and their memos. Masks are the store's (entries.MaskCache.made)."""
+        n = self._table.nbytes + len(self._sets) * STATE_BYTES + max(0, self._n_threads - len(self._sets)) * THREAD_BYTES
+        n += (self._token_next_size + len(self._forced) + len(self._after_memo) + len(self._walked)
+              + len(self._walked_keys)) * ENTRY_BYTES
+        return n
 
     def _coarse_key(self, s: int):
         """A key equal for states with equal futures (the same instructions at positions that

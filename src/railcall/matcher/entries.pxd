@@ -10,7 +10,7 @@ cdef class _Bits:
     cpdef object packed(self)
 
 cdef class MaskCache:
-    cdef public object budget, used, lock
+    cdef public object budget, used, made, lock
     cdef public dict _d
     cpdef object get(self, object key)
     cpdef object put(self, object key, object value)

@@ -13,7 +13,7 @@ cdef class ContentKeys:
     cdef public object _table, _cnext, _token_next_size
     cdef public list _jstr_closes, _closing_subs
     cdef public set _costly, _walked, _walked_keys
-    cdef public Py_ssize_t _budget
+    cdef public Py_ssize_t _budget, _n_threads
     cdef public object mask_computations
 
     cpdef object _kid(self, object content)

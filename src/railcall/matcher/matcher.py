@@ -1,4 +1,32 @@
-"""CompiledGrammar (per grammar and vocabulary, shared) and Matcher (per request)."""
+"""CompiledGrammar (per grammar and vocabulary, shared) and Matcher (per request).
+
+Bounded memory. Everything the engine shares across requests lives in a vocabulary's store
+(entries.VocabCache): the compiled fragments, the automaton's states, transitions and per-state
+memos, the masks, the content keys and the lookahead memos. Schemas are the client's choice, so
+a server that kept all of it would grow without bound (a request with a fresh 1,000-value enum
+kept ~850 MB). A store therefore has a byte budget (ENGINE_BUDGET, `set_memory_budget`), and its
+size is estimated from counts it keeps as it grows (`VocabCache.nbytes`); no walk over it.
+
+Why generations, not piecemeal eviction. A state id is held by every live matcher on it, and
+transitions, masks and memos all refer to states and instructions, so the automaton cannot drop
+one of its parts while a request is on it. So the whole store is replaced instead: when the
+current store is over its budget, the next grammar asked for (`compiled_grammar`, on a hit as on
+a miss, and `CompiledGrammar(...)`) starts a fresh one, and grammars of the LRU compiled into an
+older store are dropped from it and compiled again into the new one when next asked for. A live
+matcher keeps its own store alive through its CompiledGrammar, unchanged; the old store is
+freed with the last grammar and matcher that use it. Nothing is ever evicted from under a
+state, and a fresh store computes each mask as the old one did (the same instructions, states
+and walks), so no mask can change. What stays piecemeal is what is safe piecemeal: the mask
+cache's entries (a state keeps its own), token_next and the content-key memos (ids are never
+reused, so a key cached under an old id only misses).
+
+The bound: the current store's estimate stays below its budget plus what the requests between
+two checks add (a check per request); retired stores live only as long as requests started on
+them. One grammar adds at most grammar.program.MAX_GRAMMAR_BYTES (checked before it is built).
+The pattern automata (grammar.strings.char_dfa and regex's caches) are kept per process, across
+vocabularies; a store counts those its grammars use, and a new store empties those caches so
+that old automata are freed with the stores that use them.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +43,13 @@ from railcall.grammar.instructions import Lit
 from railcall.grammar.program import Fragments, compile_grammar
 from railcall.grammar.strings import JStr
 from railcall.matcher.automaton import Automaton
-from railcall.matcher.entries import vocab_cache
+from railcall.matcher.entries import ENGINE_BUDGET, VocabCache, vocab_cache
 from railcall.matcher.indexes import fill_stops, jstr_moves, number_margin
 from railcall.matcher.keys import _jstr_clamps
 from railcall.matcher.transitions import UNBUILT
 from railcall.vocab import Vocabulary, single_token
 
 TOKEN_NEXT_LIMIT = 1 << 20  # (state, token) -> state entries kept for consume_token's fast path
-AUTOMATON_STATES = 100_000  # states in one shared automaton before new grammars get a fresh one
 MAX_STRING = 256  # by default, the most characters of a string whose schema gives no maxLength
 
 
@@ -62,13 +89,15 @@ class CompiledGrammar:
     """A grammar bound to a vocabulary: its compiled program and its start state in the
     vocabulary's shared Automaton (which holds the states, transitions and masks; attributes
     not found here are looked up there). Shared by every request that uses the grammar;
-    `compiled_grammar()` keeps an LRU of them keyed by grammar content."""
+    `compiled_grammar()` keeps an LRU of them keyed by grammar content. Compiled into the
+    vocabulary's current store (`store`, a fresh one where the current one is over its budget:
+    see the module docstring), which it keeps alive."""
 
     def __init__(self, grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = MAX_STRING):
         self.grammar = grammar
         self.vocab = vocab
         special_ids = TagIds(vocab)
-        shared = vocab_cache(vocab)
+        shared = self.store = current_store(vocab)
         with shared.lock:
             frags = shared.fragments.get(max_string)
             if frags is None:
@@ -76,7 +105,7 @@ class CompiledGrammar:
                                                                  max(number_margin(vocab), 1))
             self.program = compile_grammar(grammar, special_ids, max_string=max_string, fragments=frags)
             auto = shared.automata.get(max_string)
-            if auto is None or len(auto._sets) >= AUTOMATON_STATES:
+            if auto is None:
                 auto = shared.automata[max_string] = Automaton(vocab)
         self.auto = auto
         self.precomputed = False
@@ -90,7 +119,7 @@ class CompiledGrammar:
 
     def __getattr__(self, name: str):
         # only reached for what is not an attribute of the grammar itself: the automaton's
-        if name == "auto":
+        if name in ("auto", "store"):
             raise AttributeError(name)
         return getattr(self.auto, name)
 
@@ -398,16 +427,66 @@ class Matcher:
 _CACHE: "OrderedDict[tuple, CompiledGrammar]" = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 CACHE_SIZE = 64
+_STORE_LOCK = threading.Lock()  # taken before _CACHE_LOCK, never after
 
 
 def clear_caches(vocab: Vocabulary) -> None:
     """Forget the grammars compiled for `vocab`, their automata and every cached mask (the
     vocabulary's indexes stay): the next compile starts cold. Grammars compiled before keep
     working on what they hold."""
-    vocab._extra.pop("railcall_cache", None)
+    with _STORE_LOCK:
+        vocab._extra.pop("railcall_cache", None)
+        _forget(vocab)
+
+
+def _forget(vocab: Vocabulary) -> None:
+    """Drop from the LRU the grammars on `vocab` that are not in its current store."""
+    current = vocab._extra.get("railcall_cache")
     with _CACHE_LOCK:
-        for key in [k for k in _CACHE if k[1] == vocab.key]:
+        for key in [k for k, cg in _CACHE.items() if cg.vocab is vocab and cg.store is not current]:
             del _CACHE[key]
+
+
+def set_memory_budget(vocab: Vocabulary, nbytes: int) -> None:
+    """The byte budget of `vocab`'s shared store (default ENGINE_BUDGET, 512 MiB): once its
+    estimate is over it, new grammars start a fresh store (see the module docstring). Applies
+    to the current store and to every later one."""
+    if nbytes < 0:
+        raise ValueError(f"a memory budget is a number of bytes >= 0, not {nbytes}")
+    vocab._extra["railcall_budget"] = nbytes
+    vocab_cache(vocab).budget = nbytes
+
+
+def memory_used(vocab: Vocabulary) -> int:
+    """The estimated bytes of `vocab`'s current store (`VocabCache.nbytes`)."""
+    return vocab_cache(vocab).nbytes()
+
+
+def current_store(vocab: Vocabulary) -> VocabCache:
+    """The store new grammars on `vocab` are compiled into: the current one, or a fresh one
+    where the current one is over its budget (the old one is then retired: see the module
+    docstring)."""
+    vc = vocab_cache(vocab)
+    if vc.nbytes() <= vc.budget:
+        return vc
+    with _STORE_LOCK:
+        if vocab._extra.get("railcall_cache") is vc:
+            vocab._extra["railcall_cache"] = VocabCache(vocab._extra.get("railcall_budget", ENGINE_BUDGET),
+                                                        vc.generation + 1)
+            _forget(vocab)
+            _forget_patterns()
+        return vocab_cache(vocab)
+
+
+def _forget_patterns() -> None:
+    """Empty the per-process caches of pattern automata: an automaton in them grows as strings
+    visit it, for every store and request that uses it; emptied, each old one lives only as long
+    as the stores whose grammars use it."""
+    from railcall.grammar import regex, strings
+
+    strings.char_dfa.cache_clear()
+    regex.compile_pattern.cache_clear()
+    regex._pattern_automaton.cache_clear()
 
 
 def compiled_grammar(grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = MAX_STRING,
@@ -424,6 +503,8 @@ def compiled_grammar(grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int 
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
+    if hit is not None and hit.store is not current_store(vocab):
+        hit = None  # compiled into a retired store (or for a twin of this vocabulary): again
     if hit is not None:
         if precompute and not hit.precomputed:
             hit.precompute()

@@ -35,6 +35,7 @@ class Transitions(Completions):
                 grow = np.full((self._table.shape[0], 256), UNBUILT, dtype=np.int32)
                 self._table = np.concatenate([self._table, grow])
             self._sets.append(threads)
+            self._n_threads += len(threads)
             if len(threads) == 1:  # most states: no generator to run
                 for t in threads:
                     acc = only = t[0].accepting
