@@ -586,13 +586,13 @@ def serve(
                                                      "names with commas); answers carry the first. Default: the "
                                                      "model's id and its short name (smollm2). Any other name is a 404."),
 ) -> None:
-    """Serve the model over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models,
-    /health, /metrics)."""
+    """Serve the model over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses,
+    /v1/models, /health, /metrics)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from railcall.errors import from_import_error, require
 
     try:
-        require("railcall serve", "fastapi", "uvicorn", "starlette", "pydantic", extra="serve")
+        require("railcall serve", "fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", extra="serve")
         from railcall.server.app import serve as run_server
     except RailcallError as e:
         _fail(e)

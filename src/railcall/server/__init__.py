@@ -6,6 +6,8 @@ and nowhere else, so `import railcall` never needs them.
     engine.py    the served model, the bounded queue and the generation worker thread
     output.py    generated steps -> content, tool calls, logprobs and stream deltas
     sse.py       server-sent events in OpenAI's chunk format
+    responses.py the Responses API: its request -> a chat request, the output as items and events
+    metrics.py   /metrics through prometheus_client
     app.py       the FastAPI app: routes, auth, body limit, errors
 
 See docs/server.md.

@@ -1,11 +1,13 @@
 """The FastAPI application: OpenAI's chat completions API over one served model.
 
     GET  /health                 liveness and queue depth (no key needed)
-    GET  /metrics                Prometheus text: requests, queue, tokens, batch size, TTFT (no key)
+    GET  /metrics                Prometheus text (metrics.py): requests, tokens, errors, TTFT, queue (no key)
     GET  /v1/models              the one model this process serves, under each of its names
     GET  /v1/models/{model}      one of those names
     POST /v1/chat/completions    tools, tool_choice, response_format, streaming, logprobs, ...
     POST /v1/completions         a prompt in, text out; response_format / guided_* constrain it
+    POST /v1/responses           OpenAI's Responses API on the same pipeline (responses.py)
+    GET  /v1/responses/{id}      a response kept for previous_response_id (DELETE drops it)
 
 Every error is OpenAI's error object, `{"error": {"message", "type", "param", "code"}}`: 400 for
 a request that cannot be served as written (the message names the field, and for a schema the
@@ -38,10 +40,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from railcall import __version__
 from railcall.errors import RequestError
 from railcall.matcher import MAX_STRING
-from railcall.server import sse
+from railcall.server import responses, sse
 from railcall.server.engine import Engine
 from railcall.server.model import ServedModel
-from railcall.server.output import Assembler
+from railcall.server.output import Assembler, finish_reason, generation_failed, grammar_failure
 from railcall.server.plan import Plan, build_completion_plan, build_plan
 from railcall.server.schemas import IGNORED, ChatCompletionRequest, CompletionRequest, error_body
 
@@ -74,6 +76,10 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
     engine = engine or Engine(served, max_pending=max_pending)
     names = model_names(served, names)
     ignored_seen: set[str] = set()  # IGNORED fields already logged (once per name, per process)
+    store = responses.ResponseStore()  # for previous_response_id: the last 256 responses, in memory
+    from railcall.server.metrics import ServerMetrics
+
+    metrics = ServerMetrics(engine)
     plan_lock = threading.Lock()  # one request planned at a time: compiling is CPU work
 
     from contextlib import asynccontextmanager
@@ -94,27 +100,33 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
     app.state.api_key = api_key
     app.state.max_body = max_body
     app.state.names = names
+    app.state.metrics = metrics
 
     # -- errors -----------------------------------------------------------------------------
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, e: RequestError):
+        metrics.error(e.status, e.code)
         return JSONResponse(error_body(str(e), e.type, e.param, e.code), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        metrics.error(e.status_code, None)
         message = str(e.detail)
         if e.status_code in (404, 405):
             message = (f"{message}: {request.method} {request.url.path}; this server answers POST "
-                       "/v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{model}, GET /health and GET /metrics")
+                       "/v1/chat/completions, POST /v1/completions, POST /v1/responses, GET /v1/responses/{id}, "
+                       "GET /v1/models, GET /v1/models/{model}, GET /health and GET /metrics")
         return JSONResponse(error_body(message, kind), status_code=e.status_code, headers=getattr(e, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError):
+        metrics.error(400, None)
         return JSONResponse(_validation_body(e.errors()), status_code=400)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):  # a bug, never the client's input
+        metrics.error(500, "server_error")
         return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500)
 
     def auth(request: Request) -> None:
@@ -158,13 +170,17 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
         resolve(model_id or " ")  # an empty name names no model here
         return model_object(model_id)
 
-    async def serve_request(request: Request, model, build, prefix: str, text: bool):
-        """Both endpoints: read and validate the body, plan it off the event loop, queue it, and
-        answer whole or as a stream (`text`: a text completion's shape)."""
+    async def admit(request: Request, model):
+        """Read the body (413 past the limit), validate it as `model`, check the model name."""
         body = await _read_body(request, request.app.state.max_body)
         req = _parse(body, model)
         resolve(req.model)
         note_ignored(req)
+        return req
+
+    async def queue(build, req, rid: str):
+        """Plan `req` off the event loop (every 400 is raised there), queue it (429/503), and give
+        each of its choices an Assembler."""
 
         def plan_it() -> Plan:
             with plan_lock:
@@ -172,12 +188,19 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
 
         plan = await run_in_threadpool(plan_it)
         job = engine.submit(plan, asyncio.get_running_loop())
-        asms = [Assembler(served, plan) for _ in range(plan.n)]
+        job.rid = rid
+        metrics.track(job)
+        return plan, job, [Assembler(served, plan) for _ in range(plan.n)]
+
+    async def serve_request(request: Request, model, build, prefix: str, text: bool):
+        """Both endpoints: read and validate the body, plan it off the event loop, queue it, and
+        answer whole or as a stream (`text`: a text completion's shape)."""
+        req = await admit(request, model)
         cid = prefix + secrets.token_hex(12)
-        job.rid = cid
+        plan, job, asms = await queue(build, req, cid)
         created = int(time.time())
         if plan.stream:
-            return StreamingResponse(_stream(job, asms, plan, cid, created, names[0], text=text),
+            return StreamingResponse(_stream(job, asms, plan, cid, created, names[0], text=text, on_error=metrics.error),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return JSONResponse(await _complete(request, job, asms, plan, cid, created, names[0], text=text))
@@ -194,12 +217,52 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
         """A prompt in, text out (no chat template): free, or under response_format / guided_*."""
         return await serve_request(request, CompletionRequest, build_completion_plan, "cmpl-", text=True)
 
-    @app.get("/metrics")
-    async def metrics():
-        """Prometheus text format: requests, queue depth, tokens, batch size, time to first token."""
-        from fastapi.responses import PlainTextResponse
+    @app.post("/v1/responses", dependencies=[Depends(auth)],
+              responses={400: {"description": "bad request"}, 404: {"description": "unknown model or previous response"},
+                         429: {"description": "queue full"}})
+    async def create_response(request: Request):
+        """OpenAI's Responses API, translated to a chat completion and planned as one (responses.py)."""
+        req = await admit(request, responses.ResponsesRequest)
+        earlier = store.get(req.previous_response_id)[1] if req.previous_response_id else []
+        chat, where = responses.to_chat(req, earlier)
+        rid = responses.new_id("resp_")
+        try:
+            plan, job, asms = await queue(build_plan, chat, rid)
+        except RequestError as e:
+            raise responses.in_responses_terms(e, where) from None
+        started = responses.skeleton(req, rid, names[0])
+        conversation = earlier + [x.model_dump(by_alias=True, exclude_none=True) for x in req.input]
 
-        return PlainTextResponse(_prometheus(engine), media_type="text/plain; version=0.0.4")
+        def keep(done: dict) -> None:
+            if req.store:
+                store.put(done, conversation + responses.as_input(done["output"]))
+
+        if plan.stream:
+            return StreamingResponse(responses.stream(job, asms[0], plan, started, keep, on_error=metrics.error),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        chat_answer = await _complete(request, job, asms, plan, rid, started["created_at"], names[0])
+        done = responses.from_chat(started, chat_answer)
+        keep(done)
+        return JSONResponse(done)
+
+    @app.get("/v1/responses/{rid}", dependencies=[Depends(auth)])
+    async def get_response(rid: str):
+        return store.get(rid, param="response_id")[0]
+
+    @app.delete("/v1/responses/{rid}", dependencies=[Depends(auth)])
+    async def delete_response(rid: str):
+        store.get(rid, param="response_id")  # 404 for an id it does not hold
+        store.delete(rid)
+        return {"id": rid, "object": "response", "deleted": True}
+
+    @app.get("/metrics")
+    async def prometheus():
+        """Prometheus text format: requests, tokens, errors; TTFT, time per token, queue wait; rows, queue."""
+        from fastapi.responses import Response
+        from railcall.server.metrics import CONTENT_TYPE
+
+        return Response(metrics.text(), media_type=CONTENT_TYPE)
 
     app.openapi = lambda: _openapi(app)
     return app
@@ -295,7 +358,8 @@ def _param(loc) -> str | None:
             out += f"[{part}]"
         elif isinstance(part, str) and part.isidentifier() and part not in ("str", "int", "float", "bool", "dict", "list"):
             # a message's role is the union's tag right after its index (messages[0].user.content)
-            tag = isinstance(prev, int) and part in ("system", "developer", "user", "assistant", "tool")
+            tag = isinstance(prev, int) and part in ("system", "developer", "user", "assistant", "tool", "message",
+                                                     "function_call", "function_call_output", "reasoning")
             if not (tag or part[:1].isupper()):
                 out += ("." if out else "") + part
         prev = part
@@ -327,12 +391,6 @@ def _validation_body(errors: list) -> dict:
 
 # -- responses ----------------------------------------------------------------------------------
 
-def _finish_reason(gen, asm: Assembler) -> str:
-    if gen.finish_reason == "length":
-        return "length"
-    return "tool_calls" if asm.has_calls() else "stop"
-
-
 def _usage(plan: Plan, gens) -> dict:
     done = sum(len(g.tokens) for g in gens)
     return {"prompt_tokens": len(plan.prompt), "completion_tokens": done, "total_tokens": len(plan.prompt) + done,
@@ -360,7 +418,7 @@ async def _complete(request: Request, job, asms: list[Assembler], plan: Plan, ci
                 steps[k].append(step)
                 asms[k].feed(step)
             elif kind == "error":
-                raise _generation_failed(value)
+                raise generation_failed(value)
             else:
                 k, gen = value
                 gens[k] = gen
@@ -369,14 +427,14 @@ async def _complete(request: Request, job, asms: list[Assembler], plan: Plan, ci
         job.cancel()
     choices = []
     for k, (asm, gen) in enumerate(zip(asms, gens)):
-        failed = _grammar_failure(gen)
+        failed = grammar_failure(gen)
         if failed is not None:
             raise failed
         asm.finish(gen)
         if text:  # a text completion's choice
-            choice = {"index": k, "text": asm.content, "finish_reason": _finish_reason(gen, asm), "logprobs": None}
+            choice = {"index": k, "text": asm.content, "finish_reason": finish_reason(gen, asm), "logprobs": None}
         else:
-            choice = {"index": k, "message": asm.message(), "finish_reason": _finish_reason(gen, asm),
+            choice = {"index": k, "message": asm.message(), "finish_reason": finish_reason(gen, asm),
                       "logprobs": {"content": [asm.logprob_entry(s) for s in steps[k]]} if plan.logprobs else None}
         if plan.return_token_ids:
             choice["token_ids"] = list(gen.tokens)
@@ -388,25 +446,10 @@ async def _complete(request: Request, job, asms: list[Assembler], plan: Plan, ci
     return out
 
 
-def _grammar_failure(gen) -> RequestError | None:
-    """The error to answer instead of an output the grammar could not finish (a dead end, or a
-    cut answer with no completion): never a broken call or answer with a normal finish_reason."""
-    if not gen.grammar_error:
-        return None
-    return RequestError(
-        f"the output could not be completed under the request's tools or response_format: "
-        f"{gen.grammar_error}. The schema describes a value railcall cannot finish (nested too deep, "
-        f"or longer than max_tokens allows); simplify the schema or raise max_tokens",
-        code="grammar_dead_end")
-
-
-def _generation_failed(value) -> RequestError:
-    if isinstance(value, RequestError):
-        return value
-    return RequestError(f"generation failed: {type(value).__name__}: {value}", status=500, type="server_error")
-
-
-async def _stream(job, asms: list[Assembler], plan: Plan, cid: str, created: int, model: str, text: bool = False):
+async def _stream(job, asms: list[Assembler], plan: Plan, cid: str, created: int, model: str, text: bool = False,
+                  on_error=None):
+    """A chat (or text) completion's SSE chunks; `on_error(status, code)` hears of a failure sent
+    as an error event."""
     n = len(asms)
     ids: list[list[int]] = [[] for _ in asms]  # per choice: token ids and logprobs not yet sent
     lps: list[list[dict]] = [[] for _ in asms]
@@ -427,6 +470,8 @@ async def _stream(job, asms: list[Assembler], plan: Plan, cid: str, created: int
         return sse.event(c)
 
     def fail(e: RequestError):
+        if on_error is not None:
+            on_error(e.status, e.code)
         for a in asms:
             a.cancel()
         return sse.event(error_body(str(e), e.type, e.param, e.code)) + sse.DONE
@@ -449,56 +494,25 @@ async def _stream(job, asms: list[Assembler], plan: Plan, cid: str, created: int
                     if not text or "content" in delta:
                         yield make(k, delta)
             elif kind == "error":
-                yield fail(_generation_failed(value))
+                yield fail(generation_failed(value))
                 return
             else:
                 k, gen = value
                 gens[k] = gen
-                failed = _grammar_failure(gen)
+                failed = grammar_failure(gen)
                 if failed is not None:
                     yield fail(failed)
                     return
                 for delta in asms[k].finish(gen):
                     if not text or "content" in delta:
                         yield make(k, delta)
-                yield make(k, {}, _finish_reason(gen, asms[k]))
+                yield make(k, {}, finish_reason(gen, asms[k]))
         if plan.include_usage:
             yield sse.event({"id": cid, "object": "text_completion" if text else "chat.completion.chunk",
                              "created": created, "model": model, "choices": [], "usage": _usage(plan, gens)})
         yield sse.DONE
     finally:
         job.cancel()  # a client that went away stops its generation at the next token
-
-
-def _prometheus(engine) -> str:
-    m = engine.metrics()
-    lines = []
-
-    def metric(name: str, kind: str, help_: str, value, labels: str = "") -> None:
-        lines.extend([f"# HELP railcall_{name} {help_}", f"# TYPE railcall_{name} {kind}",
-                      f"railcall_{name}{labels} {value}"])
-
-    lines.extend(["# HELP railcall_requests_total Requests by outcome.", "# TYPE railcall_requests_total counter"])
-    for outcome in ("completed", "cancelled", "failed", "rejected"):
-        lines.append(f'railcall_requests_total{{outcome="{outcome}"}} {m[outcome]}')
-    metric("queue_depth", "gauge", "Requests waiting for a row.", m["queued"])
-    metric("running_rows", "gauge", "Rows in the decode loop.", m["running"])
-    metric("batch_rows", "gauge", "Rows in the last forward pass.", m["batch_rows"])
-    metric("generated_tokens_total", "counter", "Tokens generated.", m["generated_tokens"])
-    metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.", m["prompt_tokens"])
-    metric("cached_prompt_tokens_total", "counter", "Prompt tokens whose KV came from the prefix cache.",
-           m["cached_prompt_tokens"])
-    metric("decode_steps_total", "counter", "Forward passes of the decode loop.", m["steps"])
-    metric("prefix_cache_bytes", "gauge", "Bytes of KV held by the prefix cache.", m["prefix_cache_bytes"])
-    ttft = sorted(engine.ttft)
-    lines.extend(["# HELP railcall_time_to_first_token_seconds Time from arrival to the first token, recent requests.",
-                  "# TYPE railcall_time_to_first_token_seconds summary"])
-    for q in (0.5, 0.95):
-        v = ttft[min(len(ttft) - 1, int(q * len(ttft)))] if ttft else 0.0
-        lines.append(f'railcall_time_to_first_token_seconds{{quantile="{q}"}} {v:.4f}')
-    lines.append(f"railcall_time_to_first_token_seconds_count {len(ttft)}")
-    lines.append(f"railcall_time_to_first_token_seconds_sum {sum(ttft):.4f}")
-    return "\n".join(lines) + "\n"
 
 
 def _openapi(app: FastAPI) -> dict:

@@ -22,12 +22,39 @@ from __future__ import annotations
 import codecs
 import secrets
 
+from railcall.errors import RequestError
 from railcall.runtime.decode import Generation, Step
 from railcall.runtime.output import Delimiters, Delta, OutputParser
 
 
 def call_id() -> str:
     return "call_" + secrets.token_hex(12)
+
+
+def finish_reason(gen: Generation, asm: "Assembler") -> str:
+    """OpenAI's finish_reason of one choice: length, tool_calls or stop."""
+    if gen.finish_reason == "length":
+        return "length"
+    return "tool_calls" if asm.has_calls() else "stop"
+
+
+def grammar_failure(gen: Generation) -> RequestError | None:
+    """The error to answer instead of an output the grammar could not finish (a dead end, or a
+    cut answer with no completion): never a broken call or answer with a normal finish_reason."""
+    if not gen.grammar_error:
+        return None
+    return RequestError(
+        f"the output could not be completed under the request's tools or response_format: "
+        f"{gen.grammar_error}. The schema describes a value railcall cannot finish (nested too deep, "
+        f"or longer than max_tokens allows); simplify the schema or raise max_tokens",
+        code="grammar_dead_end")
+
+
+def generation_failed(value) -> RequestError:
+    """The error a failed generation (an exception from the decode loop) is answered with."""
+    if isinstance(value, RequestError):
+        return value
+    return RequestError(f"generation failed: {type(value).__name__}: {value}", status=500, type="server_error")
 
 
 class Assembler:

@@ -156,6 +156,11 @@ IGNORED = {
     "verbosity": "a setting of OpenAI's GPT-5 models; the served model has none",
     "modalities": "text is the only output modality, and the one asked for",
     "prediction": "predicted outputs only speed up OpenAI's decoding; the answer is the same without",
+    # the Responses API's (responses.py)
+    "reasoning": "a setting of OpenAI's reasoning models; the served model reasons (or not) as it was trained",
+    "include": "extra output OpenAI can attach (encrypted reasoning, logprobs); the answer is the same without",
+    "truncation": "the conversation is never truncated here; one past the context is a 400",
+    "prompt_cache_retention": "OpenAI's cache lifetime; railcall's prefix cache keeps what fits its budget",
 }
 
 
