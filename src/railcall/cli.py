@@ -273,6 +273,7 @@ def bench(
     unknown = sorted(set(engine or ()) - set(ENGINES))
     if unknown:
         _fail(ValueError(f"unknown engine {', '.join(unknown)}; use {', '.join(ENGINES)}"))
+    _check_bench_packages(engine or list(ENGINES))
     console.print(f"railcall bench{' --quick' if quick else ''}: vocabularies {', '.join(vocabs)}")
     with _progress_bars() as progress:
         report = run(quick=quick, vocabs=vocabs, out=Path(out), data=Path(data), engines=engine or None,
@@ -297,6 +298,10 @@ def bench_steps(
     from railcall.bench.steps import run
 
     _at_least_1(steps=steps, rounds=rounds, threads=threads)
+    _require("railcall bench steps (llama.cpp alone, and railcall on it)", "llama_cpp", extra="llama")
+    if not no_transformers:
+        _require("railcall bench steps (railcall on transformers; --no-transformers leaves it out)",
+                 "torch", "transformers", "safetensors", extra="model")
     try:
         r = run(Path(out), steps=steps, rounds=rounds, threads=threads, transformers=not no_transformers,
                 progress=lambda s: console.print(s, style="dim", markup=False, highlight=False))
@@ -334,12 +339,40 @@ def bench_serve(
     if binary is not None and not binary.exists():
         _fail(f"{binary} does not exist: build it with `make llama-server`, or leave --llama-server out")
     _check_model_arg(None, "railcall bench serve", extra="serve")
+    # the servers it starts (`railcall serve`) and the client it measures them with
+    _require("railcall bench serve", "fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", extra="serve")
+    _require("railcall bench serve", "openai", "httpx")
     report = run(Path(out), vllm_python=vpy, per_client=per_client, threads=threads, llama_server_binary=binary,
                  transformers=not no_transformers, progress=lambda m: console.print(m, style="dim", markup=False))
     from railcall.bench.serve import markdown
 
     console.print(markdown(report), markup=False, highlight=False)
     console.print(f"wrote {out}/serve.json, serve.md and serve.png")
+
+
+# The peers `railcall bench` measures beside railcall: engine -> the package it imports
+# (railcall[dev] installs them all).
+PEER_PACKAGES = {"llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines_core"}
+
+
+def _require(what: str, *packages: str, extra: str | None = None) -> None:
+    """railcall.errors.require, failing the command with its message."""
+    from railcall.errors import require
+
+    try:
+        require(what, *packages, extra=extra)
+    except RailcallError as e:
+        _fail(e)
+
+
+def _check_bench_packages(engines: list[str]) -> None:
+    """`railcall bench`'s packages, before its first minute of work: the model's (the calls every
+    engine also walks are sampled from it), matplotlib for the chart, each chosen peer's own."""
+    _check_model_arg(None, "railcall bench")
+    _require("railcall bench (its chart)", "matplotlib", extra="eval")
+    for name in engines:
+        if name in PEER_PACKAGES:
+            _require(f"railcall bench --engine {name} (leave it out with --engine railcall,...)", PEER_PACKAGES[name])
 
 
 # Where the output is not a terminal (a log file, CI), a bar cannot redraw: a plain line instead,
