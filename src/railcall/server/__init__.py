@@ -9,6 +9,7 @@ and nowhere else, so `import railcall` never needs them.
     responses.py the Responses API: its request -> a chat request, the output as items and events
     metrics.py   /metrics through prometheus_client
     app.py       the FastAPI app: routes, auth, body limit, errors
+    protocol.py  the HTTP connection: deadlines on reading a request
 
 See docs/server.md.
 """

@@ -563,7 +563,9 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
     served.max_rows = max_rows
     served.prefix_cache = PrefixCache(served.prefix_budget(prefix_cache_bytes)) if prefix_cache_bytes > 0 else None
     app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body, names=names)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    from railcall.server.protocol import uvicorn_config
+
+    uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level)).run()
 
 
 class Running:
@@ -592,7 +594,9 @@ def start_in_thread(model: str | None = None, *, served: ServedModel | None = No
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    from railcall.server.protocol import uvicorn_config
+
+    server = uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level))
     thread = threading.Thread(target=server.run, name="railcall-server", daemon=True)
     thread.start()
     t0 = time.monotonic()
