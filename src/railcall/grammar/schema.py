@@ -140,9 +140,12 @@ class SchemaOptions:
         every type, no non-empty rule for required strings.
     whitespace: 0 writes compact JSON; n > 0 allows up to n whitespace bytes around each
         structural character (never unbounded, so a model cannot loop on whitespace).
-    max_enum, max_depth, max_pattern, max_min_items, time_budget_s: limits that keep a hostile
-        schema from taking the process down, each a clear error (max_min_items: the largest
-        minItems accepted; an array that long could not be finished within any token budget).
+    max_enum, max_enum_bytes, max_depth, max_pattern, max_min_items, time_budget_s: limits that
+        keep a hostile schema from taking the process down, each a clear error (max_enum_bytes:
+        the JSON text of one enum's values together, each byte of which costs ~270 B compiled, as
+        a trie; max_min_items: the largest minItems accepted; an array that long could not be
+        finished within any token budget). A whole grammar is bounded too
+        (grammar.program.MAX_GRAMMAR_BYTES).
     """
 
     required_nonempty: bool = True
@@ -150,6 +153,7 @@ class SchemaOptions:
     standard: bool = False
     whitespace: int = 0
     max_enum: int = 100_000
+    max_enum_bytes: int = 128 << 10
     max_depth: int = 64
     max_pattern: int = 4_096
     max_min_items: int = 4_096
@@ -523,6 +527,12 @@ def _enum(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
     if len(values) > ctx.options.max_enum:
         raise SchemaError(f"{len(values)} enum values exceed the limit of {ctx.options.max_enum}",
                           pointer=pointer + "/enum", keyword="enum", option="max_enum")
+    size = sum([len(v) + 2 if isinstance(v, str) else len(json.dumps(v)) for v in values])
+    if size > ctx.options.max_enum_bytes:
+        where = "enum" if "const" not in schema else "const"
+        raise SchemaError(f"the {where} values are {size:,} bytes of JSON text together, over the limit of "
+                          f"{ctx.options.max_enum_bytes:,}; use fewer or shorter values (a pattern can stand for a "
+                          f"long list)", pointer=pointer + "/" + where, keyword=where, option="max_enum_bytes")
     allowed = _types(ctx, schema, pointer)
     if allowed is not None:
         values = [v for v in values if _json_type(v) in allowed or (_json_type(v) == "integer" and "number" in allowed)]
