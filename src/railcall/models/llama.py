@@ -450,7 +450,10 @@ class LlamaBatch:
     """Rows of the batch loop as llama.cpp sequences of one `LlamaModel`, with the verbs of
     `railcall.runtime.batch.TransformersBatch` (start, start_cached, feed, keep, join, row_kv,
     branch_logits) and `release()` for when the loop drops it. Built per admission group, joined
-    into the loop's batch; row numbers are positions in it."""
+    into the loop's batch; row numbers are positions in it. `begin` and `feed(tokens, wants)`
+    let the loop prefill a prompt in chunks, beside the other rows' next tokens (`chunked`)."""
+
+    chunked = True
 
     def __init__(self, model: LlamaModel):
         self.model = model
@@ -512,14 +515,45 @@ class LlamaBatch:
         self.forward_passes += 1
         return logits
 
-    def feed(self, tokens: Sequence[Sequence[int]]):
-        """Append tokens[i] (at least one) to row i, every row in one decode; (rows, width)
-        logits, row i's after its last token."""
+    def begin(self, m: int = 0, source=None) -> int:
+        """A new row holding the first m positions of `source`, nothing run: a `KeptSequence`
+        (a prefix-cache hit; its lookup's pin ends here) or a row b of this batch (another choice
+        of the same prompt). The rest of its prompt runs in chunks through `feed`. Returns the
+        positions it holds (0 where a kept sequence was released after its lookup)."""
+        try:
+            (s,) = self._new_rows(1)
+        finally:
+            if isinstance(source, KeptSequence):
+                source.unpin()
+        if isinstance(source, KeptSequence):
+            m = m if source.alive else 0
+            src = source.seq
+        else:
+            src = self.seqs[source] if source is not None else None
+        if m and src is not None:
+            self.model.copy_seq(src, s, m)
+        self.seqs.append(s)
+        self.pos.append(m if src is not None else 0)
+        return self.pos[-1]
+
+    def feed(self, tokens: Sequence[Sequence[int]], wants: Sequence[bool] | None = None):
+        """Append tokens[i] to row i, every row in one decode; the logits after the last token of
+        each row that wants them (all where `wants` is None; a row wanting none may feed none:
+        a prompt's chunk, or a row held this step), in row order. All or nothing: where the
+        decode fails, no row keeps a cell of it."""
         items = []
-        for s, p, toks in zip(self.seqs, self.pos, tokens):
+        for b, (s, p, toks) in enumerate(zip(self.seqs, self.pos, tokens)):
             n = len(toks)
-            items.extend(((s,), int(t), p + i, i == n - 1) for i, t in enumerate(toks))
-        logits = self.model.decode(items)
+            want = True if wants is None else wants[b]
+            items.extend(((s,), int(t), p + i, want and i == n - 1) for i, t in enumerate(toks))
+        if not items:
+            return np.zeros((0, self.width), dtype=np.float32)
+        try:
+            logits = self.model.decode(items)
+        except Exception:  # a run longer than the batch size goes in several calls: undo the first
+            for s, p in zip(self.seqs, self.pos):
+                self.model._ll.llama_memory_seq_rm(self.model._mem, s, p, -1)
+            raise
         self.pos = [p + len(t) for p, t in zip(self.pos, tokens)]
         self.forward_passes += 1
         return logits
