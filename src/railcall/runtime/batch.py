@@ -4,10 +4,12 @@ On a memory-bound CPU (SmolLM2-135M in fp32 reads its ~540 MB of weights on ever
 over 16 rows costs about twice one pass over a single row. Measured on 2 cores with ~180-token
 prompts: 68 ms per token for one row, 8.7 ms per row-token for 16 rows, 5.7 ms for 32.
 
-    BatchLoop.add(prompt, row)  -> waiting
-    BatchLoop.step():  admit waiting rows (prefill; a cached prefix is not run again), then
-                       row.advance(logits) for every live row (mask, sample, or forced tokens),
-                       rows that ended leave, one forward pass feeds the rest
+    BatchLoop.add(prompt, row, group)  -> waiting (group: the request; its n rows go as one)
+    BatchLoop.step():  admit waiting rows (each request up to its share; a cached prefix is not
+                       run again), row.advance(logits) for the rows that run this step (mask,
+                       sample, or forced tokens), rows that ended leave, one forward pass feeds
+                       the rest and a chunk of each prompt still filling (llama.cpp; the
+                       transformers batch prefills a prompt whole at admission)
     decode_stream / generate_batch: a BatchLoop over an iterable of requests (railcall eval)
     server.engine.Engine: a BatchLoop on its worker thread, fed by the request queue
 
@@ -346,15 +348,6 @@ class PrefixCache:
         self.bytes = 0
 
 
-def _concat(a, b):
-    """Two (rows, width) logits blocks, one after the other: numpy (llama.cpp) or torch."""
-    if isinstance(a, np.ndarray):
-        return np.concatenate([a, b])
-    import torch
-
-    return torch.cat([a, b])
-
-
 def _unpin(kv) -> None:
     """End a prefix-cache hit's hold on its entry (railcall.models.llama.KeptSequence pins one
     between its lookup and its copy into the row; torch tensors need none)."""
@@ -371,19 +364,66 @@ def _release(kv) -> None:
         release()
 
 
+class _Slot:
+    """A row of the loop's batch (per row, per loop). Its prompt runs first, whole at admission
+    or a chunk per step (`done` counts the prompt tokens its KV holds); until it has, every row
+    of the loop with the same prompt rides along in `rows` and is copied out of it when it is
+    done (n > 1: one prefill, the cells shared). After that it holds one row, and `logits` are
+    that row's for its next advance."""
+
+    __slots__ = ("rows", "prompt", "group", "done", "tokens", "logits")
+
+    def __init__(self, rows, prompt, group, done, logits=None):
+        self.rows = rows
+        self.prompt = prompt
+        self.group = group
+        self.done = done
+        self.tokens = list(prompt)  # what the KV holds once the prompt has run: prompt + fed
+        self.logits = logits  # (width,): the logits after the row's last token; None while it fills
+
+    @property
+    def ready(self) -> bool:
+        return self.logits is not None
+
+
 class BatchLoop:
     """Continuous batching: rows join and leave at every step, one forward pass per step for all.
 
     Built per serving loop (one per model in the server, one per `decode_stream`); used from one
-    thread. `add(prompt, row)` queues a row; `step()` admits queued rows (up to `max_rows` live,
-    at most `prefill_tokens` prompt tokens run per step beyond the first row, so a long prompt
-    delays the rows in flight by one prefill and not by many), advances every live row, feeds
-    the ones still going in one pass, and returns the rows that ended. A row whose `advance`
-    raises ends with finish_reason "error" and the exception in `row.error`.
+    thread. `add(prompt, row, group)` queues a row (`group`: the request it belongs to, so that
+    the rows of one request with n choices are scheduled as one); `step()` admits queued rows,
+    advances the rows that run this step, feeds them in one pass together with a chunk of the
+    prompts still filling, and returns the rows that ended. A row whose `advance` raises ends with
+    finish_reason "error" and the exception in `row.error`.
+
+    Scheduling (docs/server.md, "Scheduling"). A backend whose batch takes part-rows
+    (`chunked = True`: railcall.models.llama.LlamaBatch) has its prompts prefilled in chunks, in
+    the same pass as the other rows' next tokens; any other (TransformersBatch) prefills a prompt
+    whole at admission, at most `prefill_tokens` prompt tokens per step beyond the first row.
+    With `fair` (the server), the requests in the batch share each step:
+
+      order    the request that has run the fewest tokens (prompt and output; a cached prefix
+               is free) leads; ties in arrival order. A newcomer leads at once.
+      tokens   the leader runs up to `step_tokens` tokens (its rows' next tokens and a chunk of
+               its prompt) and up to the rows the others leave of `max_rows`; every other
+               request runs one token (one row's next token, or one prompt token). So a light
+               request's step costs about what it would alone, and nobody stops: on 2 cores a
+               step of one row is ~15 ms, each further token ~4 ms, a 32-token chunk beside
+               3,200 cells ~0.3 s (and a 256-token one ~2.4 s: hence 32, which also ran a
+               3,200-token prompt in 24 s against 68 s whole, its attention in smaller blocks).
+      rows     a request is admitted up to its share of the rows (max_rows // the requests with
+               rows in the batch or queued, at least one); chunked, rows past their share are
+               held with their cells and logits (up to 2 * max_rows held) and a newcomer is
+               admitted beside them; whole prefill, a request that took every row before others
+               came keeps them until they end.
+
+    Without `fair` (decode_stream, an evaluation) rows are admitted and run in arrival order and
+    each prompt may take the whole `step_tokens`.
     """
 
     def __init__(self, model, vocab, *, max_rows: int = 16, prefix_cache: PrefixCache | None = None,
-                 prefill_tokens: int = 2048, new_batch: Callable[[], object] | None = None):
+                 prefill_tokens: int = 2048, step_tokens: int = 32, fair: bool = True,
+                 new_batch: Callable[[], object] | None = None):
         self.model = model
         # what runs the rows: a TransformersBatch over `model` by default, or any object with its
         # verbs (start, start_cached, feed, keep, join, row_kv; OneRowBatch for a single sequence)
@@ -395,96 +435,292 @@ class BatchLoop:
         self.max_rows = max_rows
         self.cache = prefix_cache
         self.prefill_tokens = prefill_tokens
+        self.step_tokens = max(1, step_tokens)
+        self.fair = fair
         self.pad_id = vocab.eos_id if vocab.eos_id is not None else 0
         self.waiting: collections.deque[tuple[list[int], Row]] = collections.deque()
-        self.live: list[Row] = []  # in batch order
-        self._tokens: list[list[int]] = []  # per live row: the tokens its KV holds (prompt + fed)
-        self._lm: TransformersBatch | None = None
-        self._logits = None  # (live rows, width): each row's logits for its next advance
+        self._slots: list[_Slot] = []  # the batch's rows, in batch order
+        self._group: dict[int, object] = {}  # id(row) -> its request, for rows queued or in the batch
+        self._service: dict[object, int] = {}  # request -> tokens run for it (its place in the order)
+        self._lm = None
+        self._chunked: bool | None = None  # whether the batch takes part-rows (known once one is made)
+        self._ends = 0  # rows that have left the batch (cells freed)
+        self._full_at = -1  # `_ends` when a chunk found the cells full: no admission until a row leaves
         self.forward_passes = 0
         self.steps = 0
         self.prefilled_tokens = 0  # prompt tokens run (a cached prefix is not)
 
-    def add(self, prompt: Sequence[int], row: Row) -> None:
+    def add(self, prompt: Sequence[int], row: Row, group=None) -> None:
         router = getattr(row, "router", None)
         if router is not None and router.score is None:
             router.score = self.scorer(row)  # the row's names are scored where its KV is
+        group = id(row) if group is None else group
+        self._group[id(row)] = group
+        self._service.setdefault(group, 0)  # arrival order: the order among requests that ran as much
         self.waiting.append((list(prompt), row))
 
     def scorer(self, row: Row):
         """Scored routing's scorer for `row` (railcall.runtime.routing): its branches run on the
         row's KV in the batch, in a pass of their own (`branch_logits` of the batch). Called from
         the row's `advance`, while the row is live."""
-        return lambda branches: self._lm.branch_logits(self.live.index(row), branches)
+        return lambda branches: self._lm.branch_logits(self._index(row), branches)
+
+    def _index(self, row: Row) -> int:
+        return next(b for b, s in enumerate(self._slots) if s.rows[0] is row)
+
+    @property
+    def live(self) -> list[Row]:
+        """The rows in the batch (running, held, or their prompt still filling), in batch order."""
+        return [r for s in self._slots for r in s.rows]
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.live)
+        return bool(self.waiting or self._slots)
 
+    # -- one step ----------------------------------------------------------------------------
     def step(self) -> list[Row]:
         ended = self._admit()
-        if not self.live:
+        ended += self._drop_cancelled()
+        if not self._slots:
             return ended
-        feeds = []
-        for b, row in enumerate(self.live):
+        budget, rows = self._budgets()
+        run: dict[int, int] = {}  # slot index -> tokens it runs (a running row: 1 counted, its feed fed)
+        chunked = self._chunked
+        for b, s in self._by_order([b for b, s in enumerate(self._slots) if s.ready]):
+            if not chunked or (rows[s.group] > 0 and budget[s.group] > 0):
+                run[b] = 1
+                budget[s.group] -= 1
+                rows[s.group] -= 1
+        for b, s in self._by_order([b for b, s in enumerate(self._slots) if not s.ready]):
+            n = min(len(s.prompt) - s.done, budget[s.group])
+            if rows[s.group] > 0 and n > 0:
+                run[b] = n
+                budget[s.group] -= n
+                rows[s.group] -= len(s.rows)
+        feeds: dict[int, list[int]] = {}
+        gone: list[int] = []
+        for b in sorted(run):
+            s = self._slots[b]
+            if not s.ready:
+                continue
+            row = s.rows[0]
             try:
-                feed = row.advance(self._logits[b])
+                feed = row.advance(s.logits)
             except Exception as e:  # a fault in one row (its matcher, a callback) ends that row only
                 row.error = e
                 row.end("error")
                 feed = []
-            feeds.append(feed)
-        keep = [b for b, f in enumerate(feeds) if f]
-        for b, f in enumerate(feeds):
-            if not f:
-                ended.append(self.live[b])
-                if self.cache is not None and len(self._tokens[b]) >= self.cache.min_tokens:
-                    self.cache.store(self._tokens[b], self._lm.row_kv(b))
-        if not keep:
-            self._drop_batch()
+            if feed:
+                feeds[b] = feed
+                continue
+            ended.append(row)
+            gone.append(b)
+            self._forget(row)
+            if self.cache is not None and len(s.tokens) >= self.cache.min_tokens:
+                self.cache.store(s.tokens, self._lm.row_kv(b))
+        if gone:
+            keep = [b for b in range(len(self._slots)) if b not in set(gone)]
+            run = {keep.index(b): n for b, n in run.items() if b not in set(gone)}
+            feeds = {keep.index(b): f for b, f in feeds.items()}
+            self._remove(keep)
+            if not self._slots:
+                return ended
+        if not run:
             return ended
-        if len(keep) != len(self.live):
-            self._lm.keep(keep)
-        self.live = [self.live[b] for b in keep]
-        self._tokens = [self._tokens[b] for b in keep]
-        fed = [feeds[b] for b in keep]
-        for toks, f in zip(self._tokens, fed):
-            toks.extend(f)
-        self._logits = self._lm.feed(fed)
-        self.forward_passes += 1
+        self._pass(run, feeds, ended)
         self.steps += 1
-        for row in self.live:
-            row.passes += 1
         return ended
 
-    def _admit(self) -> list[Row]:
-        """Prefill queued rows into the batch; returns rows that ended while queued (cancelled),
-        or whose prefill failed.
+    def _budgets(self) -> tuple[dict, dict]:
+        """(tokens, rows) each request in the batch may run this step (see the class docstring):
+        fair, the request that has run the fewest tokens up to `step_tokens` tokens and the rows
+        the others leave, every other one token and one row; else each up to both limits."""
+        groups = list(dict.fromkeys(s.group for s in self._slots))
+        if not self.fair or len(groups) == 1:
+            return dict.fromkeys(groups, self.step_tokens), dict.fromkeys(groups, self.max_rows)
+        rank = {g: k for k, g in enumerate(self._service)}
+        groups.sort(key=lambda g: (self._service.get(g, 0), rank.get(g, 0)))
+        tokens, rows = dict.fromkeys(groups, 1), dict.fromkeys(groups, 0)
+        tokens[groups[0]] = self.step_tokens
+        rows[groups[0]] = max(1, self.max_rows - len(groups) + 1)
+        for g in groups[1: self.max_rows]:
+            rows[g] = 1
+        return tokens, rows
 
-        A prefill that fails (the model's KV cache full, say) takes nothing into the batch: the
-        batches it started are released. Its rows wait again at the front of the queue while
-        other rows are live (they free cells as they end); with none live nothing will free
-        any, so they end with finish_reason "error" and the exception in `row.error`."""
+    def _by_order(self, slots: list[int]) -> list[tuple[int, _Slot]]:
+        """Slots in the order their requests choose: fewest tokens run first (fair), else batch order."""
+        if not self.fair:
+            return [(b, self._slots[b]) for b in slots]
+        rank = {g: k for k, g in enumerate(self._service)}  # arrival order among equals
+        return sorted(((b, self._slots[b]) for b in slots),
+                      key=lambda bs: (self._service.get(bs[1].group, 0), rank.get(bs[1].group, 0)))
+
+    def _pass(self, run: dict[int, int], feeds: dict[int, list[int]], ended: list[Row]) -> None:
+        """The step's one forward pass: the running rows' tokens and the filling prompts' chunks.
+
+        A pass with chunks that fails (the KV cells full, say) drops the filling prompts: their
+        cells are freed and their rows wait again at the front of the queue while other rows are
+        in the batch (no admission until one of them leaves and frees cells), or end with the
+        error where there are none; the running rows' tokens then run alone."""
+        slots = self._slots
+        if not self._chunked:
+            fed = [feeds[b] for b in range(len(slots))]
+            logits = self._lm.feed(fed)
+            self._took(run, feeds, logits, list(range(len(slots))))
+            return
+        tokens, wants = [], []
+        for b, s in enumerate(slots):
+            if b in feeds:
+                tokens.append(feeds[b])
+                wants.append(True)
+            elif b in run:
+                tokens.append(s.prompt[s.done: s.done + run[b]])
+                wants.append(s.done + run[b] == len(s.prompt))
+            else:
+                tokens.append([])
+                wants.append(False)
+        try:
+            logits = self._lm.feed(tokens, wants)
+        except Exception as e:
+            filling = [b for b in run if b not in feeds]
+            if not filling:
+                raise
+            self._full_at = self._ends
+            keep = [b for b in range(len(slots)) if b not in set(filling)]
+            back = [(s.prompt, r) for b in filling for s in [slots[b]] for r in s.rows]
+            feeds = {keep.index(b): f for b, f in feeds.items()}
+            self._remove(keep)
+            if self._slots:
+                self.waiting.extendleft(reversed(back))
+            else:
+                for _, r in back:
+                    r.error = e
+                    r.end("error")
+                    ended.append(r)
+                    self._forget(r)
+            if not feeds:
+                return
+            return self._pass(dict.fromkeys(feeds, 1), feeds, ended)
+        self._took(run, feeds, logits, [b for b, w in enumerate(wants) if w])
+
+    def _took(self, run, feeds, logits, wanted: list[int]) -> None:
+        """Book a pass: running rows get their next logits; prompts that finished filling become
+        rows (copied, one per row riding along: n > 1 shares the prefill's cells)."""
+        self.forward_passes += 1
+        at = {b: j for j, b in enumerate(wanted)}
+        split = []
+        for b, n in run.items():
+            s = self._slots[b]
+            if b in feeds:
+                s.tokens.extend(feeds[b])
+                s.rows[0].passes += 1
+                self._service[s.group] = self._service.get(s.group, 0) + len(feeds[b])
+            else:
+                s.done += n
+                self.prefilled_tokens += n
+                self._service[s.group] = self._service.get(s.group, 0) + n
+            if b in at:
+                s.logits = logits[at[b]]
+                if len(s.rows) > 1:
+                    split.append(b)
+        if split:
+            order = list(range(len(self._slots)))
+            extra = []
+            for b in split:
+                s = self._slots[b]
+                order += [b] * (len(s.rows) - 1)
+                extra += [_Slot([r], s.prompt, s.group, s.done, s.logits.copy()) for r in s.rows[1:]]
+                s.rows = s.rows[:1]
+            self._lm.keep(order)
+            self._slots += extra
+
+    # -- admission ---------------------------------------------------------------------------
+    def _admit(self) -> list[Row]:
+        """Take queued rows into the batch, each request up to its share of the rows; returns
+        rows that ended while queued (cancelled), or whose prefill failed.
+
+        Chunked: a row starts holding its cached prefix (the prefix cache, or a row of the batch
+        with the same prompt), and its prompt runs from the next pass on; a row whose prompt is
+        filling already rides along with it. Whole prefill: the rows' prompts run now, up to
+        `prefill_tokens` beyond the first row; one that fails (the model's KV cache full, say)
+        takes nothing into the batch, and its rows wait again at the front of the queue while
+        other rows are live (they free cells as they end); with none live nothing will free any,
+        so they end with finish_reason "error" and the exception in `row.error`."""
         ended: list[Row] = []
+        if not self.waiting:
+            return ended
+        if self._lm is None:
+            self._lm = self.new_batch()
+        if self._chunked is None:
+            self._chunked = bool(getattr(self._lm, "chunked", False))
+        if self._chunked and self._slots and self._ends == self._full_at:
+            return ended  # the cells were full: wait for a row to leave
+        held: dict[object, int] = collections.Counter(s.group for s in self._slots for _ in s.rows)
+        groups = set(held) | {self._group[id(r)] for _, r in self.waiting}
+        share = self.max_rows if not self.fair or len(groups) <= 1 else max(1, self.max_rows // len(groups))
+        # chunked: rows past their share may be held (paused), so room is left for newcomers
+        cap = 2 * self.max_rows if self._chunked and self.fair else self.max_rows
+        total = sum(held.values())
         take: list[tuple[list[int], Row, int, list | None]] = []
+        gone: set[int] = set()  # id(row) of rows admitted or ended
         budget = self.prefill_tokens
-        while self.waiting and len(self.live) + len(take) < self.max_rows:
-            prompt, row = self.waiting[0]
+        order = list(self.waiting)
+        if self.fair:  # requests holding fewest rows first, arrival order among equals
+            order.sort(key=lambda pr: held.get(self._group[id(pr[1])], 0))
+        stop = False
+        for prompt, row in order:
+            g = self._group[id(row)]
             if row.cancelled is not None and row.cancelled():
-                self.waiting.popleft()
                 row.end("cancelled")
                 ended.append(row)
+                self._forget(row)
+                gone.add(id(row))
                 continue
-            m, kv = self.cache.lookup(prompt) if self.cache is not None else (0, None)
-            cost = len(prompt) - m
-            if take and cost > budget:
-                _unpin(kv)
+            if stop or total >= cap or held.get(g, 0) >= share:
+                continue
+            if self._chunked:
+                self._begin(prompt, row, g)
+            else:
+                m, kv = self.cache.lookup(prompt) if self.cache is not None else (0, None)
+                cost = len(prompt) - m
+                if take and cost > budget:
+                    _unpin(kv)
+                    stop = True  # no row overtakes one that did not fit
+                    continue
+                budget -= cost
+                take.append((prompt, row, m, kv))
+            gone.add(id(row))
+            held[g] = held.get(g, 0) + 1
+            total += 1
+        self.waiting = collections.deque(pr for pr in self.waiting if id(pr[1]) not in gone)
+        if take:
+            ended += self._admit_whole(take)
+        return ended
+
+    def _begin(self, prompt: list[int], row: Row, group) -> None:
+        """Chunked admission of one row: ride along with a filling slot of the same prompt, or
+        start a slot holding the longest known prefix (a batch row's, else the prefix cache's)."""
+        for s in self._slots:
+            if not s.ready and s.prompt == prompt:
+                s.rows.append(row)
+                return
+        m, source = 0, None
+        for b, s in enumerate(self._slots):  # a row of the batch ran this prompt (another choice)
+            if s.ready and len(prompt) > 1 and s.tokens[: len(prompt)] == prompt:
+                m, source = len(prompt) - 1, b
                 break
-            self.waiting.popleft()
-            budget -= cost
-            take.append((prompt, row, m, kv))
-        if not take:
-            return ended
+        if source is None and self.cache is not None:
+            m, source = self.cache.lookup(prompt)
+        try:
+            used = self._lm.begin(m, source)
+        except Exception:
+            _unpin(source)
+            raise
+        row.prompt_cached = used
+        self._slots.append(_Slot([row], prompt, group, used))
+
+    def _admit_whole(self, take) -> list[Row]:
+        ended: list[Row] = []
         parts: list[tuple[object, object]] = []
         try:
             order = self._prefill(take, parts)
@@ -495,24 +731,27 @@ class BatchLoop:
                 release = getattr(lm, "release", None)
                 if release is not None:
                     release()
-            if self.live:
+            if self._slots:
                 self.waiting.extendleft((p, r) for p, r, _, _ in reversed(take))
                 return ended
             for _, r, _, _ in take:
                 r.error = e
                 r.end("error")
                 ended.append(r)
+                self._forget(r)
             return ended
-        for lm, logits in parts:
+        for lm, _ in parts:
             self.forward_passes += 1
-            if self._lm is None:
-                self._lm, self._logits = lm, logits
+            if not self._slots:
+                self._drop_batch()
+                self._lm = lm
             else:
                 self._lm.join(lm)
-                self._logits = _concat(self._logits, logits)
-        for p, r in order:
-            self.live.append(r)
-            self._tokens.append(list(p))
+        flat = [lg for _, logits in parts for lg in logits]
+        for (p, r), lg in zip(order, flat):
+            g = self._group[id(r)]
+            self._service[g] = self._service.get(g, 0) + len(p) - r.prompt_cached
+            self._slots.append(_Slot([r], p, g, len(p), lg))
         return ended
 
     def _prefill(self, take, parts: list) -> list[tuple[list[int], Row]]:
@@ -548,21 +787,59 @@ class BatchLoop:
                 self.prefilled_tokens += len(p) - used
         return order
 
+    # -- rows leaving ------------------------------------------------------------------------
+    def _drop_cancelled(self) -> list[Row]:
+        """Rows cancelled leave now, held ones and those whose prompt is filling included (a
+        running row would see it in its advance; a held one may not run for a while)."""
+        ended, keep = [], []
+        for b, s in enumerate(self._slots):
+            live = []
+            for r in s.rows:
+                if r.cancelled is not None and r.cancelled():
+                    r.end("cancelled")
+                    ended.append(r)
+                    self._forget(r)
+                else:
+                    live.append(r)
+            s.rows = live
+            if live:
+                keep.append(b)
+        if len(keep) != len(self._slots):
+            self._remove(keep)
+        return ended
+
+    def _remove(self, keep: list[int]) -> None:
+        """The batch becomes slots `keep` (in order); the others free their cells now."""
+        if not keep:
+            self._drop_batch()
+            return
+        self._lm.keep(keep)
+        self._slots = [self._slots[b] for b in keep]
+
+    def _forget(self, row: Row) -> None:
+        """`row` has ended: its request leaves the order once it has no other row."""
+        self._ends += 1
+        g = self._group.pop(id(row), None)
+        if g is not None and g not in self._group.values():
+            self._service.pop(g, None)
+
     def cancel_all(self, reason: str = "cancelled") -> list[Row]:
         """End every row, live or queued (the loop is stopping); returns them."""
         rows = [r for _, r in self.waiting] + self.live
         for r in rows:
             r.end(reason)
         self.waiting.clear()
+        self._group.clear()
+        self._service.clear()
         self._drop_batch()
         return rows
 
     def _drop_batch(self) -> None:
-        """No row is live: the batch goes (a batch holding native resources frees them now)."""
+        """No row is in the batch: it goes (a batch holding native resources frees them now)."""
         release = getattr(self._lm, "release", None)
         if release is not None:
             release()
-        self.live, self._tokens, self._lm, self._logits = [], [], None, None
+        self._slots, self._lm = [], None
 
 
 def generate_batch(model, vocab, prompts: Sequence[Sequence[int]], matchers: Sequence | None = None,
@@ -598,7 +875,8 @@ def decode_stream(model, vocab, requests: Iterable[tuple], params: SamplingParam
     `forward_passes` the passes it took part in (its prefill included).
     """
     params = params or SamplingParams()
-    loop = BatchLoop(model, vocab, max_rows=max_rows, prefill_tokens=1 << 30)
+    # arrival order, and every prompt whole in its first pass: an evaluation wants throughput
+    loop = BatchLoop(model, vocab, max_rows=max_rows, prefill_tokens=1 << 30, step_tokens=1 << 30, fair=False)
     source = enumerate(requests)
     try:
         yield from _drive(loop, source, vocab, params, max_rows, fast_forward, decided)

@@ -8,7 +8,9 @@
 One model per process (`ServedModel`, built once) and one worker thread running a
 `railcall.runtime.batch.BatchLoop` (continuous batching): every request is a row with its own matcher,
 sampling settings, stop rules, cancellation and stream, and all rows in flight share one forward
-pass per step (up to `max_rows`; further requests wait their turn in arrival order). The
+pass per step (up to `max_rows`), shared fairly: a long prompt runs in chunks, and the request
+that has run the fewest tokens goes first, so none waits behind another's prompt or n rows
+(BatchLoop's docstring, docs/server.md "Scheduling"). The
 `PrefixCache` keeps the KV of finished requests, so a prompt that starts like an earlier one (the
 same system prompt and tools, a conversation's next turn) prefills only its new part. A full queue
 answers 429 with Retry-After at once instead of letting latency grow without bound; a stopped
@@ -189,7 +191,7 @@ class Engine:
         job.left = len(rows)
         for k, row in enumerate(rows):
             self._rows[id(row)] = (job, k)
-            loop.add(plan.prompt, row)
+            loop.add(plan.prompt, row, group=id(job))  # the n choices share the request's turn
 
     def _finish(self, row: Row) -> None:
         job, k = self._rows.pop(id(row), (None, 0))

@@ -1,0 +1,202 @@
+"""railcall.runtime.batch's scheduling, on a fake chunked batch: the order in which rows and prompt
+chunks run, step by step (deterministic, no model).
+
+The fake batch records every pass (tokens per row) and answers logits whose best token is always
+the same, so each row's reply is known: it runs `max_tokens` tokens. What is checked is who runs
+when: a long prompt in chunks beside the rows decoding, the request that has run least first, a
+request's n rows sharing the step with a newcomer, one prefill for n rows, cancellation, and a
+full cache (rows wait, or end with the error when nothing else runs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import byte_level_vocab
+from railcall.runtime.batch import BatchLoop
+from railcall.runtime.decode import Row, SamplingParams
+
+TOKEN = ord("a")
+
+
+class Full(Exception):
+    pass
+
+
+class FakeBatch:
+    """A chunked batch (the verbs of railcall.models.llama.LlamaBatch) over token lists."""
+
+    chunked = True
+
+    def __init__(self, width: int, passes: list, cells: int = 1 << 30):
+        self.width, self.passes, self.cells = width, passes, cells
+        self.rows: list[list[int]] = []
+
+    def begin(self, m=0, source=None):
+        self.rows.append(list(self.rows[source][:m]) if isinstance(source, int) else [])
+        return len(self.rows[-1])
+
+    def feed(self, tokens, wants=None):
+        if sum(map(len, self.rows)) + sum(map(len, tokens)) > self.cells:
+            raise Full("the cells are full")
+        self.passes.append([len(t) for t in tokens])
+        wants = [True] * len(tokens) if wants is None else wants
+        for r, t in zip(self.rows, tokens):
+            r.extend(t)
+        out = np.zeros((sum(wants), self.width), dtype=np.float32)
+        out[:, TOKEN] = 10.0
+        return out
+
+    def keep(self, rows):
+        self.rows = [list(self.rows[b]) for b in rows]
+
+    def release(self):
+        self.rows = []
+
+
+@pytest.fixture()
+def vocab():
+    return byte_level_vocab()
+
+
+def make(vocab, cells=1 << 30, **kw):
+    passes: list = []
+    loop = BatchLoop(None, vocab, new_batch=lambda: FakeBatch(vocab.logits_width, passes, cells), **kw)
+    return loop, passes
+
+
+def row(vocab, n, **kw):
+    return Row(vocab, None, SamplingParams(max_tokens=n, temperature=0.0), **kw)
+
+
+def run(loop, steps=1000):
+    ended = []
+    for _ in range(steps):
+        if not loop.busy:
+            break
+        ended += loop.step()
+    return ended
+
+
+def test_a_long_prompt_runs_in_chunks_beside_a_decoding_row(vocab):
+    """Its first chunk runs beside the decoding row; once it has run more than that row's request,
+    it runs one token a step until the row ends (the row's steps stay small), then whole chunks."""
+    loop, passes = make(vocab, step_tokens=32)
+    a = row(vocab, 8)
+    loop.add([1] * 10, a, group="a")
+    loop.step()  # a's prompt
+    loop.step()  # a's first token
+    hog = row(vocab, 3)
+    loop.add([2] * 100, hog, group="hog")
+    loop.step()
+    assert passes[-1] == [1, 32]  # the newcomer has run least: a chunk, beside a's token
+    while not a.ended:
+        loop.step()
+        assert passes[-1] in ([1, 1], [1]), passes[-1]  # a's token and one prompt token (or a left)
+    loop.step()
+    assert passes[-1] == [32]
+    run(loop)
+    assert len(a.out) == 8 and len(hog.out) == 3
+    assert sum(sum(p) for p in passes) == 10 + 7 + 100 + 2  # every prompt token once, every fed token once
+
+
+def test_the_request_that_has_run_least_goes_first(vocab):
+    """A long prompt alone runs step_tokens a step; once a short request comes, the short one runs
+    whole steps and the long one one token a step, until the short one ends."""
+    loop, passes = make(vocab, step_tokens=32)
+    hog = row(vocab, 2)
+    loop.add(list(range(1, 201)), hog, group="hog")
+    loop.step()
+    loop.step()
+    assert passes == [[32], [32]]
+    short = row(vocab, 4)
+    loop.add([7] * 20, short, group="short")
+    loop.step()
+    assert passes[-1] == [1, 20]  # the short prompt whole, the long one a token
+    for _ in range(3):
+        loop.step()
+        assert passes[-1] == [1, 1]  # the short row's token, one more prompt token of the long one
+    loop.step()  # the short row's last token: sampled, not fed
+    assert short.ended and len(short.out) == 4
+    loop.step()
+    assert passes[-1] == [32]  # alone again: whole chunks
+    run(loop)
+    assert hog.ended and len(hog.out) == 2
+
+
+def test_n_rows_of_one_request_leave_room_for_another(vocab):
+    loop, passes = make(vocab, max_rows=16, step_tokens=64)
+    hogs = [row(vocab, 40) for _ in range(16)]
+    for r in hogs:
+        loop.add([3] * 30, r, group="hog")
+    loop.step()
+    assert passes == [[30]]  # one prefill for the 16 rows
+    loop.step()
+    assert passes[-1] == [1] * 16  # alone: every row
+    short = row(vocab, 5)
+    loop.add([4] * 12, short, group="short")
+    loop.step()
+    # the newcomer is admitted beside the 16 held rows and runs first; the hog runs one of its
+    # rows a step while it does (the others held, cells and logits kept)
+    assert passes[-1] == [1] + [0] * 15 + [12]
+    for _ in range(4):
+        loop.step()
+        assert passes[-1] == [1] + [0] * 15 + [1]
+    loop.step()
+    assert short.ended and len(short.out) == 5
+    run(loop)
+    assert [len(r.out) for r in hogs] == [40] * 16
+
+
+def test_a_request_holds_its_share_of_rows_while_others_wait(vocab):
+    loop, _ = make(vocab, max_rows=4, step_tokens=64)
+    a = [row(vocab, 5) for _ in range(8)]
+    b = [row(vocab, 5) for _ in range(8)]
+    for r in a:
+        loop.add([1] * 8, r, group="a")
+    for r in b:
+        loop.add([2] * 8, r, group="b")
+    loop.step()
+    held = [next(g for g, rows in (("a", a), ("b", b)) if r in rows) for r in loop.live]
+    assert held.count("a") == 2 and held.count("b") == 2  # max_rows // 2 each
+    run(loop)
+    assert all(len(r.out) == 5 for r in a + b)
+
+
+def test_a_later_choice_copies_the_prompt_of_a_running_one(vocab):
+    loop, passes = make(vocab, max_rows=2, step_tokens=64)
+    rows = [row(vocab, 3), row(vocab, 6), row(vocab, 3)]
+    for r in rows:
+        loop.add([5] * 40, r, group="a")
+    run(loop)
+    assert [len(r.out) for r in rows] == [3, 6, 3]
+    # the third row, admitted when a row left, ran the prompt's last token only
+    assert rows[2].prompt_cached == 39 and sum(sum(p) for p in passes) == 40 + 1 + (2 + 5 + 2)
+
+
+def test_a_cancelled_row_leaves_while_its_prompt_fills(vocab):
+    loop, _ = make(vocab, step_tokens=16)
+    flag = {"stop": False}
+    r = row(vocab, 5, cancelled=lambda: flag["stop"])
+    loop.add([1] * 100, r)
+    loop.step()
+    flag["stop"] = True
+    assert loop.step() == [r] and r.finish_reason == "cancelled" and not loop.busy
+
+
+def test_full_cells_requeue_the_filling_prompt_or_end_it(vocab):
+    loop, passes = make(vocab, cells=100, step_tokens=32)
+    a = row(vocab, 30)
+    loop.add([1] * 40, a, group="a")
+    loop.step()
+    loop.step()
+    loop.step()  # a: 40 prompt tokens + 2 fed
+    b = row(vocab, 3)
+    loop.add([2] * 70, b, group="b")  # 70 more do not fit beside a
+    run(loop, 200)
+    assert len(a.out) == 30 and a.finish_reason == "length"
+    assert b.ended and len(b.out) == 3  # ran once a left
+    alone = row(vocab, 3)
+    loop.add([3] * 150, alone)  # more than the cells, nothing else running: ends with the error
+    assert run(loop) == [alone] and alone.finish_reason == "error" and isinstance(alone.error, Full)
