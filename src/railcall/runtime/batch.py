@@ -409,8 +409,8 @@ class BatchLoop:
                request runs one token (one row's next token, or one prompt token). So a light
                request's step costs about what it would alone, and nobody stops: on 2 cores a
                step of one row is ~15 ms, each further token ~4 ms, a 32-token chunk beside
-               3,200 cells ~0.3 s (and a 256-token one ~2.4 s: hence 32, which also ran a
-               3,200-token prompt in 24 s against 68 s whole, its attention in smaller blocks).
+               3,200 cells ~0.3 s (a 256-token one ~2.4 s: hence 32; one run at load 0.5 filled
+               a 3,200-token prompt in 24 s in chunks of 32 against 68 s whole).
       rows     a request is admitted up to its share of the rows (max_rows // the requests with
                rows in the batch or queued, at least one); chunked, rows past their share are
                held with their cells and logits (up to 2 * max_rows held) and a newcomer is
