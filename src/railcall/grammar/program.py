@@ -492,12 +492,19 @@ class _Compiler:
             return self._object(node, nxt)
         raise GrammarError(f"unknown grammar node {type(node).__name__}")
 
+    def _count_pattern(self, dfa) -> None:
+        """Count the automaton `dfa` grows on demand in the store (Fragments.nbytes); one
+        built whole (a test's reference automaton) has none to count."""
+        auto = getattr(dfa, "auto", None)
+        if auto is not None:
+            self.shared.patterns[id(auto)] = auto
+
     def _pattern(self, node: ir.JsonPattern):
         """(CharDFA, maximum length) of a patterned string; GrammarError if no matching string
         has an allowed length."""
         hi = self._string_max(node, pattern=True)
         dfa = char_dfa(node.kind, node.arg, hi)
-        self.shared.patterns[id(dfa.auto)] = dfa.auto  # counted in the store (Fragments.nbytes)
+        self._count_pattern(dfa)
         if not dfa.can_end_within(node.min_len, hi) and node.max_len is None and hi < PATTERN_MAX_LEN:
             # The string cap is below the pattern's shortest match (`^a{300}$`): raised to
             # it, as it is to a minLength above it.
@@ -505,7 +512,7 @@ class _Compiler:
             if lengths:
                 hi = node.min_len + (lengths & -lengths).bit_length() - 1
                 dfa = char_dfa(node.kind, node.arg, hi)
-                self.shared.patterns[id(dfa.auto)] = dfa.auto
+                self._count_pattern(dfa)
         if not dfa.can_end_within(node.min_len, hi):
             raise GrammarError(f"no string matching {node.arg!r} has a length in [{node.min_len}, {hi}]")
         return dfa, hi
