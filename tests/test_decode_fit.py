@@ -33,6 +33,7 @@ def test_a_call_that_would_run_past_the_ceiling_closes_by_its_own_tokens(bytes_v
     call = json.loads(g.text)
     assert call["tool"] == "save_note" and set(call["args"]) == {"text", "tags"}
     assert "?" not in g.text  # no value filled in by the grammar
+    assert g.finish_reason == "stop"  # the call is whole: the ceiling cut nothing
 
 
 def test_a_budget_below_the_shortest_call_is_truncated_not_completed(bytes_vocab):
@@ -46,6 +47,13 @@ def test_a_call_that_fits_is_untouched(bytes_vocab):
     short = '{"tool":"save_note","args":{"text":"hi","tags":[]}}'
     g = run(bytes_vocab, short, 64)
     assert g.text == short and not g.fitted and not g.truncated and g.finish_reason == "stop"
+
+
+def test_a_call_that_ends_on_the_ceiling_stops(bytes_vocab):
+    """A call whose last byte is the ceiling's token is whole: "stop", not "length"."""
+    short = '{"tool":"save_note","args":{"text":"hi","tags":[]}}'
+    g = run(bytes_vocab, short, len(short))
+    assert g.text == short and g.finish_reason == "stop" and not g.truncated
 
 
 def test_complete_is_the_forced_finish_with_its_tell(bytes_vocab):

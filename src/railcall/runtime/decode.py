@@ -273,12 +273,12 @@ class Row:
         p, m = self.params, self.matcher
         if self._stop_at:
             return self._end("stop")
+        if m is not None and m.is_done():  # complete: only a stop token could follow, ceiling or not
+            return self._end("stop")
         if len(self.out) >= p.max_tokens:
             return self._end("length")
         if self.cancelled is not None and self.cancelled():
             return self._end("cancelled")
-        if m is not None and m.is_done():
-            return self._end("stop")
         if m is not None and self.fast_forward:
             forced = m.forced_tokens()[: p.max_tokens - len(self.out)]
             if forced:
@@ -289,7 +289,7 @@ class Row:
                 if self._stop_at:
                     return self._end("stop")
                 if len(self.out) >= p.max_tokens:
-                    return self._end("length")
+                    return self._end("stop" if m.is_done() else "length")
                 return forced
         if m is not None and p.cut in ("complete", "close") and p.max_tokens - len(self.out) <= CLOSE_WINDOW:
             close = self._close()
@@ -339,7 +339,7 @@ class Row:
             return self._end("stop")
         self._record(tok, legal, False, float(logp[tok]), logp)
         if len(self.out) >= p.max_tokens:
-            return self._end("length")
+            return self._end("stop" if m is not None and m.is_done() else "length")
         if self._stop_at:
             return self._end("stop")
         if m is None and self.decided is not None and self.decided(self.out):
