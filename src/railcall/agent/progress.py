@@ -397,9 +397,22 @@ def reading_named(tools: Sequence[Tool], table, unread: Sequence[str]) -> tuple[
 _NUMBER_SEEN = re.compile(r"(?<![\w.])(?<!\d[-/])(?:0|[1-9]\d{0,8})(?:\.\d{1,6})?(?![\w.]\d)(?![-/]\d)(?!\d)")
 
 
+# A number written as a word ("three times the price", "twice", "half of"), as its digits; "one"
+# is left out (it is mostly "one file", and computing with 1 changes nothing).
+_NUMBER_WORDS = {"two": "2", "three": "3", "four": "4", "five": "5", "six": "6", "seven": "7", "eight": "8",
+                 "nine": "9", "ten": "10", "eleven": "11", "twelve": "12", "twice": "2", "double": "2",
+                 "triple": "3", "half": "2", "dozen": "12", "hundred": "100", "thousand": "1000"}
+_NUMBER_WORD = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b", re.IGNORECASE)
+
+
 def numbers_seen(texts: Sequence[str], limit: int = 64) -> list[str]:
-    """The numbers written in `texts` (the request, the results so far), in order, once each."""
-    out = [m.group(0) for t in texts for m in _NUMBER_SEEN.finditer(t)]
+    """The numbers written in `texts` (the request, the results so far), in digits or as a word
+    (`_NUMBER_WORDS`), in order, once each."""
+    out = []
+    for t in texts:
+        hits = [(m.start(), m.group(0)) for m in _NUMBER_SEEN.finditer(t)]
+        hits += [(m.start(), _NUMBER_WORDS[m.group(1).lower()]) for m in _NUMBER_WORD.finditer(t)]
+        out += [n for _, n in sorted(hits)]
     return list(dict.fromkeys(out))[:limit]
 
 
