@@ -45,7 +45,8 @@ def test_episode_trace_and_learned_skill(tmp_path):
     assert r["call"] == {"tool": "read_file", "args": {"path": "notes.txt"}} and r["result"] == "Meeting on Thursday."
     assert r["approval"] == {"mode": "none", "approved": True, "reason": ""}
     assert len(r["legal"]) == r["tokens"] and r["forced"] > 0 and max(x for x in r["legal"] if x) > 1
-    assert r["name_position"]["spellable"] == r["view"] and "write_file" in r["view"]
+    # the request asks for no change: under task_files no file tool that writes is offered
+    assert r["name_position"]["spellable"] == r["view"] and "read_file" in r["view"] and "write_file" not in r["view"]
     # the episode succeeded with every call ok: its calls (not the answer) are a skill now
     assert ep.skill and a.skills.load(ep.skill).steps == tuple(c for c in ep.calls[:2])
 

@@ -8,6 +8,7 @@ import random
 
 from agentkit import scripted_model
 
+
 from railcall.agent.loop import Agent
 from railcall.agent.policy import Policy, View
 from railcall.runtime.decode import SamplingParams
@@ -171,7 +172,7 @@ def test_examples_show_a_request_and_its_call_for_each_tool(tmp_path):
         return city
 
     a.table.register(get_weather)
-    a.run("anything")
+    a.run("Save anything")  # a request that asks for a change: the writing tools are offered
     system = renders[0][0]["content"]
     assert "Examples of requests and the call for each:" in system
     assert '- "Save the text \'see you at 5\' to memo.txt." -> ' + call("write_file", path="memo.txt", text="see you at 5") in system
@@ -231,11 +232,41 @@ def test_the_episode_scope_narrows_writes_to_the_named_files_and_the_requests_wo
     narrowed = a.policy.with_(args={"write_file": {"path": ["other.txt"]}})
     policy, _ = episode_scoped(narrowed, a.table, task, files=True, text=False)
     assert "write_file" not in view(a.table, policy).names
-    # each option alone; a request that names no file leaves paths as they were
-    policy, scope = episode_scoped(a.policy, a.table, "Remember the code 4411", files=True, text=False)
+    # each option alone; a change asked with no file named leaves paths as they were
+    policy, scope = episode_scoped(a.policy, a.table, "Save the code 4411 somewhere", files=True, text=False)
     assert scope == {} and policy is a.policy
+    # a request that asks for no file to change gets no file to write; remember still runs
+    policy, scope = episode_scoped(a.policy, a.table, "Remember the code 4411", files=True, text=False)
+    assert scope == {"files": []} and {"write_file", "append_file"}.isdisjoint(view(a.table, policy).names)
+    assert "remember" in view(a.table, policy).names
     policy, _ = episode_scoped(a.policy, a.table, task, files=False, text=True)
     assert view(a.table, policy).check({"tool": "write_file", "args": {"path": "notes.txt", "text": "buy milk"}}) == ""
+
+
+def test_a_request_that_asks_for_no_change_can_change_no_file(tmp_path):
+    """Under task_files, "What is in notes.txt?" gets no write scope: a model that would write
+    notes.txt over (SmolLM2 did, with the request as its text) finds no mutating file tool."""
+    from railcall.agent.progress import asks_for_change
+
+    for task in ["What is in notes.txt?", "Who signed letter.txt?", "List the files in photos.",
+                 "Use the saved skill to get the number.", "How many hours does hours.txt list?"]:
+        assert not asks_for_change(task), task
+    for task in ["Save 'hi' to notes.txt", "Please add milk to list.txt", "Tidy up todo.md",
+                 "Copy a.txt to b.txt", "Set the port to 80 in config.ini"]:
+        assert asks_for_change(task), task
+    for tool in ("write_file", "append_file"):
+        a = make(tmp_path, [call(tool, path="notes.txt", text="What is in notes.txt?")], max_steps=1,
+                 policy=Policy(approve="auto"))
+        ep = a.run("What is in notes.txt?")
+        step = ep.steps[0]
+        assert tool not in step["view"] and step["scope"]["files"] == [] and ep.calls[0]["tool"] not in (tool,)
+        assert (tmp_path / "notes.txt").read_text() == "Meeting on Thursday."
+    # a request that asks for the change keeps its file writable
+    a = make(tmp_path, [call("write_file", path="notes.txt", text="hi")], max_steps=1, policy=Policy(approve="auto"),
+             helps=Helps.off("read_named"))
+    ep = a.run("Save 'hi' to notes.txt")
+    assert "write_file" in ep.steps[0]["view"] and ep.calls[0] == {"tool": "write_file", "args": {"path": "notes.txt", "text": "hi"}}
+    assert (tmp_path / "notes.txt").read_text().startswith("hi")
 
 
 def test_an_episode_writes_only_what_its_scope_allows(tmp_path):

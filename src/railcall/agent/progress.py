@@ -269,6 +269,26 @@ def _task_files(task: str) -> tuple:
     return tuple(dict.fromkeys(n[2:] if n.startswith("./") else n for n in names))
 
 
+# The verbs by which a request asks for a change to a file, in the forms a request asks in (the
+# base form: "save", "please add", "can you update"; a past form mostly describes, as in "the
+# saved skill"): a request with none ("What is in notes.txt?", "Which city does fact.txt name?")
+# gets no write scope under task_files. A reading of the request's words, file names left out: a
+# change asked in other words is not made (the agent answers instead), the safe side of the
+# guess; a word not meant as a change ("add up the numbers") leaves the scope to the named files.
+_CHANGE_WORDS = frozenset((
+    "save", "write", "append", "add", "create", "make", "put", "replace", "update", "edit", "change", "set",
+    "insert", "delete", "remove", "erase", "clear", "rename", "move", "copy", "store", "record", "log", "note",
+    "jot", "fix", "tidy", "clean", "correct", "overwrite", "fill", "empty", "rewrite", "modify", "amend",
+    "prepend", "sort", "reorder", "format", "strike", "drop", "swap", "rewrite", "undo", "restore", "reset"))
+
+
+def asks_for_change(task: str) -> bool:
+    """Whether `task` uses a word by which a request asks to change a file (`_CHANGE_WORDS`),
+    the file names it spells out left aside ("notes.txt" is no "note")."""
+    words = re.findall(r"[a-z]+", _FILE_NAME.sub(" ", task).lower())
+    return any(w in _CHANGE_WORDS for w in words)
+
+
 def request_spans(task: str, max_words: int = SPAN_WORDS) -> list[str]:
     """Every run of up to `max_words` consecutive words of `task`, with quotes and a sentence's
     end trimmed from its edges ("Save 'buy milk' to shopping.txt" gives "buy milk"), once each,
@@ -319,8 +339,9 @@ def episode_scoped(policy, table, task: str, *, files: bool, text: bool, compute
                    quoted: bool = False):
     """`policy` (a `Policy`) narrowed for one episode, per option:
       - files (task_files): the path argument of every mutating tool of `table` (an argument the
-        table gives a canonical form: the built-ins' `path`) narrowed to the files `task` names;
-        nothing when it names none;
+        table gives a canonical form: the built-ins' `path`) narrowed to the files `task` names,
+        nothing when it names none; and to no file at all where `task` asks for no change
+        (`asks_for_change`: "What is in notes.txt?" can read notes.txt, never overwrite it);
       - text (copied_text): every free string argument of a mutating tool (a plain string, no
         enum, pattern, format or domain, not a path) narrowed to a run of the request's words
         (`request_spans`) or a value the episode computed (`computed`: calc's results); with
@@ -330,10 +351,13 @@ def episode_scoped(policy, table, task: str, *, files: bool, text: bool, compute
     Returns (the policy, what was narrowed for the trace)."""
     scope = {}
     named = task_files(task) if files else []
+    no_writes = files and not asks_for_change(task)
     spans = quoted_spans(task) if quoted else []
     copies = (spans or list(dict.fromkeys([*request_spans(task), *computed]))) if text else []
-    if named:
+    if named and not no_writes:
         scope["files"] = named
+    if no_writes:
+        scope["files"] = []  # the request asks for no change: no file is writable
     if copies:
         scope["text"] = spans if spans else len(copies)
     if not scope:
@@ -345,12 +369,12 @@ def episode_scoped(policy, table, task: str, *, files: bool, text: bool, compute
             continue
         for arg, schema in entry.tool.parameters.get("properties", {}).items():
             if arg in entry.canonical:
-                values = named
+                values = [] if no_writes else named
+                if not values and not no_writes:
+                    continue
             elif copies and _free_string(schema) and arg not in entry.domains:
                 values = copies
             else:
-                continue
-            if not values:
                 continue
             rule = args.setdefault(name, {}).get(arg)
             if rule is None:
