@@ -82,16 +82,21 @@ def test_forced_finish_at_a_tiny_token_ceiling(setup):
 
 def test_fit_closes_the_models_own_call_inside_the_ceiling_or_reports_it_cut(setup):
     """"fit" (the default): for every ceiling the reply is a whole call the model's tokens closed
-    within max_tokens, or, below the shortest call, marked truncated -- never completed past it."""
+    within max_tokens, or, below the shortest call the model can write itself (the grammar's
+    shortest, `{"expr":"?"}`, with a token of its own for the value), marked truncated -- never
+    completed past it, never "?" passed off as its value."""
     lm, vocab, compiled, backend, prompt = setup
-    shortest = len(Matcher(compiled).finish())
+    close = Matcher(compiled).finish()
+    shortest = len(close) + vocab.decode(close).count(b'?"')
     for n in (3, shortest - 1, shortest, shortest + 2, 24):
         g = generate(backend, vocab, prompt, Matcher(compiled), SamplingParams(max_tokens=n))
         assert len(g.tokens) <= n and not g.cut
         if n < shortest:
-            assert g.truncated and parse_call(g.text, DEMO_TOOLS) is None
+            assert g.truncated and g.finish_reason == "length" and parse_call(g.text, DEMO_TOOLS) is None
         else:
-            assert not g.truncated and parse_call(g.text, DEMO_TOOLS) is not None, (n, g.text)
+            call = parse_call(g.text, DEMO_TOOLS)
+            assert not g.truncated and g.finish_reason == "stop" and call is not None, (n, g.text)
+            assert call["args"]["expr"] not in ("", "?") and "17*23".startswith(call["args"]["expr"])
 
 
 def test_unconstrained_generation_stops_at_a_stop_token(setup):

@@ -68,7 +68,8 @@ FIELDS = {
     "logprobs": json_values, "top_logprobs": json_values, "n": json_values, "max_tokens": json_values,
     "max_completion_tokens": json_values, "return_token_ids": json_values, "stream_options": json_values,
     "logit_bias": json_values, "frequency_penalty": json_values, "presence_penalty": json_values,
-    "repetition_penalty": json_values, "min_tokens": json_values, "on_length": st.one_of(json_values, st.sampled_from(["cut", "close"])),
+    "repetition_penalty": json_values, "min_tokens": json_values, "on_length": st.one_of(json_values, st.sampled_from(["fit", "cut", "close"])),
+    "distinct_calls": json_values,
     "guided_json": st.one_of(schemas, json_values), "guided_choice": st.one_of(json_values, st.lists(st.text(max_size=4), max_size=3)),
     "structured_outputs": json_values,
 }

@@ -63,9 +63,14 @@ CUT_MODES = ("fit", "complete", "close", "leave")
 # and the measuring costs a completion search per step only near the end.
 CLOSE_WINDOW = 24
 # "fit": how many drawn tokens may be refused (each one removed and the draw repeated, which samples
-# exactly from the distribution restricted to the tokens that fit) before the draw is among the
-# tokens that begin the shortest close: each refusal costs a matcher copy and a close search.
+# exactly from the distribution restricted to the tokens that fit) before the model's most likely
+# tokens are searched for ones that fit: each refusal costs a matcher copy and a close search.
 FIT_TRIES = 8
+# After FIT_TRIES refusals, the model's most likely legal tokens searched for ones that fit
+# (FIT_SCAN looked at, FIT_KEEP kept to sample among); where none does, the grammar's own close
+# (a cut: what it writes, the model did not rank).
+FIT_SCAN = 512
+FIT_KEEP = 16
 
 
 @dataclass
@@ -274,7 +279,7 @@ class Row:
         if self._stop_at:
             return self._end("stop")
         if m is not None and m.is_done():  # complete: only a stop token could follow, ceiling or not
-            return self._end("stop")
+            return self._end("length" if self.cut else "stop")  # the grammar's close is a cut
         if len(self.out) >= p.max_tokens:
             return self._end("length")
         if self.cancelled is not None and self.cancelled():
@@ -289,7 +294,7 @@ class Row:
                 if self._stop_at:
                     return self._end("stop")
                 if len(self.out) >= p.max_tokens:
-                    return self._end("stop" if m.is_done() else "length")
+                    return self._end("stop" if m.is_done() and not self.cut else "length")
                 return forced
         if m is not None and p.cut in ("complete", "close") and p.max_tokens - len(self.out) <= CLOSE_WINDOW:
             close = self._close()
@@ -339,7 +344,7 @@ class Row:
             return self._end("stop")
         self._record(tok, legal, False, float(logp[tok]), logp)
         if len(self.out) >= p.max_tokens:
-            return self._end("stop" if m is not None and m.is_done() else "length")
+            return self._end("stop" if m is not None and m.is_done() and not self.cut else "length")
         if self._stop_at:
             return self._end("stop")
         if m is None and self.decided is not None and self.decided(self.out):
@@ -384,7 +389,11 @@ class Row:
         if key is not None and key in self._need:
             return self._need[key]
         close = m.finish()
-        need = len(close) if close and m.is_accepting() else None
+        # A required string the close fills ("?", one token with its quote: `?"`) takes the model
+        # at least one token more when it writes the value itself (`Email` then `"}`): room is
+        # kept for that, so an earlier value closes in time for a later one to be written, not
+        # filled.
+        need = len(close) + self.vocab.decode(close).count(b'?"') if close and m.is_accepting() else None
         if key is not None:
             self._need[key] = need
         return need
@@ -393,9 +402,11 @@ class Row:
         """Sample among the tokens after which the shortest close still fits in `left` tokens.
         A drawn token that does not fit is removed and the draw repeated (the same as sampling
         from the distribution restricted to the tokens that fit); after FIT_TRIES refusals (the
-        budget is tight and the model wants to go on) the draw is among the legal tokens that
-        begin a shortest close (`"`, `"}`, `"}}` ...) and fit. Returns (token, logprob), or, where
-        none does, the shortest close written by the grammar (the tokens to feed; `cut`). Where
+        budget is tight and the model wants to go on) the draw is among the model's most likely
+        legal tokens that fit (`_fitting_best`: a `"` that ends the string, `s"`). Returns
+        (token, logprob), or, where none of those fits, the shortest close written by the grammar
+        (the tokens to feed; `cut`: a value the model did not choose, such as the "?" of a
+        required string not begun, is never passed off as the model's). Where
         not even the shortest close fits now, the draw is unrestricted and the ceiling will cut
         the output (`truncated`)."""
         gen = self.generator(logits)
@@ -418,8 +429,7 @@ class Row:
             logits[tok] = float("-inf")
             if not (np.isfinite(logits).any() if is_np else bool(logits.isfinite().any())):
                 break
-        fits = [t for t in self._close_starts() if (a := self._need_after(t)) is not None and 1 + a <= left
-                and bool(np.isfinite(logits[t]) if is_np else logits[t].isfinite())]
+        fits = self._fitting_best(logits, left)
         if fits:
             keep = np.full(logits.shape[-1], False)
             keep[fits] = True
@@ -437,21 +447,36 @@ class Row:
         self.cut = bool(close)
         return close or self._end("length")
 
-    def _close_starts(self) -> list[int]:
-        """The tokens that begin the grammar's shortest close from here: its first token, and
-        every token whose bytes are a prefix of the close's bytes."""
-        close = self.matcher.copy().finish()
-        if not close:
-            return []
-        v = self.vocab
-        out = [close[0]]
-        data = v.decode(close)
-        for k in range(1, min(len(data), v.max_token_len) + 1):
-            t = v.lookup.get(data[:k])
-            if t is not None:
+    def _fitting_best(self, logits, left: int) -> list[int]:
+        """The legal tokens after which the shortest close fits in `left`, looked for among the
+        model's FIT_SCAN most likely (FIT_KEEP at most, most likely first): a value the budget
+        ends is then closed by a token the model ranks high (`s"`, `."`) rather than by the
+        grammar's filler for a value not begun (the "?" of a shortest close)."""
+        if isinstance(logits, np.ndarray):
+            finite = int(np.isfinite(logits).sum())
+            k = min(FIT_SCAN, finite)
+            if k <= 0:
+                return []
+            top = np.argpartition(-logits, k - 1)[:k] if k < logits.shape[-1] else np.arange(logits.shape[-1])
+            order = top[np.argsort(-logits[top], kind="stable")].tolist()
+        else:
+            import torch
+
+            finite = int(torch.isfinite(logits).sum())
+            k = min(FIT_SCAN, finite)
+            if k <= 0:
+                return []
+            order = torch.topk(logits, k).indices.tolist()
+        out = []
+        for t in order:
+            if t in self.stops:
+                continue
+            after = self._need_after(t)
+            if after is not None and 1 + after <= left:
                 out.append(t)
-                out.extend(v.duplicates.get(data[:k], ()))
-        return list(dict.fromkeys(out))
+                if len(out) >= FIT_KEEP:
+                    break
+        return out
 
     def _close(self) -> list[int]:
         """The grammar's shortest close if it is time to write it: it takes exactly the budget

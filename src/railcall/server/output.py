@@ -32,8 +32,11 @@ def call_id() -> str:
 
 
 def finish_reason(gen: Generation, asm: "Assembler") -> str:
-    """OpenAI's finish_reason of one choice: length, tool_calls or stop."""
-    if gen.finish_reason == "length":
+    """OpenAI's finish_reason of one choice: length, tool_calls or stop. Where the ceiling ended
+    the output after the grammar accepted it (every call whole, closed by the model's own tokens
+    under on_length "fit"), the calls are what was asked for: tool_calls. A call the ceiling cut,
+    or one the grammar closed by writing its values ("close"), is "length"."""
+    if gen.truncated or gen.cut or (gen.finish_reason == "length" and not asm.has_calls()):
         return "length"
     return "tool_calls" if asm.has_calls() else "stop"
 

@@ -187,6 +187,10 @@ def build_completion_plan(served: "ServedModel", req) -> Plan:
                 stream=req.stream, include_usage=bool(req.stream_options and req.stream_options.include_usage), n=req.n)
 
 
+# The request's on_length -> the decode loop's ceiling mode (railcall.runtime.decode.CUT_MODES)
+ON_LENGTH = {"fit": "fit", "cut": "leave", "close": "close"}
+
+
 def _params(served: "ServedModel", req, prompt: list[int], kind: str, where: str) -> SamplingParams:
     """Sampling settings from the request's fields; the token limit checked against the context."""
     budget = served.context_length - len(prompt)
@@ -215,7 +219,7 @@ def _params(served: "ServedModel", req, prompt: list[int], kind: str, where: str
         bias[int(k)] = float(b)
     return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                           seed=req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0, stop=stop,
-                          cut="close" if req.on_length == "close" else "leave", min_tokens=req.min_tokens,
+                          cut=ON_LENGTH[req.on_length], distinct_calls=req.distinct_calls, min_tokens=req.min_tokens,
                           repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
                           frequency_penalty=req.frequency_penalty, logit_bias=bias or None)
 

@@ -185,7 +185,8 @@ class ResponsesRequest(_Strict):
     call_format: Literal["json", "openai", "hermes", "pythonic"] | None = None
     routing: Literal["greedy", "scored", "matched"] = "greedy"
     values: Literal["free", "grounded"] = "free"
-    on_length: Literal["cut", "close"] = "cut"
+    on_length: Literal["fit", "cut", "close"] = "fit"
+    distinct_calls: bool = Field(default=True, strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -253,6 +254,7 @@ def to_chat(req: ResponsesRequest, earlier: list[dict]) -> tuple[ChatCompletionR
         "top_p": req.top_p, "parallel_tool_calls": req.parallel_tool_calls, "max_tokens": req.max_output_tokens,
         "seed": req.seed, "top_k": req.top_k, "call_format": req.call_format, "routing": req.routing,
         "values": req.values, "on_length": req.on_length,
+        "distinct_calls": req.distinct_calls,
         "tools": [{"type": "function", "function": {"name": t.name, "description": t.description or "",
                                                     "parameters": t.parameters, "strict": t.strict}}
                   for t in req.tools] or None,

@@ -138,7 +138,7 @@ class StreamOptions(_Loose):
 
 _NULL_MEANS_DEFAULT = ("temperature", "top_p", "n", "stream", "logprobs", "parallel_tool_calls", "top_k",
                        "return_token_ids", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                       "min_tokens", "on_length", "routing", "values")
+                       "min_tokens", "on_length", "distinct_calls", "routing", "values")
 
 # OpenAI request fields that are accepted and not acted on, each with why ignoring it leaves the
 # answer as it would be: OpenAI's bookkeeping, and settings that do nothing on a small open
@@ -202,11 +202,15 @@ class _Request(_Strict):
     guided_choice: list[str] | None = Field(default=None, min_length=1)
     guided_regex: str | None = None
     guided_grammar: str | None = None
-    # What a call or JSON answer that max_tokens would cut becomes: "cut" (as OpenAI: it ends where
-    # it was cut, finish_reason "length", a call's arguments incomplete) or "close" (the grammar
-    # writes its shortest close while it still fits, so the output parses; values it has to fill
-    # are "?"; finish_reason is still "length")
-    on_length: Literal["cut", "close"] = "cut"
+    # What a call or JSON answer that max_tokens would cut becomes: "fit" (near the ceiling only
+    # tokens after which the grammar's shortest close still fits are legal, so the model's own
+    # tokens close it inside max_tokens; cut only where not even the shortest call fits), "cut" (as
+    # OpenAI: it ends where it was cut, finish_reason "length", a call's arguments incomplete) or
+    # "close" (the grammar writes its shortest close while it still fits; values it has to fill
+    # are "?"; finish_reason "length")
+    on_length: Literal["fit", "cut", "close"] = "fit"
+    # A call identical (name and arguments) to an earlier call of the same reply is unspellable
+    distinct_calls: bool = Field(default=True, strict=True)
     return_token_ids: bool = Field(default=False, strict=True)
 
     @model_validator(mode="before")
