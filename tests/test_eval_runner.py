@@ -69,7 +69,7 @@ def test_a_record_the_summary_cannot_use_is_reported_and_skipped(tmp_path):
         "not a results record (not a JSON object but list); skipped",
         """not a results record ('tokens' is "12", not a whole number); skipped""",
         "not a results record ('parse' is 1, not true or false); skipped",
-        "not a results record (condition 'other' is not one of with_grammar, without_grammar); skipped"]
+        "not a results record (condition 'other' is not one of with_grammar, without_grammar, bfcl_prompt); skipped"]
     assert warnings[0].startswith(f"{p} line 2: ")
 
 
@@ -79,7 +79,7 @@ def test_summary_fields_table_and_chart(tmp_path):
     records += [rec("parallel", i, "with_grammar", True, i == 0, False) for i in range(2)]
     s = report.summarise(records, settings={"model": "m", "max_tokens": 8}, categories=["simple", "parallel"])
     simple = s["categories"]["simple"]
-    assert set(simple) == set(CONDITIONS)
+    assert set(simple) == {"with_grammar", "without_grammar"}  # no bfcl_prompt record: absent
     assert simple["with_grammar"] == {**simple["with_grammar"], "n": 4, "parse_rate": 1.0, "valid_rate": 1.0,
                                       "ast_accuracy": 0.75}
     assert simple["without_grammar"]["parse_rate"] == 0.25 and simple["without_grammar"]["ast_accuracy"] == 0.0
@@ -299,7 +299,10 @@ def test_a_run_records_its_format_and_routing(tmp_path, monkeypatch, smollm2_tok
     s = run_bfcl(["simple_python"], tmp_path, data=DATA, limit=2, call_format=fmt, routing=routing)
     from railcall.runtime.prompt import skeleton
 
-    assert len(seen) == 4 and all(skeleton(fmt) in p for p, _, _ in seen)
+    # each task: the grammar's row and the free row in railcall's prompt (asking for the format),
+    # and the free row in BFCL's own prompt mode (the second baseline)
+    ours = [p for p, _, _ in seen if "You are an expert in composing functions." not in p]
+    assert len(seen) == 6 and len(ours) == 4 and all(skeleton(fmt) in p for p in ours)
     grammar_rows = [(m, r) for _, m, r in seen if m is not None]
     assert len(grammar_rows) == 2
     assert all(isinstance(r, NameRouter) if routing == "scored" else r is None for _, r in grammar_rows)
@@ -347,16 +350,18 @@ def test_a_grounded_run_narrows_the_grammar_rows_to_the_requests_numbers(tmp_pat
 
 def test_a_run_from_before_the_variants_resumes_as_json_greedy(tmp_path):
     """A run.json written before a setting existed reads as what it ran with: json, greedy, the
-    forced finish, repeats allowed and the strict baseline -- so today's defaults, which differ
-    in the last three, do not resume it silently."""
+    forced finish, repeats allowed, the strict baseline and no BFCL prompt-mode rows -- so
+    today's defaults, which differ in these, do not resume it silently."""
     from railcall.eval.runner import SETTINGS_BEFORE, Settings
 
     now = Settings(model="m").__dict__
     old = {k: v for k, v in now.items() if k not in SETTINGS_BEFORE}
     before = {**SETTINGS_BEFORE, **old}
-    assert {k for k in now if before[k] != now[k]} == {"ceiling", "distinct_calls", "baseline", "baseline_shots"}
+    assert {k for k in now if before[k] != now[k]} == {"ceiling", "distinct_calls", "baseline", "baseline_shots",
+                                                        "bfcl_prompt"}
     assert (before["call_format"], before["routing"]) == ("json", "greedy")
-    assert before == Settings(model="m", ceiling="complete", distinct_calls=False, baseline="whole", baseline_shots=0).__dict__
+    assert before == Settings(model="m", ceiling="complete", distinct_calls=False, baseline="whole", baseline_shots=0,
+                              bfcl_prompt=False).__dict__
 
 
 def test_a_task_with_no_tools_is_answered_as_text(tmp_path, monkeypatch, smollm2_tokenizer):

@@ -217,7 +217,7 @@ def test_shots_go_in_the_prompt_and_the_settings(tmp_path, monkeypatch, smollm2_
         return iter(())
 
     monkeypatch.setattr(railcall.runtime.batch, "decode_stream", nothing_decoded)
-    run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, shots=2)
+    run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, bfcl_prompt=False, shots=2)
     tasks = bfcl.load_category(BFCL, "multiple", 2)
     assert sorted(seen) == sorted(bfcl.prompt_ids(smollm2_tokenizer, t, examples=examples(t, 2)) for t in tasks)
     text = smollm2_tokenizer.decode(bfcl.prompt_ids(smollm2_tokenizer, tasks[0], examples=examples(tasks[0], 2)))
@@ -226,19 +226,19 @@ def test_shots_go_in_the_prompt_and_the_settings(tmp_path, monkeypatch, smollm2_
     assert all(m["content"] in text for m in turns) and tasks[0].messages[-1]["content"] in text
     assert json.loads((tmp_path / "run.json").read_text())["settings"]["shots"] == 2
     with pytest.raises(ValueError, match="shots"):
-        run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, shots=0, resume=True)
+        run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, bfcl_prompt=False, shots=0, resume=True)
     settings = json.loads((tmp_path / "run.json").read_text())
     del settings["settings"]["shots"]
     (tmp_path / "run.json").write_text(json.dumps(settings))
-    run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, resume=True)  # shots 0: as before
+    run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, bfcl_prompt=False, resume=True)  # shots 0: as before
     with pytest.raises(ValueError, match="shots must be 0 or more"):
         run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, shots=-1)
     # --shot-pair: the last example of each prompt is the pair, and a setting of the run
     seen.clear()
-    run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, shots=2, shot_pair=True)
+    run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, bfcl_prompt=False, shots=2, shot_pair=True)
     assert sorted(seen) == sorted(bfcl.prompt_ids(smollm2_tokenizer, t, examples=examples(t, 2, "json", True))
                                   for t in tasks)
     assert examples(tasks[0], 2, "json", True)[-1]["content"].startswith("[")  # two calls: a JSON array
     assert json.loads((tmp_path / "run.json").read_text())["settings"]["shot_pair"] is True
     with pytest.raises(ValueError, match="shot_pair"):
-        run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, shots=2, resume=True)
+        run_bfcl(["multiple"], tmp_path, data=BFCL, limit=2, grammar=False, bfcl_prompt=False, shots=2, resume=True)

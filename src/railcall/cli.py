@@ -953,6 +953,9 @@ def eval_bfcl(
                                  "ended once it cannot be)."),
     baseline_shots: int = typer.Option(2, "--baseline-shots", help="In-context examples in the prompt of the run "
                                        "without the grammar (2 measured best for it; --shots sets the grammar's)."),
+    bfcl_prompt: bool = typer.Option(True, "--bfcl-prompt/--no-bfcl-prompt", help="Also decode each task in BFCL's "
+                                     "own prompt mode (its system prompt, a Python list of calls read by BFCL's own "
+                                     "decoder): the second baseline, on by default."),
     ceiling: str = typer.Option("fit", "--ceiling", help="Under the grammar at max_tokens: fit (the default: a call "
                                 "closes by the model's own tokens inside the ceiling) or complete (the grammar "
                                 "completes a cut call, values filled with \"?\"). A reply the ceiling cuts fails every "
@@ -1043,7 +1046,8 @@ def eval_bfcl(
                                tool_choice=tool_choice, call_format=call_format, routing=routing,
                                prompt_example=prompt_example, values=values, device=device, shard=shard_kn,
                                baseline=baseline, baseline_shots=baseline_shots, ceiling=ceiling,
-                               distinct_calls=not repeats, log=lambda m: console.print(m, style="dim"))
+                               distinct_calls=not repeats, bfcl_prompt=bfcl_prompt,
+                               log=lambda m: console.print(m, style="dim"))
         except (RailcallError, ValueError, FileNotFoundError, NotImplementedError) as e:
             _fail(e)
             return

@@ -188,3 +188,21 @@ def prompt_ids(tokenizer, task: Task, fmt: str = "json", example: bool = False, 
         out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
     ids = out["input_ids"] if hasattr(out, "keys") else out
     return list(ids[0] if ids and isinstance(ids[0], list) else ids)
+
+
+def bfcl_prompt_ids(tokenizer, task: Task) -> list[int]:
+    """Token ids of the chat prompt BFCL itself gives a model in prompt mode: its default system
+    prompt (the functions as JSON, the reply asked for as a Python list of calls), its
+    language hints on the functions of a Java or JavaScript task, the task's own system message
+    after it -- each built by the bfcl-eval wheel's own code -- then the question."""
+    import copy
+
+    from bfcl_eval.model_handler.utils import system_prompt_pre_processing_chat_model
+    from bfcl_eval.utils import add_language_specific_hint_to_function_doc
+
+    [entry] = add_language_specific_hint_to_function_doc([{"id": task.id, "function": copy.deepcopy(task.functions)}])
+    msgs = system_prompt_pre_processing_chat_model([{"role": m["role"], "content": m["content"]} for m in task.messages],
+                                                   entry["function"], task.id)
+    out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    ids = out["input_ids"] if hasattr(out, "keys") else out
+    return list(ids[0] if ids and isinstance(ids[0], list) else ids)

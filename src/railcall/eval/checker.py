@@ -109,6 +109,25 @@ def find_calls(text: str) -> list[dict] | None:
     return None
 
 
+def bfcl_calls(text: str, language: str = "python") -> list[dict] | None:
+    """The calls of a reply in BFCL's own prompt-mode format (`[f(a=1), g(b="x")]`, the format
+    its system prompt asks for), read by BFCL's own decoder from the bfcl-eval wheel
+    (`default_decode_ast_prompting`, Java and JavaScript by its tree-sitter parsers), each as
+    {"tool", "args"}; None where the decoder reads no call."""
+    from bfcl_eval.constants.enums import ReturnFormat
+    from bfcl_eval.model_handler.utils import default_decode_ast_prompting
+
+    fmt = {"java": ReturnFormat.JAVA, "javascript": ReturnFormat.JAVASCRIPT}.get(language, ReturnFormat.PYTHON)
+    try:
+        decoded = default_decode_ast_prompting(text, fmt)
+    except Exception:  # noqa: BLE001 -- BFCL scores any failure of its decoder as "not a call", as here
+        return None
+    if not isinstance(decoded, list) or not all(isinstance(d, dict) and len(d) == 1 for d in decoded):
+        return None
+    calls = [{"tool": name, "args": args} for d in decoded for name, args in d.items()]
+    return calls if calls and all(isinstance(c["args"], dict) for c in calls) else None
+
+
 def decided(text: str, stop: Sequence[str] = ()) -> bool:
     """True once `text` can never become a call by appending more: the reply does not start
     with { or [, or a complete JSON value is followed by more text or is not a call. Used to

@@ -1,4 +1,5 @@
-"""Results -> summary.json, a terminal table and a PNG chart (with vs without the grammar).
+"""Results -> summary.json, a terminal table and a PNG chart (with vs without the grammar, and
+BFCL's own prompt-mode format where the run has it).
 
 summary.json: {"categories": {cat: {condition: {n, parse_rate, valid_rate, ast_accuracy,
 tokens_mean, seconds_mean, cut_rate}}}, "throughput": {...}, "variant": {call_format, routing, values},
@@ -98,12 +99,35 @@ def rows(summary: dict, keys=("parse_rate", "valid_rate", "ast_accuracy")):
         yield cat, n, get(w), get(g)
 
 
+def has_bfcl_prompt(summary: dict) -> bool:
+    """Whether the run decoded BFCL's own prompt-mode condition (the second baseline)."""
+    return any("bfcl_prompt" in per for per in summary["categories"].values())
+
+
 def markdown(summary: dict) -> str:
+    if has_bfcl_prompt(summary):
+        return _markdown3(summary)
     lines = ["| category | n | parse rate without | with | schema-valid without | with | AST accuracy without | with "
              "| cut without | with |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for cat, n, w, g in rows(summary, ("parse_rate", "valid_rate", "ast_accuracy", "cut_rate")):
         lines.append(f"| {cat} | {n} | " + " | ".join(f"{_pct(a)} | {_pct(b)}" for a, b in zip(w, g)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+_SHOWN = ("without_grammar", "bfcl_prompt", "with_grammar")
+
+
+def _markdown3(summary: dict) -> str:
+    """Each cell: the free reply in railcall's prompt (tolerant reading) / in BFCL's own
+    prompt-mode format (BFCL's decoder) / under the grammar."""
+    lines = ["| category | n | parse: free / BFCL prompt / grammar | schema-valid | AST accuracy | cut |",
+             "|---|---|---|---|---|---|"]
+    for cat, per in summary["categories"].items():
+        n = next((per[c]["n"] for c in ("with_grammar", *_SHOWN) if c in per), 0)
+        cells = [" / ".join(_pct(per.get(c, {}).get(k)) for c in _SHOWN)
+                 for k in ("parse_rate", "valid_rate", "ast_accuracy", "cut_rate")]
+        lines.append(f"| {cat} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -113,12 +137,15 @@ def table(summary: dict):
     v = summary.get("variant") or {}
     t = Table(title=f"BFCL: without / with the grammar ({v.get('call_format', 'json')} format, "
                     f"{v.get('routing', 'greedy')} routing, {v.get('values', 'free')} values)")
-    t.caption = "each cell: without / with the grammar; a cut reply fails parse, valid and AST"
+    three = has_bfcl_prompt(summary)
+    t.caption = ("each cell: free / BFCL's prompt mode / with the grammar" if three else
+                 "each cell: without / with the grammar") + "; a cut reply fails parse, valid and AST"
     for col in ("category", "n", "parse", "valid", "AST", "cut", "tokens", "s/task"):
         t.add_column(col, justify="left" if col == "category" else "right", no_wrap=col == "category")
     for cat, per in summary["categories"].items():
         w, g = per.get("without_grammar", {}), per.get("with_grammar", {})
-        pair = lambda k, f=_pct: f"{f(w.get(k)) if w else '—'} / {f(g.get(k)) if g else '—'}"  # noqa: E731
+        shown = _SHOWN if three else ("without_grammar", "with_grammar")
+        pair = lambda k, f=_pct: " / ".join(f(per[c].get(k)) if c in per else "—" for c in shown)  # noqa: E731
         num = lambda x: "—" if x is None else f"{x:.1f}"  # noqa: E731
         t.add_row(cat, str((g or w).get("n", 0)), pair("parse_rate"), pair("valid_rate"), pair("ast_accuracy"),
                   pair("cut_rate"), pair("tokens_mean", num), pair("seconds_mean", num))
@@ -126,26 +153,34 @@ def table(summary: dict):
 
 
 def chart(summary: dict, path: Path) -> None:
-    """Three panels (parse rate, schema-valid rate, AST accuracy), a pair of horizontal bars per
-    category (without / with the grammar): the category names read across, however many."""
+    """Three panels (parse rate, schema-valid rate, AST accuracy), a bar per condition and
+    category (without the grammar, BFCL's prompt mode where the run has it, with the grammar):
+    the category names read across, however many."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = list(rows(summary))
-    cats = [f"{c} (n={n})" for c, n, _, _ in data]
+    conds = [("without_grammar", "without grammar", "#9e9e9e")]
+    if has_bfcl_prompt(summary):
+        conds.append(("bfcl_prompt", "BFCL prompt mode", "#ffb74d"))
+    conds.append(("with_grammar", "with grammar", "#1f77b4"))
+    data = list(summary["categories"].items())
+    cats = [f"{c} (n={next((per[k]['n'] for k in ('with_grammar', *_SHOWN) if k in per), 0)})" for c, per in data]
     titles = ["parse rate", "schema-valid rate", "AST accuracy"]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 1.4 + 0.42 * max(len(data), 3)), sharey=True)
-    height = 0.38
+    keys = ("parse_rate", "valid_rate", "ast_accuracy")
+    fig, axes = plt.subplots(1, 3, figsize=(13, 1.4 + (0.42 if len(conds) == 2 else 0.6) * max(len(data), 3)),
+                             sharey=True)
+    height = 0.76 / len(conds)
     ys = list(range(len(data)))[::-1]  # the first category on top
     for k, ax in enumerate(axes):
-        free = [100 * (w[k] or 0) for _, _, w, _ in data]
-        con = [100 * (g[k] or 0) for _, _, _, g in data]
-        b1 = ax.barh([y + height / 2 for y in ys], free, height, label="without grammar", color="#9e9e9e")
-        b2 = ax.barh([y - height / 2 for y in ys], con, height, label="with grammar", color="#1f77b4")
-        for bars in (b1, b2):
-            for bar in bars:
+        bars = []
+        for j, (cond, label, colour) in enumerate(conds):
+            values = [100 * (per.get(cond, {}).get(keys[k]) or 0) for _, per in data]
+            offset = (len(conds) - 1) / 2 - j  # the first condition on top within a category
+            b = ax.barh([y + offset * height for y in ys], values, height, label=label, color=colour)
+            bars.append(b)
+            for bar in b:
                 ax.annotate(f"{bar.get_width():.0f}", (bar.get_width() + 1, bar.get_y() + bar.get_height() / 2),
                             ha="left", va="center", fontsize=7)
         ax.set_yticks(ys)
@@ -154,7 +189,7 @@ def chart(summary: dict, path: Path) -> None:
         ax.set_xlim(0, 112)
         ax.set_xlabel("% of tasks", fontsize=8)
         if k == 0:
-            fig.legend(handles=[b1, b2], loc="upper right", ncol=2, fontsize=8, frameon=False)
+            fig.legend(handles=bars, loc="upper right", ncol=len(conds), fontsize=8, frameon=False)
     model = summary.get("settings", {}).get("model", "")
     v = summary.get("variant") or {}
     fig.suptitle(f"BFCL on {model}, greedy, max {summary.get('settings', {}).get('max_tokens')} tokens, "

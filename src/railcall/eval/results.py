@@ -14,7 +14,9 @@ from typing import Callable
 
 from railcall.atomic import mend_last_line
 
-CONDITIONS = ("with_grammar", "without_grammar")
+# The grammar; the free reply at its best in railcall's own prompt; the free reply in BFCL's own
+# prompt-mode format (a Python list of calls), read by BFCL's own decoder (runner.py).
+CONDITIONS = ("with_grammar", "without_grammar", "bfcl_prompt")
 
 
 # What `report.summarise` and a resumed run read from every record, with its JSON type.

@@ -10,7 +10,11 @@ The baseline gets its best fair chance (`baseline="tolerant"`, the default): `ba
 in-context examples (2: what measured best for the free model, docs/evaluation.md), the reply
 runs to its own end or the ceiling, and its calls are found anywhere in it, in the wire format or
 OpenAI's shapes (`checker.find_calls`). `baseline="whole"` is the strict reading of earlier runs:
-the whole reply must be the wire format, and it is ended once it no longer can be.
+the whole reply must be the wire format, and it is ended once it no longer can be. A second
+baseline (`bfcl_prompt`, on by default) is BFCL's own prompt mode, as its leaderboard runs a
+model without native tool calls: BFCL's system prompt and function docs (built by the bfcl-eval
+wheel's own code, `bfcl.bfcl_prompt_ids`), the reply asked for as a Python list of calls and
+read by BFCL's own decoder (`checker.bfcl_calls`), run to its own end or the ceiling.
 
 The call format (`call_format`: json, the default, openai, hermes or pythonic) is the grammar's,
 the output parser's and the prompt's: without the grammar the prompt still asks for it, and a
@@ -86,11 +90,13 @@ class Settings:
     # it, OpenAI's shapes too: checker.find_calls) or "whole" (ended once it cannot be a call; the
     # whole reply must be the wire format)
     baseline_shots: int = 2  # in-context examples in the free rows' prompt (the run's `shots` in the grammar's)
+    bfcl_prompt: bool = True  # the second baseline: BFCL's own prompt mode, read by BFCL's decoder
 
 
 # What a run.json written before a setting existed ran with (its resume compares like with like).
 SETTINGS_BEFORE = {"shots": 0, "shot_pair": False, "call_format": "json", "routing": "greedy", "values": "free",
-                   "ceiling": "complete", "distinct_calls": False, "baseline": "whole", "baseline_shots": 0}
+                   "ceiling": "complete", "distinct_calls": False, "baseline": "whole", "baseline_shots": 0,
+                   "bfcl_prompt": False}
 BASELINES = ("tolerant", "whole")
 ROUTINGS = ("greedy", "scored", "matched")
 VALUES = ("free", "grounded")
@@ -228,7 +234,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
              call_format: str = "json", routing: str = "greedy", prompt_example: bool = False,
              values: str = "free", without_grammar: bool = True, device: str | None = None,
              baseline: str = "tolerant", baseline_shots: int = 2, ceiling: str = "fit", distinct_calls: bool = True,
-             shard: tuple[int, int] | None = None,
+             bfcl_prompt: bool = True, shard: tuple[int, int] | None = None,
              progress: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Run the categories; returns the summary (also written to `out`/summary.json). `call_format`:
     the grammar's, the parser's and the prompt's format; `routing="scored"`: the tool name chosen
@@ -242,7 +248,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     (both by default; `railcall.eval.variants` runs a scored variant under the grammar alone).
     `baseline` / `baseline_shots`: how the free condition is prompted and read (`Settings`): by
     default at its best -- two in-context examples, run to its own end, calls found anywhere in
-    the reply. `ceiling` / `distinct_calls`: the grammar rows' token ceiling and repeat ban
+    the reply. `bfcl_prompt`: also decode each task in BFCL's own prompt mode, read by BFCL's
+    own decoder (the second baseline). `ceiling` / `distinct_calls`: the grammar rows' token ceiling and repeat ban
     (`SamplingParams.cut`, `.distinct_calls`).
     `device`: where the model runs (`load_model`; default the CPU). `shard=(k, n)`: only every
     n-th task of each category from the k-th (k counts from 1), so n processes, each with its own
@@ -268,8 +275,8 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         raise ValueError(f"shots must be 0 or more, not {min(shots, baseline_shots)}")
     if baseline not in BASELINES:
         raise ValueError(f"unknown baseline {baseline!r}; use {' or '.join(BASELINES)}")
-    if not (grammar or without_grammar):
-        raise ValueError("nothing to run: both the grammar and the free condition are off")
+    if not (grammar or without_grammar or bfcl_prompt):
+        raise ValueError("nothing to run: the grammar and both free conditions are off")
     if threads and importlib.util.find_spec("torch") is not None:  # llama.cpp's threads: load_model's
         import torch
 
@@ -292,13 +299,14 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         all_tasks = {c: tasks[shard[0] - 1::shard[1]] for c, tasks in all_tasks.items()}
     lm = load_model(model, device=device, threads=threads)
     vocab = lm.vocabulary()
-    conditions = [c for c in CONDITIONS if (grammar if c == "with_grammar" else without_grammar)]
+    on = {"with_grammar": grammar, "without_grammar": without_grammar, "bfcl_prompt": bfcl_prompt}
+    conditions = [c for c in CONDITIONS if on[c]]
     settings = Settings(model=lm.name, max_tokens=max_tokens, shots=shots, shot_pair=shot_pair and shots > 0,
                         conditions=list(CONDITIONS),
                         grammar=GRAMMARS[call_format], call_format=call_format, routing=routing, values=values,
                         prompt=bfcl.PROMPT_VERSION + ("+example" if prompt_example else ""),
                         ceiling=ceiling, distinct_calls=distinct_calls, baseline=baseline,
-                        baseline_shots=baseline_shots)
+                        baseline_shots=baseline_shots, bfcl_prompt=bfcl_prompt)
     results_path, run_path = out / "results.jsonl", out / "run.json"
     here = machine(device, lm)
     machines = [here]
@@ -333,9 +341,14 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
             progress(cat, finished[cat], len(tasks))
     # the grammar's rows take the run's `shots`; the free rows the baseline's (its best prompt)
     k_of = {"with_grammar": shots, "without_grammar": baseline_shots}
-    prompts = {(cat, t.id, c): bfcl.prompt_ids(lm.tokenizer, t, call_format, prompt_example,
-                                               examples=examples(t, k_of[c], call_format, shot_pair and k_of[c] > 0))
-               for ws in windows.values() for w in ws for cat, t in w for c in conditions}
+
+    def prompt(t, c):
+        if c == "bfcl_prompt":  # BFCL's own prompt, as its leaderboard gives it
+            return bfcl.bfcl_prompt_ids(lm.tokenizer, t)
+        return bfcl.prompt_ids(lm.tokenizer, t, call_format, prompt_example,
+                               examples=examples(t, k_of[c], call_format, shot_pair and k_of[c] > 0))
+
+    prompts = {(cat, t.id, c): prompt(t, c) for ws in windows.values() for w in ws for cat, t in w for c in conditions}
     order = []
     for k in range(max((len(ws) for ws in windows.values()), default=0)):
         for ws in windows.values():
@@ -367,12 +380,15 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
         waiting[(cat, t.id)] = waiting.get((cat, t.id), 0) + 1
     held: dict[tuple, list] = {}
 
-    def is_decided(i, tokens):
-        return decided(vocab.decode(tokens).decode("utf-8", errors="replace"), call_format, params.stop)
+    def is_decided(i, tokens):  # the whole-reply reading of railcall's prompt alone
+        return rows[i][2] == "without_grammar" and decided(vocab.decode(tokens).decode("utf-8", errors="replace"),
+                                                           call_format, params.stop)
 
     def verdicts(t, g, c, mode):
         if g.cut or g.truncated:  # the ceiling cut the reply (and the grammar may have closed it): a failure
             return {"parse": False, "valid": False, "ast": False, "reason": "cut at the token ceiling", "calls": 0}
+        if c == "bfcl_prompt":
+            return score(t, g.text, checker.bfcl_calls(g.text, t.language), parsed=True)
         if c == "with_grammar" and not t.tools:
             return score(t, g.text, None, auto=True)  # as a server without tools: text, no call
         if c == "with_grammar" and mode == "auto":

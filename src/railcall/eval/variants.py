@@ -141,7 +141,7 @@ def run(categories: list[str], out: Path, variants: list[dict], *, runner: Calla
         k, pair = shot_count(v)
         summaries[name] = runner(categories, out / name, model=v["model"], call_format=v["format"],
                                  routing=v["routing"], shots=k, shot_pair=pair, values=v["values"],
-                                 without_grammar=without, **kw)
+                                 without_grammar=without, bfcl_prompt=without, **kw)
     table = tabulate(categories, variants, summaries)
     write(table, out)
     return table
