@@ -72,3 +72,25 @@ def test_sampled_calls_fit_too(bytes_vocab, seed):
     g = run(bytes_vocab, LONG, 34, temperature=1.5, seed=seed, parallel=True)
     assert len(g.tokens) <= 34 and not g.truncated, g.text
     json.loads(g.text)
+
+
+NESTED = '{"weather_data":[{"city":"New York","temperature":"72F","wind":[1,2,3]},{"city":"Paris","x":{"y":"z"}}]}'
+
+
+@pytest.mark.parametrize("cut", ["close", "complete"])
+def test_the_forced_close_is_written_before_a_token_that_would_leave_it_no_room(bytes_vocab, cut):
+    """Any object (response_format json_object): one token can lengthen the close by more than one
+    (`,` opens a key that needs `"":0`), so the close comes before that token, not only when it
+    takes the budget exactly; for every ceiling the answer parses, inside max_tokens where the
+    close can fit at all."""
+    from railcall.grammar import ir
+    from railcall.grammar.schema import schema_to_ir
+
+    node, rules = schema_to_ir({"type": "object"})
+    g = compiled_grammar(ir.Grammar(node, rules, name="json_object"), bytes_vocab)
+    for n in range(2, len(NESTED) + 1):
+        out = generate(ScriptedBackend(bytes_vocab, [NESTED]), bytes_vocab, [0], Matcher(g),
+                       SamplingParams(max_tokens=n, cut=cut))
+        assert isinstance(json.loads(out.text), dict), (n, out.text)
+        assert len(out.tokens) <= n or cut == "complete", (n, out.text)
+        assert out.finish_reason == ("length" if out.cut else "stop") and (out.cut or out.text == NESTED)

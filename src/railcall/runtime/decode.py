@@ -338,6 +338,14 @@ class Row:
             tok, logp = picked
         else:
             tok, logp = _sample_dist(logits, p, self.generator(logits))
+            close = (self._close(exact=False) if m is not None and p.cut in ("complete", "close")
+                     and left <= CLOSE_WINDOW and self._close_lost(tok, left) else [])
+            if close:  # the drawn token would leave the close no room: it is written now instead
+                for t in close:
+                    m.consume_token(t)
+                    self._record(t, 1, True, 0.0)
+                self.cut = True
+                return self._end("length")
         if m is not None:
             m.consume_token(tok)
         if tok in self.stops:
@@ -478,17 +486,32 @@ class Row:
                     break
         return out
 
-    def _close(self) -> list[int]:
+    def _close(self, exact: bool = True) -> list[int]:
         """The grammar's shortest close if it is time to write it: it takes exactly the budget
-        that is left (one more sampled token and it might no longer fit). [] otherwise: the
-        model writes on, so a value is cut as late as possible."""
+        that is left (one more sampled token and it might no longer fit); with `exact` off, any
+        close that fits. [] otherwise: the model writes on, so a value is cut as late as possible."""
         m, left = self.matcher, self.params.max_tokens - len(self.out)
         if m.is_accepting() or m.is_error() or (self._in_free is not None and self._in_free()):
             return []
         close = m.copy().finish()
         if not close:
             return []
-        return close if len(close) == left else []
+        return close if len(close) == left or (not exact and len(close) <= left) else []
+
+    def _close_lost(self, tok: int, left: int) -> bool:
+        """Whether feeding `tok` would leave the grammar's close no room ("complete", "close"):
+        one token can lengthen the close by more than one (`,` opens a key and its value), so the
+        close is written before such a token rather than only when it takes the budget exactly."""
+        m = self.matcher
+        if m.is_accepting() or (self._in_free is not None and self._in_free()) or tok in self.stops:
+            return False
+        c = m.copy()
+        if not c.consume_token(tok) or c.is_error():
+            return False  # an illegal draw is the mask's business, not the close's
+        if c.is_accepting():
+            return False
+        close = c.finish()
+        return not close or 1 + len(close) > left
 
     def _adjust(self, logits):
         """Penalties and bias (vLLM's and OpenAI's definitions), on a copy of the logits."""
