@@ -200,3 +200,16 @@ def test_full_cells_requeue_the_filling_prompt_or_end_it(vocab):
     alone = row(vocab, 3)
     loop.add([3] * 150, alone)  # more than the cells, nothing else running: ends with the error
     assert run(loop) == [alone] and alone.finish_reason == "error" and isinstance(alone.error, Full)
+
+
+def test_prompts_admitted_together_that_overflow_the_cells_take_turns(vocab):
+    """Four 40-token prompts admitted in one step need 160 cells of 100: when the pass in which
+    every row is filling fails, half of them go on and the rest wait; each prompt fits alone,
+    so all four are answered and none ends with the error."""
+    loop, passes = make(vocab, cells=100, step_tokens=32)
+    rows = [row(vocab, 3) for _ in range(4)]
+    for k, r in enumerate(rows):
+        loop.add([k + 1] * 40, r, group=str(k))
+    ended = run(loop)
+    assert sorted(map(id, ended)) == sorted(map(id, rows))
+    assert all(r.finish_reason == "length" and len(r.out) == 3 for r in rows), [r.finish_reason for r in rows]

@@ -561,7 +561,10 @@ class BatchLoop:
         A pass with chunks that fails (the KV cells full, say) drops the filling prompts: their
         cells are freed and their rows wait again at the front of the queue while other rows are
         in the batch (no admission until one of them leaves and frees cells), or end with the
-        error where there are none; the running rows' tokens then run alone."""
+        error where there are none; the running rows' tokens then run alone. Where every row of
+        the batch is filling, the first half of them is kept and the pass tried again (many long
+        prompts admitted together: 48 BFCL prompts of ~2,000 tokens need more than 8,192 cells),
+        so only a prompt that cannot fit alone ends with the error."""
         slots = self._slots
         if not self._chunked:
             fed = [feeds[b] for b in range(len(slots))]
@@ -586,8 +589,13 @@ class BatchLoop:
             if not filling:
                 raise
             self._full_at = self._ends
-            keep = [b for b in range(len(slots)) if b not in set(filling)]
-            back = [(s.prompt, r) for b in filling for s in [slots[b]] for r in s.rows]
+            # Where every row is filling a prompt (nothing runs that would free cells), the first
+            # half of them goes on and the rest wait; otherwise every filling row waits.
+            stay = set(filling[: len(filling) // 2]) if len(filling) == len(slots) else set()
+            drop = set(filling) - stay
+            keep = [b for b in range(len(slots)) if b not in drop]
+            back = [(s.prompt, r) for b in sorted(drop) for s in [slots[b]] for r in s.rows]
+            going = {keep.index(b): run[b] for b in stay}
             feeds = {keep.index(b): f for b, f in feeds.items()}
             self._remove(keep)
             if self._slots:
@@ -598,9 +606,9 @@ class BatchLoop:
                     r.end("error")
                     ended.append(r)
                     self._forget(r)
-            if not feeds:
+            if not feeds and not going:
                 return
-            return self._pass(dict.fromkeys(feeds, 1), feeds, ended)
+            return self._pass({**dict.fromkeys(feeds, 1), **going}, feeds, ended)
         self._took(run, feeds, logits, [b for b, w in enumerate(wants) if w])
 
     def _took(self, run, feeds, logits, wanted: list[int]) -> None:
