@@ -72,6 +72,83 @@ def test_logits_processor_matches_own_loop(setup):
     assert new == own.tokens
 
 
+def _generated(vocab, row, prompt_len):
+    """A returned sequence's tokens up to its first stop token."""
+    out = []
+    for t in row[prompt_len:].tolist():
+        if t in vocab.stop_ids:
+            break
+        out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("kw", [dict(num_beams=2), dict(num_beams=4, num_return_sequences=4),
+                                dict(do_sample=True, top_k=0, temperature=0.7, num_return_sequences=3)],
+                         ids=["beams2", "beams4-return4", "sampling-return3"])
+def test_logits_processor_is_right_under_beam_search_and_several_returns(setup, kw):
+    """Beam search reorders and duplicates rows between steps; every sequence generate() returns
+    is still one the grammar accepts, and a whole call."""
+    import torch
+    from transformers import LogitsProcessorList, set_seed
+
+    from railcall.integrations.hf import RailcallLogitsProcessor
+
+    from railcall.runtime.prompt import chat_prompt_ids
+
+    lm, vocab, compiled, backend, _ = setup
+    # a request whose call is short: every beam closes it well inside max_new_tokens (on "17 times
+    # 23" beam search prefers a string max_new_tokens cuts: a prefix of a call, never a stop)
+    prompt = chat_prompt_ids(lm.tokenizer, DEMO_TOOLS, "Read the file notes.txt, please")
+    set_seed(0)
+    ids = torch.tensor([prompt])
+    proc = RailcallLogitsProcessor(compiled, prompt_len=len(prompt))
+    out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
+                            logits_processor=LogitsProcessorList([proc]), eos_token_id=list(vocab.stop_ids),
+                            pad_token_id=vocab.eos_id, **kw)
+    assert out.shape[0] == kw.get("num_return_sequences", 1)
+    whole = 0
+    for row in out:
+        m = Matcher(compiled)
+        tokens = _generated(vocab, row, len(prompt))
+        assert all(m.consume_token(t) for t in tokens), vocab.decode(tokens)  # every token the grammar's
+        stopped = len(tokens) < out.shape[1] - len(prompt) and row[len(prompt) + len(tokens)].item() in vocab.stop_ids
+        if stopped:  # a stop token only where the call is whole
+            assert m.is_done() and parse_call(vocab.decode(tokens).decode(), DEMO_TOOLS) is not None, vocab.decode(tokens)
+            whole += 1
+    assert whole == out.shape[0]
+
+
+def test_logits_processor_serves_a_padded_batch_and_says_when_rebuilt(setup):
+    """Two prompts left-padded to one length: each row's call is the grammar's; the same
+    processor serves a second generate() of that length, and one of another length is refused
+    with what to do."""
+    import torch
+    from transformers import LogitsProcessorList
+
+    from railcall.errors import MatcherError
+    from railcall.integrations.hf import RailcallLogitsProcessor
+    from railcall.runtime.prompt import chat_prompt_ids
+
+    lm, vocab, compiled, backend, prompt = setup
+    other = chat_prompt_ids(lm.tokenizer, DEMO_TOOLS, "Read the file notes.txt, please")
+    width = max(len(prompt), len(other))
+    pad = vocab.eos_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in (prompt, other)])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in (prompt, other)])
+    proc = RailcallLogitsProcessor(compiled, prompt_len=width)
+    run = lambda i, a: lm.model.generate(i, attention_mask=a, max_new_tokens=40, do_sample=False,
+                                         logits_processor=LogitsProcessorList([proc]),
+                                         eos_token_id=list(vocab.stop_ids), pad_token_id=pad)
+    first = run(ids, mask)
+    texts = [vocab.decode(_generated(vocab, row, width)).decode() for row in first]
+    assert all(parse_call(t, DEMO_TOOLS) is not None for t in texts), texts
+    again = run(ids, mask)  # a new generate(): the matchers start over
+    assert torch.equal(first, again)
+    short = torch.tensor([prompt[1:]])
+    with pytest.raises(MatcherError, match=f"prompt_len={len(prompt) - 1}"):
+        run(short, torch.ones_like(short))
+
+
 def test_forced_finish_at_a_tiny_token_ceiling(setup):
     lm, vocab, compiled, backend, prompt = setup
     for n in (1, 3, 9):
@@ -133,3 +210,19 @@ def test_demo_workspace_tools(tmp_path):
     assert not (root / "a").exists()
     assert calc("17*23") == "391" and calc("2 ** 10") == "1024"
     assert calc("__import__('os')").startswith("error") and calc("9 ** 9999").startswith("error")
+
+
+def test_the_hf_processor_docstring_example_runs(capsys):
+    """The example at the top of railcall.integrations.hf, run as written (beam search included)."""
+    import railcall.integrations.hf as hf
+
+    block = []
+    for line in hf.__doc__.splitlines()[1:]:
+        if line.strip() and not line.startswith("    "):
+            break
+        block.append(line[4:])
+    code = "\n".join(block)
+    exec(compile(code, "railcall/integrations/hf.py (docstring)", "exec"), {})
+    printed = capsys.readouterr().out.strip()
+    call = json.loads(printed)
+    assert call["tool"] == "get_weather" and isinstance(call["args"]["city"], str) and call["args"]["city"], printed

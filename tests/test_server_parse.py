@@ -54,18 +54,47 @@ def test_a_seed_outside_int64_is_a_400(seed):
     assert parse({"messages": USER, "seed": 2**63 - 1}).seed == 2**63 - 1
 
 
-def test_the_hf_processor_refuses_more_rows_than_it_has_matchers(bytes_vocab):
+def test_the_hf_processor_follows_each_row_by_its_own_tokens(bytes_vocab):
+    """Rows are matched by the tokens they generated, not by position: any number of rows, a
+    reordered row keeps its grammar state, a refused token names its row, a shorter call starts a
+    new generate() and a prompt of another length is refused with what to do."""
     from railcall.grammar.tools import Tool, tool_grammar
     from railcall.integrations.hf import RailcallLogitsProcessor
-    from railcall.matcher import compiled_grammar
+    from railcall.bitmask import allocate_bitmask, apply_bitmask
+    from railcall.matcher import Matcher, compiled_grammar
 
-    cg = compiled_grammar(tool_grammar([Tool("f", "", {"type": "object", "properties": {}})]), bytes_vocab)
+    v = bytes_vocab
+    cg = compiled_grammar(tool_grammar([Tool("f", "", {"type": "object", "properties": {}})]), v)
     proc = RailcallLogitsProcessor(cg, prompt_len=1)
-    scores = torch.zeros(2, bytes_vocab.logits_width)
-    with pytest.raises(MatcherError, match="built for 1 row.*passed 2.*batch_size=2"):
-        proc(torch.zeros(2, 1, dtype=torch.long), scores)
-    ok = RailcallLogitsProcessor(cg, prompt_len=1, batch_size=2)(torch.zeros(2, 1, dtype=torch.long), scores)
-    assert torch.isinf(ok).any(dim=1).all()  # both rows masked
+    brace = v.lookup[b"{"]
+    legal = lambda row: torch.isfinite(row).nonzero().flatten().tolist()
+
+    def expected(tokens):
+        m = Matcher(cg)
+        assert all(m.consume_token(t) for t in tokens)
+        scores = torch.zeros(1, v.logits_width)
+        bm = allocate_bitmask(v.logits_width)
+        m.fill_bitmask(bm)
+        apply_bitmask(scores, bm)
+        return legal(scores[0])
+
+    first = proc(torch.zeros(3, 1, dtype=torch.long), torch.zeros(3, v.logits_width))
+    assert brace in legal(first[0]) and legal(first[0]) == legal(first[2]) == expected([])  # three rows
+    # next step: two rows, different histories, in either order (beam search reorders rows)
+    opened = v.lookup[b'{"']
+    for ids in ([[0, brace], [0, opened]], [[0, opened], [0, brace]]):
+        proc(torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, v.logits_width))  # a new generate()
+        second = proc(torch.tensor(ids), torch.zeros(2, v.logits_width))
+        assert [legal(r) for r in second] == [expected([row[1]]) for row in ids]
+    assert expected([brace]) != expected([opened])
+    bad = torch.tensor([[0, brace, v.lookup[b'"']], [0, brace, v.lookup[b"x"]]])
+    with pytest.raises(MatcherError, match=r"row 1: generated token .* refused"):
+        proc(bad, torch.zeros(2, v.logits_width))
+    # a call no longer than the last one is a new generate(): fresh matchers, the prompt checked
+    again = proc(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, v.logits_width))
+    assert legal(again[0]) == expected([])
+    with pytest.raises(MatcherError, match="built for prompts of 1 tokens.*prompt_len=2"):
+        RailcallLogitsProcessor(cg, prompt_len=1)(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, v.logits_width))
 
 
 @pytest.mark.parametrize("extra, param", [({"max_tokens": True}, "max_tokens"), ({"max_tokens": "5"}, "max_tokens"),
