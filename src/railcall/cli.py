@@ -790,8 +790,8 @@ _AGENT_OPTIONS = dict(
     call_format=typer.Option(None, "--format", help="The call format of the grammar, the prompt and the parser: "
                              + FORMAT_DEFAULT_HELP),
     routing=typer.Option("scored", "--routing", help="How the tool name is chosen: scored (by the likelihood of each "
-                         "whole name, one extra forward pass per call; the default, measured on the task suite: 13 of "
-                         "39 tasks against 10) or greedy (token by token)."),
+                         "whole name, one extra forward pass per call; the default, measured on the task suite: "
+                         "docs/agent.md) or greedy (token by token)."),
     on=typer.Option(None, "--on", help=HELPS_ON_HELP),
     off=typer.Option(None, "--off", help=HELPS_OFF_HELP),
 )
