@@ -1,6 +1,6 @@
 """The token ceiling under "fit" (the default): a call closes by the model's own tokens inside
 max_tokens, or is reported truncated where even the shortest close cannot fit; "complete" stays
-seed 000's forced finish with its "?" tell."""
+the forced finish with its "?" tell."""
 
 from __future__ import annotations
 

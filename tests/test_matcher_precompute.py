@@ -1097,7 +1097,7 @@ def test_prewarm_stops_at_its_position_budget(bpe_vocab):
 def test_a_prepared_vocabulary_leaves_no_index_for_the_first_compile_to_build(smollm2_vocab):
     """`prepare_vocabulary` builds every per-vocabulary index a tool table's masks use, so the
     first compile and its masks (prewarm: every position) pay only for the grammar. SmolLM2,
-    seed 000's table and 128 mixed tools: no index is added or grown."""
+    the three-tool table and 128 mixed tools: no index is added or grown."""
     from railcall.bench.workloads import seed_tools, synthetic_tools
     from railcall.matcher import prepare_vocabulary
 

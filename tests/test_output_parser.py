@@ -1,4 +1,4 @@
-"""OutputParser: delimiters switch modes only where their token was generated (seed 002).
+"""OutputParser: delimiters switch modes only where their token was generated.
 
 Each case is a scripted token stream (see output_script.py: a scripted backend emitting given
 ids) with two expectations: where `<think>`, `</think>`, `<tool_call>` are single tokens

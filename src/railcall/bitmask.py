@@ -5,7 +5,7 @@ ceil(width / 32) words per row; bit i % 32 of word i // 32 (little-endian) is to
 
 Applying a mask sets every illegal logit to -inf and leaves the legal ones exactly as the model
 produced them: masking removes tokens from the model's distribution, it never flattens it
-(seed 000 -- zeroing the survivors would throw away the only judgement the model contributes).
+(zeroing the survivors would throw away the only judgement the model contributes).
 torch is imported only when a torch tensor is passed.
 """
 

@@ -925,7 +925,7 @@ def data_where() -> None:
             console.print(f"{name}: missing: {e}", markup=False, highlight=False)
 
 
-eval_app = typer.Typer(**PLAIN, help="Evaluation: BFCL tasks, the agent task suite, and the seed 000 ablation.",
+eval_app = typer.Typer(**PLAIN, help="Evaluation: BFCL tasks, the agent task suite, and the grammar ablation.",
                        no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
 
@@ -1302,7 +1302,7 @@ def eval_ablation(
     backend: Optional[str] = _backend_option(),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
 ) -> None:
-    """Seed 000's ablation: parse rate with and without the grammar over N sampled demo tasks."""
+    """The grammar ablation: parse rate with and without the grammar over N sampled demo tasks."""
     from railcall.eval.ablation import run as run_ablation
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -4,7 +4,7 @@ A policy never refuses a call after the model wrote it; it decides what the mode
 view is built from the table as it is at this moment:
 
 1. the tools the policy admits -- an allow-list (or all), minus a deny-list, minus every mutating
-   tool in read-only mode (seed 003: "from inside the decode there is no such thing as a write");
+   tool in read-only mode (a write the model cannot spell cannot happen, whatever the prompt says);
 2. each argument with a live domain provider becomes an enum of the values that exist now;
 3. a policy may narrow any argument further: a list of values (intersected with the live
    domain), `{"glob": "docs/*"}` (filters it; `fnmatch`, so `*` matches `/` too: `docs/*`

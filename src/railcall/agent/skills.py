@@ -8,7 +8,7 @@ The name is `learned-` + the first 12 hex digits of the SHA-256 of the canonical
 steps, so the same program is stored once, and a file whose content does not match its name
 is refused as tampered or damaged.
 
-Seed 003's lesson: a skill the model has to spell from memory is a skill it cannot use. So
+A skill the model has to spell from memory is a skill it cannot use. So
 `run`'s `name` argument is enumerated from this store at every step (`runnable`), and only a
 skill that is checked, at load, to be a full runnable program is offered: the file parses, its
 name matches its content, it has at least one step, every step names a tool of the table (other

@@ -18,7 +18,7 @@ STR = {"type": "string"}
 
 
 def seed_tools() -> list[Tool]:
-    """Seed 000's table: string arguments only, all required."""
+    """The smallest table: string arguments only, all required."""
     obj = lambda *names: {"type": "object", "properties": {n: STR for n in names}, "required": list(names)}  # noqa: E731
     return [Tool("calc", "Evaluate arithmetic", obj("expr")), Tool("read_file", "Read a file", obj("path")),
             Tool("write_file", "Write a file", obj("path", "text"), mutates=True)]

@@ -1,4 +1,4 @@
-"""Evaluation on real function-calling data (BFCL) and the seed 000 ablation.
+"""Evaluation on real function-calling data (BFCL) and the grammar ablation.
 
     bfcl.py     the BFCL files -> Tasks (questions, tools, gold answers); the evaluation prompt
     checker.py  parse (wire format), schema validity, BFCL's AST checker rules

@@ -1,4 +1,4 @@
-"""`railcall eval ablation`: seed 000's ablation -- parse rate with and without the grammar.
+"""`railcall eval ablation`: the grammar ablation -- parse rate with and without the grammar.
 
 N tasks are drawn (with replacement, seeded) from the demo's six tasks over the demo tool table
 (`railcall.demo`); each is sampled at a temperature once prompt-only and once under the grammar,

@@ -84,7 +84,7 @@ class Settings:
     routing: str = "greedy"  # "greedy": the tool name token by token; "scored": by whole-name likelihood;
     # "matched": scored among the tools whose words the request shares most (railcall.runtime.routing)
     values: str = "free"  # "grounded": numbers and call count from the request (railcall.runtime.grounding)
-    ceiling: str = "fit"  # SamplingParams.cut under the grammar ("complete": seed 000's forced finish)
+    ceiling: str = "fit"  # SamplingParams.cut under the grammar ("complete": the forced finish, with its "?" tell)
     distinct_calls: bool = True  # under the grammar, no call repeated within a reply
     baseline: str = "tolerant"  # the free reply: "tolerant" (runs to its end, calls found anywhere in
     # it, OpenAI's shapes too: checker.find_calls) or "whole" (ended once it cannot be a call; the

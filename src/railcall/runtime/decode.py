@@ -20,7 +20,7 @@ fast-forward, stop strings, penalties, the token ceiling -- it does the same in 
   upper bound on the fewest), so the model's own tokens close a string, an array, the call, inside
   `max_tokens`; `Generation.fitted` says the budget removed a token the model would have written.
   Where the budget cannot hold even the shortest close, the output ends cut (`Generation.truncated`:
-  it is no complete call and must not be read as one). "complete" (seed 000's forced finish, opt-in):
+  it is no complete call and must not be read as one). "complete" (the forced finish, opt-in):
   the row writes the grammar's shortest close while it still fits, and past `max_tokens` where it
   does not; a completion may fill a required value with "?", and `Generation.cut` says it happened:
   such an output must never be executed as the model's call. "close": the same forced close,
@@ -35,8 +35,8 @@ fast-forward, stop strings, penalties, the token ceiling -- it does the same in 
   greedy routing). The chosen name's tokens are fed together, as forced ones are; their steps
   record forced=False and each token's own log-probability; the scoring pass (one per routed
   call, over the names' trie) is counted in `forward_passes`.
-- Trace: one record per generated token -- the legal-token count (the syntax/semantics boundary
-  moving, seed 000), whether the grammar forced it, the token, its text and its logprob under the
+- Trace: one record per generated token -- the legal-token count (where the grammar decides and
+  where the model does), whether the grammar forced it, the token, its text and its logprob under the
   masked distribution. `Generation.save_trace` writes JSON lines.
 - Serving hooks (all optional): `on_step(step)` is called once per generated token as soon as it
   is known (streaming); `cancelled()` is polled before every step and ends the row with
@@ -580,7 +580,7 @@ class Row:
         m = self.matcher
         if (reason == "length" and not self.cut and m is not None and self.params.cut == "complete"
                 and not m.is_accepting() and not m.is_error()):
-            tail = m.finish()  # the close did not fit in the budget: seed 000's finish, past it
+            tail = m.finish()  # the close did not fit in the budget: the forced finish, past it
             for t in tail:
                 self._record(t, 1, True, 0.0)
             self.cut = bool(tail)

@@ -9,7 +9,7 @@ Two pieces, with different lifecycles:
 - `OutputParser` (once per request): fed one generated token at a time, as its id and then its
   text, it returns deltas and, at the end, a `ParsedOutput`.
 
-The rule (seed 002): a delimiter that is one token counts only where that token was generated.
+The rule: a delimiter that is one token counts only where that token was generated.
 A model that writes `</think>` as ordinary text -- explaining a chat template, or inside a JSON
 string -- produces pieces such as `</`, `think`, `>`; those stay text, in reasoning_content or
 content, wherever they occur. The parser learns from the token id *where* the delimiter's text
