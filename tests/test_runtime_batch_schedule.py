@@ -213,3 +213,32 @@ def test_prompts_admitted_together_that_overflow_the_cells_take_turns(vocab):
     ended = run(loop)
     assert sorted(map(id, ended)) == sorted(map(id, rows))
     assert all(r.finish_reason == "length" and len(r.out) == 3 for r in rows), [r.finish_reason for r in rows]
+
+
+def test_admission_counts_the_cells_so_passes_do_not_overflow_them(vocab):
+    """Where the batch says how many KV cells it has, a row is admitted only while every admitted
+    prompt and what its rows may still write fit: the same four 40-token prompts in 100 cells
+    run two at a time, and no pass finds the cells full (a full pass throws its prefill away)."""
+    from types import SimpleNamespace
+
+    fails = []
+
+    class Counted(FakeBatch):
+        model = SimpleNamespace(cells=100)
+
+        def feed(self, tokens, wants=None):
+            try:
+                return super().feed(tokens, wants)
+            except Full:
+                fails.append(1)
+                raise
+
+    passes: list = []
+    loop = BatchLoop(None, vocab, new_batch=lambda: Counted(vocab.logits_width, passes, 100), step_tokens=32)
+    rows = [row(vocab, 3) for _ in range(4)]
+    for k, r in enumerate(rows):
+        loop.add([k + 1] * 40, r, group=str(k))
+    run(loop)
+    assert all(r.finish_reason == "length" and len(r.out) == 3 for r in rows)
+    assert not fails
+    assert max(sum(1 for n in p if n) for p in passes) <= 2  # never more than two rows at once
