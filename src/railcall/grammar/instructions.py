@@ -1,6 +1,6 @@
 """The byte machine's instructions: each knows how one thread moves on one byte.
 
-A grammar runs as a set of live *threads*, as in seed 000 (one per path still consistent with
+A grammar runs as a set of live *threads* (an NFA's live states: one per path still consistent with
 the output), generalised with a return stack so that the IR can recurse (JSON Schema `$ref`).
 A thread is a plain tuple
 

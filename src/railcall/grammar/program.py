@@ -400,8 +400,8 @@ class _Compiler:
 
     def _string_max(self, node, pattern: bool = False) -> int:
         """A string node's maximum length: its maxLength where the schema gives one (a patterned
-        string's at most PATTERN_MAX_LEN), else the string cap `max_string` (seed 000's
-        MAX_STRING: a model must not be able to write one string forever), raised to minLength
+        string's at most PATTERN_MAX_LEN), else the string cap `max_string` (a model
+        must not be able to write one string forever), raised to minLength
         where that asks for more."""
         if node.max_len is None:
             hi = max(self.max_string, node.min_len)

@@ -132,8 +132,8 @@ FORMATS = {
 class SchemaOptions:
     """How a schema becomes a grammar.
 
-    required_nonempty: a required string argument must have at least one character (seed 000:
-        an empty required argument is a missing one to every validator downstream).
+    required_nonempty: a required string argument must have at least one character (an
+        empty required argument is a missing one to every validator downstream).
     lenient: ignore unsupported keywords with a warning instead of failing.
     standard: JSON Schema's own semantics instead of railcall's generation defaults (see the
         module docstring): undeclared properties allowed unless forbidden, untyped schemas admit

@@ -131,7 +131,7 @@ class JStr(Instr):
         return _JSTR_ALLOWED[sub][(count < self.max) | (count >= self.min) << 1]
 
     def coarse(self, local):
-        # Seed 000's cache-key coarsening: far from the cap and past the minimum, the legal
+        # The cache key coarsened: far from the cap and past the minimum, the legal
         # tokens do not depend on the exact count. The margin is the longest token in bytes
         # (a token adds at most that many characters), so no token can reach the cap from a
         # coarsened position. Below `min` the closing quote is illegal, so those stay exact.

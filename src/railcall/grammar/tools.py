@@ -1,7 +1,7 @@
 """Tool table -> grammar: the set of valid calls, built from the table as it is right now.
 
 A tool is a name, a description, a JSON Schema for its arguments, and whether it mutates
-anything. The grammar spells every call the table allows and nothing else (seed 000): the machine
+anything. The grammar spells every call the table allows and nothing else: the machine
 writes every key and every piece of punctuation, in declared order; the model chooses the tool
 name among the table's names and fills in the values.
 
@@ -128,7 +128,7 @@ class CallFormat:
 
 
 class JsonCall(CallFormat):
-    """Seed 000's wire format: {"tool":"<name>","args":{...}}; parallel calls as a JSON array."""
+    """The default wire format: {"tool":"<name>","args":{...}}; parallel calls as a JSON array."""
 
     name = "json"
 
@@ -465,7 +465,8 @@ def _prefix_rules(node, rules, tool_name: str):
 
 def read_only_view(tools: Sequence[Tool]) -> list[Tool]:
     """The tools that do not mutate anything: a read-only grammar is built from these alone, so
-    a mutating tool's name is unspellable rather than refused (seed 003)."""
+    a mutating tool's name is unspellable rather than refused: no prompt can talk the model into
+    a write it cannot spell."""
     return [t for t in tools if not t.mutates]
 
 

@@ -42,7 +42,7 @@ How a mask is computed (once per cache key, then a lookup and a copy):
   closes the string. Only the tokens that close the string are walked further, through what
   follows the string.
 - Masks are cached by a content key (`Automaton._ckey`): what a state accepts, as far as some
-  token reaches. Seed 000's coarsening (string positions far from the cap share a mask) is one
+  token reaches. Coarsening (string positions far from the cap share a mask) is one
   case of it; states of different tools, tables and grammars with the same key share too.
 """
 

@@ -1,5 +1,5 @@
 """Forced continuations and the forced finish: the tokens that are the only way on, and the
-shortest completion that is still valid output (seed 000's finish at the token ceiling).
+shortest completion that is still valid output (the forced finish at the token ceiling).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 from railcall.matcher.keys import ContentKeys, _stack_key
 
 # Finish (forced completion) prefers these bytes when several completions are equally short:
-# close what is open, and fill a required string with "?" -- a visible tell, as in seed 000,
+# close what is open, and fill a required string with "?" -- a visible tell
 # that the value was cut short by the token ceiling rather than chosen.
 _FINISH_ORDER = [ord(c) for c in '"?}]0'] + [ord(c) for c in "nrtu:,{["]
 FINISH_BEAM = 16  # states kept per layer by the first search for a forced finish

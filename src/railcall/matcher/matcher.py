@@ -382,7 +382,7 @@ class Matcher:
         return list(self.g.forced(self.state))
 
     def finish(self) -> list[int]:
-        """Force the shortest completion (seed 000's forced finish at the token ceiling).
+        """Force the shortest completion (the forced finish at the token ceiling).
 
         Returns the token ids that complete the output and consumes them; the matcher is then
         accepting. A required string cut short is filled with "?" -- a visible tell. Returns []

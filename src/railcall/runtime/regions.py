@@ -15,7 +15,7 @@ they are generated, special or not), plus the phase's exit, plus the stop tokens
 may end.
 
 Delimiters come from `railcall.runtime.output.Delimiters`, the object the output parser reads, so the
-grammar and the parser end reasoning at the same place (seed 002):
+grammar and the parser end reasoning at the same place:
 - Reasoning ends only at the close delimiter's *token*. A `</think>` spelled in pieces inside
   reasoning is reasoning text and does not end it. Where the close is not one token (SmolLM2),
   its text ends reasoning: the documented text fallback, as in the parser.
