@@ -35,3 +35,9 @@ def test_every_page_links_to_pages_that_exist():
 @pytest.mark.parametrize("where, code", python_blocks(), ids=[w for w, _ in python_blocks()])
 def test_example_runs(where, code, capsys):
     exec(compile(code, where, "exec"), {})
+
+
+def test_the_readme_is_a_front_door():
+    """At most 200 lines: what, why, the two commands, one example per surface, one results
+    table; the rest lives in docs/."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
