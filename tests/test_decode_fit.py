@@ -94,3 +94,18 @@ def test_the_forced_close_is_written_before_a_token_that_would_leave_it_no_room(
         assert isinstance(json.loads(out.text), dict), (n, out.text)
         assert len(out.tokens) <= n or cut == "complete", (n, out.text)
         assert out.finish_reason == ("length" if out.cut else "stop") and (out.cut or out.text == NESTED)
+
+
+def test_where_the_models_likely_tokens_do_not_fit_the_close_it_could_write_is_offered(bytes_vocab, monkeypatch):
+    """The fit scan looks at the model's most likely tokens; where none of them fits (here the
+    scan is one token wide and the model wants more "x"), the tokens that begin the grammar's
+    close (`"`, `","`) are offered before the grammar writes the close itself: the call is
+    whole, closed within the budget, not cut."""
+    import railcall.runtime.decode as decode
+
+    monkeypatch.setattr(decode, "FIT_SCAN", 1)
+    for n in (30, 34, 40):
+        g = run(bytes_vocab, LONG, n)
+        assert len(g.tokens) <= n and not g.cut and not g.truncated and g.finish_reason == "stop", (n, g.text)
+        call = json.loads(g.text)
+        assert set(call["args"]) == {"text", "tags"} and "?" not in g.text

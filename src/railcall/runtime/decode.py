@@ -484,7 +484,37 @@ class Row:
                 out.append(t)
                 if len(out) >= FIT_KEEP:
                     break
+        if not out:
+            # none of the model's most likely tokens fits (many legal tokens, the close's own
+            # ranked low): the tokens that begin the grammar's close, those the model may write
+            # as its own -- a `"` that ends a string, `"}` -- never the "?" of a value the close
+            # would invent
+            for t in self._close_starts():
+                if t in self.stops or not bool(np.isfinite(logits[t]) if isinstance(logits, np.ndarray)
+                                               else logits[t].isfinite()):
+                    continue
+                after = self._need_after(t)
+                if after is not None and 1 + after <= left:
+                    out.append(t)
         return out
+
+    def _close_starts(self) -> list[int]:
+        """The tokens whose bytes begin the grammar's shortest close from here, up to (not into)
+        a "?" the close fills in."""
+        close = self.matcher.copy().finish()
+        if not close:
+            return []
+        v = self.vocab
+        data = v.decode(close)
+        stop = data.find(b"?")
+        data = data if stop < 0 else data[:stop]
+        out = []
+        for k in range(1, min(len(data), v.max_token_len) + 1):
+            t = v.lookup.get(data[:k])
+            if t is not None:
+                out.append(t)
+                out.extend(v.duplicates.get(data[:k], ()))
+        return list(dict.fromkeys(out))
 
     def _close(self, exact: bool = True) -> list[int]:
         """The grammar's shortest close if it is time to write it: it takes exactly the budget
