@@ -101,12 +101,12 @@ def test_a_short_request_behind_sixteen_long_choices(srv):
 
 
 def test_a_short_request_behind_a_long_prompt(srv):
-    """A prompt of ~2,700 tokens used to prefill whole in one call: the short request waited for it."""
+    """A prompt of ~7,000 tokens used to prefill whole in one call: the short request waited for it."""
     if srv.engine.served.lm.backend_name != "llama.cpp":
         pytest.skip("the prefill runs in chunks under llama.cpp")
-    text = " ".join(f"item {i} is filed under shelf {i % 37}." for i in range(220))  # ~2,700 tokens
+    text = " ".join(f"item {i} is filed under shelf {i % 37}." for i in range(560))  # ~7,000 tokens
     hog = dict(max_tokens=4, temperature=0.0, messages=[{"role": "user", "content": text}])
     prompt_len = len(srv.served.tokenizer.encode(text))
-    assert 2000 < prompt_len < 3000, prompt_len
+    assert 6500 < prompt_len < 7600, prompt_len
     t_alone, t_behind = behind(srv, hog, lambda s: s.engine.pending >= 1)  # its prompt is being run
     assert t_behind <= RATIO * t_alone, f"{t_behind:.2f} s behind a {prompt_len}-token prompt against {t_alone:.2f} s alone"
