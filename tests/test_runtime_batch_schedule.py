@@ -30,7 +30,7 @@ class FakeBatch:
     chunked = True
 
     def __init__(self, width: int, passes: list, cells: int = 1 << 30):
-        self.width, self.passes, self.cells = width, passes, cells
+        self.width, self.passes, self.limit = width, passes, cells  # cells it holds, not advertised
         self.rows: list[list[int]] = []
 
     def begin(self, m=0, source=None):
@@ -38,7 +38,7 @@ class FakeBatch:
         return len(self.rows[-1])
 
     def feed(self, tokens, wants=None):
-        if sum(map(len, self.rows)) + sum(map(len, tokens)) > self.cells:
+        if sum(map(len, self.rows)) + sum(map(len, tokens)) > self.limit:
             raise Full("the cells are full")
         self.passes.append([len(t) for t in tokens])
         wants = [True] * len(tokens) if wants is None else wants
@@ -219,12 +219,10 @@ def test_admission_counts_the_cells_so_passes_do_not_overflow_them(vocab):
     """Where the batch says how many KV cells it has, a row is admitted only while every admitted
     prompt and what its rows may still write fit: the same four 40-token prompts in 100 cells
     run two at a time, and no pass finds the cells full (a full pass throws its prefill away)."""
-    from types import SimpleNamespace
-
     fails = []
 
     class Counted(FakeBatch):
-        model = SimpleNamespace(cells=100)
+        cells = 100  # the batch says how many cells it has
 
         def feed(self, tokens, wants=None):
             try:

@@ -458,6 +458,7 @@ class LlamaBatch:
     def __init__(self, model: LlamaModel):
         self.model = model
         self.width = model.width
+        self.cells = model.cells  # the KV cells every row shares (the loop's admission counts them)
         self.seqs: list[int] = []  # per row: its sequence id
         self.pos: list[int] = []  # per row: the position of its next token (tokens its cells hold)
         self.forward_passes = 0

@@ -685,7 +685,7 @@ class BatchLoop:
         # the tokens its rows may still write (up to RESERVE each): admitted past that, the
         # passes find the cells full, drop prompts and prefill them again (48 BFCL rows
         # of ~400 prompt tokens and 192 output ones in 8,192 cells ran ~30x slower)
-        cells = getattr(getattr(self._lm, "model", None), "cells", None) if self._chunked else None
+        cells = getattr(self._lm, "cells", None) if self._chunked else None
         used = sum(len(sl.prompt) + sum(_reserve(r) for r in sl.rows) for sl in self._slots) if cells else 0
         order = list(self.waiting)
         if self.fair:  # requests holding fewest rows first, arrival order among equals

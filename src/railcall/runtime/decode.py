@@ -299,11 +299,7 @@ class Row:
         if m is not None and p.cut in ("complete", "close") and p.max_tokens - len(self.out) <= CLOSE_WINDOW:
             close = self._close()
             if close:
-                for t in close:
-                    m.consume_token(t)
-                    self._record(t, 1, True, 0.0)
-                self.cut = True
-                return self._end("length")
+                return self._write_close(close)
         if m is not None and self.router is not None:
             before = self.router.passes
             routed = self.router.route(m, logits, self.generator(logits), p.max_tokens - len(self.out))
@@ -341,11 +337,7 @@ class Row:
             close = (self._close(exact=False) if m is not None and p.cut in ("complete", "close")
                      and left <= CLOSE_WINDOW and self._close_lost(tok, left) else [])
             if close:  # the drawn token would leave the close no room: it is written now instead
-                for t in close:
-                    m.consume_token(t)
-                    self._record(t, 1, True, 0.0)
-                self.cut = True
-                return self._end("length")
+                return self._write_close(close)
         if m is not None:
             m.consume_token(tok)
         if tok in self.stops:
@@ -527,6 +519,14 @@ class Row:
         if not close:
             return []
         return close if len(close) == left or (not exact and len(close) <= left) else []
+
+    def _write_close(self, close: list[int]) -> list[int]:
+        """Feed the grammar's close as forced tokens and end the row cut ("complete", "close")."""
+        for t in close:
+            self.matcher.consume_token(t)
+            self._record(t, 1, True, 0.0)
+        self.cut = True
+        return self._end("length")
 
     def _close_lost(self, tok: int, left: int) -> bool:
         """Whether feeding `tok` would leave the grammar's close no room ("complete", "close"):
