@@ -226,7 +226,7 @@ def test_the_call_format_and_routing_are_the_agents(tmp_path, fmt, routing):
     assert [c["tool"] for c in ep.calls] == ["read_file", "answer"]
     assert ep.steps[0]["call"] == {"tool": "read_file", "args": {"path": "notes.txt"}}
     system = renders[0][0]["content"]
-    from railcall.runtime.prompt import skeleton
+    from railcall.prompts.chat import skeleton
 
     assert skeleton(fmt, quoted=True) in system and '"tool"' not in system
     assert ep.steps[0]["name_position"]["spellable"]

@@ -228,7 +228,7 @@ def test_branch_tree_layout():
 def test_batch_branch_logits_of_a_padded_row(lm, vocab):
     """In the batched loop a row's branches run on a copy of its KV (left pads and all) and leave
     the batch as it was."""
-    from railcall.runtime.batch import TransformersBatch
+    from railcall.models.backend import TransformersBatch
 
     branches = BRANCHES["shared prefixes"]
     short, long_ = prompt(9, 3), prompt(25, 4)
@@ -247,7 +247,7 @@ def test_batch_branch_logits_of_a_padded_row(lm, vocab):
 def test_scored_routing_in_the_batch_equals_the_single_loop(lm, vocab):
     """A router built without a scorer is bound to whatever runs its row: the backend under
     `generate`, the row's batch under `decode_stream`; both choose the same names."""
-    from railcall.runtime.routing import NameRouter
+    from railcall.heuristics.routing import NameRouter
 
     tools = [Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}}),
              Tool("get_time"), Tool("calc")]
@@ -279,8 +279,8 @@ def test_the_batch_runs_on_the_models_device_and_equals_the_cpu_loop(lm, vocab, 
     prefix-cache hit and scored routing's branch pass give the single CPU loop's tokens."""
     import copy
 
-    from railcall.runtime.batch import TransformersBatch
-    from railcall.runtime.routing import NameRouter
+    from railcall.models.backend import TransformersBatch
+    from railcall.heuristics.routing import NameRouter
 
     model = copy.deepcopy(lm).to(device)
     params = SamplingParams(max_tokens=16)

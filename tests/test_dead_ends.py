@@ -22,7 +22,7 @@ from railcall.grammar.schema import schema_grammar
 from railcall.grammar.tools import Tool, tool_grammar
 from railcall.matcher import Matcher, clear_caches, compiled_grammar
 from railcall.server import app as server_app
-from railcall.server.output import Assembler
+from railcall.server.assemble import Assembler
 from test_server_output import Scripted, ids_of, plan_for, served_for
 
 CYCLE = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},

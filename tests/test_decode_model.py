@@ -20,7 +20,7 @@ from railcall.matcher import Matcher, compiled_grammar
 def setup():
     from railcall.models.backend import TransformersBackend
     from railcall.models.store import load_model
-    from railcall.runtime.prompt import chat_prompt_ids
+    from railcall.prompts.chat import chat_prompt_ids
     from railcall.vocab import Vocabulary
 
     lm = load_model(backend="transformers")
@@ -93,7 +93,7 @@ def test_logits_processor_is_right_under_beam_search_and_several_returns(setup, 
 
     from railcall.integrations.hf import RailcallLogitsProcessor
 
-    from railcall.runtime.prompt import chat_prompt_ids
+    from railcall.prompts.chat import chat_prompt_ids
 
     lm, vocab, compiled, backend, _ = setup
     # a request whose call is short: every beam closes it well inside max_new_tokens (on "17 times
@@ -127,7 +127,7 @@ def test_logits_processor_serves_a_padded_batch_and_says_when_rebuilt(setup):
 
     from railcall.errors import MatcherError
     from railcall.integrations.hf import RailcallLogitsProcessor
-    from railcall.runtime.prompt import chat_prompt_ids
+    from railcall.prompts.chat import chat_prompt_ids
 
     lm, vocab, compiled, backend, prompt = setup
     other = chat_prompt_ids(lm.tokenizer, DEMO_TOOLS, "Read the file notes.txt, please")

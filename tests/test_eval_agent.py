@@ -139,7 +139,7 @@ def test_eval_agent_command_writes_the_report_and_resumes(tmp_path, monkeypatch)
 def test_eval_agent_takes_the_call_format_and_records_it(tmp_path, monkeypatch):
     """--format openai: the agent's grammar and parser take {"name":...,"arguments":...} calls (a
     JSON-format reply would not parse under it), and the run's settings say which format it was."""
-    from railcall.runtime.prompt import call_text
+    from railcall.prompts.chat import call_text
 
     openai_solutions = {t.task: [call_text(c["tool"], c["args"], "openai") for c in t.solution_calls()] for t in TASKS}
     monkeypatch.setattr(cli, "_agent_model", lambda model: oracle_model(lambda task: openai_solutions[task]))

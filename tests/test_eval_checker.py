@@ -9,7 +9,7 @@ import pytest
 
 from railcall.eval.bfcl import SHARED_CATEGORIES, load_category
 from railcall.eval.checker import check_call, check_calls, decided, normalise, parse_calls, valid_calls
-from railcall.grammar.bfcl import bfcl_tools
+from railcall.eval.bfcl_dialect import bfcl_tools
 from railcall.data import bfcl_data
 
 DATA = bfcl_data()  # the installed bfcl-eval package's data

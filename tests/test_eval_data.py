@@ -116,7 +116,7 @@ def test_call_grammar_takes_one_call_or_an_array(bytes_vocab):
 def test_an_enum_none_of_whose_values_has_the_declared_type_decides():
     """BFCL's live data declares `"type": "boolean"` with the enum "True", "False", "dontcare"; its
     gold answers are those strings, so the enum is kept and the declared type dropped."""
-    from railcall.grammar.bfcl import bfcl_to_json_schema
+    from railcall.eval.bfcl_dialect import bfcl_to_json_schema
 
     p = {"type": "dict", "properties": {"free": {"type": "boolean", "enum": ["True", "False", "dontcare"]},
                                         "n": {"type": "integer", "enum": [1, 2]}}}

@@ -284,7 +284,7 @@ def test_a_run_records_its_format_and_routing(tmp_path, monkeypatch, smollm2_tok
 
     import railcall.runtime.batch
     from railcall.runtime.decode import Generation
-    from railcall.runtime.routing import NameRouter
+    from railcall.heuristics.routing import NameRouter
 
     stub_model(monkeypatch, smollm2_tokenizer)
     seen = []
@@ -297,7 +297,7 @@ def test_a_run_records_its_format_and_routing(tmp_path, monkeypatch, smollm2_tok
 
     monkeypatch.setattr(railcall.runtime.batch, "decode_stream", replies)
     s = run_bfcl(["simple_python"], tmp_path, data=DATA, limit=2, call_format=fmt, routing=routing)
-    from railcall.runtime.prompt import skeleton
+    from railcall.prompts.chat import skeleton
 
     # each task: the grammar's row and the free row in railcall's prompt (asking for the format),
     # and the free row in BFCL's own prompt mode (the second baseline)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from railcall.errors import GrammarError
 from railcall.grammar.tools import FORMATS, Tool, tool_grammar, write_calls
 from railcall.matcher import CompiledGrammar, Matcher
-from railcall.runtime.output import Delimiters, OutputParser, parse_pythonic
+from railcall.output import Delimiters, OutputParser, parse_pythonic
 from railcall.vocab import Vocabulary
 
 from toolgen import pick_token, random_tools

@@ -1,4 +1,4 @@
-"""Grounded arguments (railcall.runtime.grounding): the numbers a request states, the numeric
+"""Grounded arguments (railcall.heuristics.grounding): the numbers a request states, the numeric
 arguments narrowed to them, the call count they fill, and each call's own part of them; and the
 grammars that hold a reply to a count (min_calls/max_calls, a sequence of per-call tables)."""
 
@@ -9,7 +9,7 @@ import pytest
 from railcall.errors import GrammarError
 from railcall.grammar.tools import FORMATS, Tool, call_sequence_grammar, tool_grammar
 from railcall.matcher import CompiledGrammar, Matcher
-from railcall.runtime.grounding import (calls_needed, ground, ground_tools, listed_numbers, request_numbers,
+from railcall.heuristics.grounding import (calls_needed, ground, ground_tools, listed_numbers, request_numbers,
                                         stated_numbers)
 from railcall.vocab import Vocabulary
 

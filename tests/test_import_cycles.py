@@ -1,6 +1,7 @@
-"""No two railcall modules import each other, directly or round a loop: the layout reads as the
-data flow only while every import points one way. Read from the source (ast), so it needs no
-optional package and imports nothing.
+"""Every import points down: each package of railcall sits on a floor (`FLOORS`, from the ground
+floor of paths, digests and errors up to the command line), no module imports from a floor above
+its own, and no two modules import each other, directly or round a loop. Read from the source
+(ast), so it needs no optional package and imports nothing.
 
 Every import counts, at the top of a module or deferred inside a function or an
 `if TYPE_CHECKING:` block: a deferred import still ties the two modules into one unit a reader
@@ -38,7 +39,9 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
             if node.level:
                 up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(up + ([base] if base else []))
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            subs = [f"{base}.{a.name}" for a in node.names]
+            # `from railcall import speedups` imports the module, not the package's own names
+            targets = [s for s in subs if s in known] + ([base] if any(s not in known for s in subs) else [])
         else:
             continue
         out |= {t for t in targets if t in known and t != name}
@@ -98,3 +101,42 @@ def test_the_graph_sees_deferred_imports():
 
 def test_no_import_cycles_beyond_the_known_ones():
     assert cycles(import_graph()) == sorted(ALLOWED)
+
+
+# The floors, bottom up: a module may import from its own floor and the ones below. A package
+# (or top-level module) not listed fails the test, so a new one is placed on purpose.
+FLOORS: list[tuple[str, ...]] = [
+    ("errors", "version", "home", "atomic", "bitmask", "speedups", "gguf", "data"),  # ground: no railcall import above
+    ("vocab",),  # token bytes; knows nothing of grammars or models
+    ("grammar",),  # tool tables and schemas -> grammar IR -> byte programs
+    ("matcher",),  # the automaton and its masks, per vocabulary
+    ("prompts", "output", "heuristics"),  # what the model is shown; reading replies; choices beside the grammar
+    ("models",),  # model files and backends (transformers, llama.cpp)
+    ("runtime",),  # execution: the decode step, batching, regions
+    ("agent", "integrations", "server"),  # surfaces over the runtime
+    ("demo",),
+    ("eval", "bench"),  # measurement over the surfaces
+    ("cli", "railcall"),  # the command line, and the package's public surface (`railcall/__init__.py`)
+]
+
+
+def floor_of(module: str) -> int:
+    part = module.split(".")[1] if "." in module else "railcall"
+    for level, names in enumerate(FLOORS):
+        if part in names:
+            return level
+    raise AssertionError(f"{module}: its package {part!r} has no floor in FLOORS; place it there")
+
+
+def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((a, b) for a, bs in graph.items() for b in bs if floor_of(b) > floor_of(a))
+
+
+def test_the_floor_check_sees_an_upward_import():
+    assert upward({"railcall.vocab": {"railcall.models.store"}, "railcall.models.store": {"railcall.vocab"}}) == [
+        ("railcall.vocab", "railcall.models.store")]
+    assert upward({"railcall.runtime.batch": {"railcall.models.backend"}}) == []
+
+
+def test_no_import_points_up_a_floor():
+    assert upward(import_graph()) == []

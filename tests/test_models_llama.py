@@ -21,7 +21,7 @@ from railcall.grammar.tools import Tool, tool_grammar  # noqa: E402
 from railcall.matcher import Matcher, compiled_grammar  # noqa: E402
 from railcall.runtime.batch import BatchLoop, PrefixCache, decode_stream  # noqa: E402
 from railcall.runtime.decode import Row, SamplingParams, generate  # noqa: E402
-from railcall.runtime.prompt import chat_prompt_ids  # noqa: E402
+from railcall.prompts.chat import chat_prompt_ids  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -254,8 +254,8 @@ def test_no_torch_and_no_transformers_on_this_path(tmp_path):
         "from railcall.grammar.tools import tool_grammar\n"
         "from railcall.matcher import Matcher, compiled_grammar\n"
         "from railcall.runtime.decode import SamplingParams, generate\n"
-        "from railcall.runtime.prompt import chat_prompt_ids\n"
-        "from railcall.runtime.routing import NameRouter\n"
+        "from railcall.prompts.chat import chat_prompt_ids\n"
+        "from railcall.heuristics.routing import NameRouter\n"
         "lm = load_model()\n"
         "vocab = lm.vocabulary()\n"
         "g = compiled_grammar(tool_grammar(DEMO_TOOLS), vocab)\n"
@@ -349,7 +349,7 @@ def test_q4_1_weights_are_re_laid_out_as_q8_0_once(lm, tmp_path, monkeypatch):
     """A Q4_1 GGUF runs as Q8_0 (llama.cpp has no batched Q4_1 kernel without AMX), written once
     into the cache and found there after; RAILCALL_LLAMA_REQUANTIZE=0 runs the file as it is;
     a file of another type runs as it is."""
-    from railcall.models.gguf_metadata import read_metadata
+    from railcall.gguf import read_metadata
     from railcall.models.llama import runnable_weights
     from railcall.models.store import embedded_gguf_path
 

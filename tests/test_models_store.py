@@ -182,7 +182,7 @@ def test_gemma3_loads_and_writes_a_call():
     import importlib.util
 
     from railcall.runtime.decode import SamplingParams, generate
-    from railcall.runtime.prompt import chat_prompt_ids
+    from railcall.prompts.chat import chat_prompt_ids
 
     lm = store.load_model("gemma3")
     assert lm.model.config.vocab_size == 262144 and lm.plain_prompt

@@ -14,7 +14,7 @@ import pytest
 
 from output_script import Tok, detokenize, script
 from railcall.errors import RailcallError
-from railcall.runtime.output import Delimiters, OutputParser
+from railcall.output import Delimiters, OutputParser
 
 OPEN, CLOSE, CALL, END = Tok("<think>"), Tok("</think>"), Tok("<tool_call>"), Tok("</tool_call>")
 

@@ -1,4 +1,4 @@
-"""railcall.runtime.plain: a tokenizer without a chat template (a base model's) gets plain-text
+"""railcall.prompts.plain: a tokenizer without a chat template (a base model's) gets plain-text
 turns, and a reply ends at the layout's stop strings -- before `railcall eval` would call the
 reply decided with the next turn's first word still in it."""
 
@@ -8,7 +8,7 @@ from agentkit import ScriptedBackend, byte_vocab
 from conftest import tiny_bpe_tokenizer
 from railcall.eval import checker
 from railcall.runtime.decode import SamplingParams, generate
-from railcall.runtime.plain import PLAIN_TEMPLATE, STOP, is_plain, stop_strings, use_plain_template
+from railcall.prompts.plain import PLAIN_TEMPLATE, STOP, is_plain, stop_strings, use_plain_template
 
 
 def hf_tokenizer(**kw):

@@ -4,7 +4,7 @@ import pytest
 
 from railcall.demo import DEMO_TOOLS
 from railcall.grammar.tools import Tool
-from railcall.runtime.prompt import chat_prompt_ids, has_native_tools, system_prompt
+from railcall.prompts.chat import chat_prompt_ids, has_native_tools, system_prompt
 
 
 class FakeTokenizer:
@@ -88,7 +88,7 @@ TYPED = [Tool("book", "Book a table.", {"type": "object", "properties": {
     ("pythonic", '[book(place="<place>", people=0, price=0.0, terrace=False, dishes=[], mood="calm")]'),
 ])
 def test_the_example_is_the_first_tool_with_placeholders_of_each_type(fmt, example):
-    from railcall.runtime.prompt import call_example, skeleton
+    from railcall.prompts.chat import call_example, skeleton
 
     assert call_example(TYPED, fmt) == example  # required arguments only: `note` is left out
     assert skeleton(fmt, quoted=True) in system_prompt(TYPED, fmt)
@@ -109,7 +109,7 @@ def test_the_example_is_a_call_the_grammar_spells(fmt):
     from agentkit import byte_vocab
     from railcall.grammar.tools import tool_grammar
     from railcall.matcher import Matcher, compiled_grammar
-    from railcall.runtime.prompt import call_example
+    from railcall.prompts.chat import call_example
 
     m = Matcher(compiled_grammar(tool_grammar(TYPED, fmt), byte_vocab()))
     assert m.consume_bytes(call_example(TYPED, fmt).encode()) and m.is_accepting()

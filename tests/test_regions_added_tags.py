@@ -18,7 +18,7 @@ import pytest
 from output_script import detokenize
 from railcall import Tool, Vocabulary, allocate_bitmask, compiled_grammar, schema_grammar, tool_grammar
 from railcall.bitmask import unpack_bitmask
-from railcall.runtime.output import Delimiters, OutputParser
+from railcall.output import Delimiters, OutputParser
 from railcall.runtime.regions import answer_matcher
 
 TAGS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]

@@ -16,7 +16,7 @@ import torch
 from output_script import detokenize
 from railcall import compiled_grammar, schema_grammar
 from railcall.runtime.decode import SamplingParams, generate
-from railcall.runtime.output import Delimiters, OutputParser
+from railcall.output import Delimiters, OutputParser
 from railcall.runtime.regions import answer_matcher
 
 

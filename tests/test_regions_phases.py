@@ -14,7 +14,7 @@ from output_script import Tok, detokenize, script
 from railcall import Tool, Vocabulary, allocate_bitmask, compiled_grammar, schema_grammar, tool_grammar
 from railcall.bitmask import unpack_bitmask
 from railcall.errors import GrammarError
-from railcall.runtime.output import Delimiters, OutputParser
+from railcall.output import Delimiters, OutputParser
 from railcall.runtime.regions import answer_matcher
 
 OPEN, CLOSE, CALL, END = Tok("<think>"), Tok("</think>"), Tok("<tool_call>"), Tok("</tool_call>")

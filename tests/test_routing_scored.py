@@ -11,8 +11,8 @@ import pytest
 from railcall.runtime.decode import SamplingParams, generate
 from railcall.grammar.tools import Tool, tool_grammar
 from railcall.matcher import CompiledGrammar, Matcher
-from railcall.runtime.output import Delimiters, OutputParser
-from railcall.runtime.routing import NameRouter, branch_scorer
+from railcall.output import Delimiters, OutputParser
+from railcall.heuristics.routing import NameRouter, branch_scorer
 from railcall.vocab import Vocabulary
 
 END = "<|end|>"
@@ -195,7 +195,7 @@ def test_matched_routing_chooses_among_the_tools_the_request_names():
     ("a math question", []),  # every tool shares it: no narrowing
 ])
 def test_matching_tools_weigh_the_words_a_request_shares_with_each_tool(text, chosen):
-    from railcall.runtime.routing import matching_tools
+    from railcall.heuristics.routing import matching_tools
 
     tools = [Tool("math.gcd", "Greatest common divisor of two integers."),
              Tool("math.lcm", "Least common multiple (LCM) of two integers."),

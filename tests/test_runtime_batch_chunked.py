@@ -15,7 +15,7 @@ from railcall.grammar.tools import tool_grammar  # noqa: E402
 from railcall.matcher import Matcher, compiled_grammar  # noqa: E402
 from railcall.runtime.batch import BatchLoop  # noqa: E402
 from railcall.runtime.decode import Row, SamplingParams, generate  # noqa: E402
-from railcall.runtime.prompt import chat_prompt_ids  # noqa: E402
+from railcall.prompts.chat import chat_prompt_ids  # noqa: E402
 
 pytestmark = pytest.mark.model
 

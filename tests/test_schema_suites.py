@@ -16,7 +16,7 @@ from railcall.bench import coverage
 from railcall.data import bfcl_data, jsts_folder
 from railcall.eval import bfcl
 from railcall.errors import GrammarError, MatcherError
-from railcall.grammar.bfcl import bfcl_tools
+from railcall.eval.bfcl_dialect import bfcl_tools
 from railcall.grammar.schema import SchemaOptions, schema_grammar
 from railcall.grammar.tools import ToolGrammarBuilder
 from railcall.matcher import CompiledGrammar, Matcher

@@ -24,7 +24,7 @@ def test_serve_rejects_bad_limits_before_loading_a_model():
 
 
 def test_import_railcall_does_not_import_the_server_frameworks():
-    code = ("import sys, railcall, railcall.runtime.decode, railcall.runtime.output, railcall.runtime.regions; "
+    code = ("import sys, railcall, railcall.runtime.decode, railcall.output, railcall.runtime.regions; "
             "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette', 'pydantic', 'openai') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

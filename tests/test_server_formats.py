@@ -131,7 +131,7 @@ def test_tool_calls_come_back_in_each_format(server, fmt, stream, routing):
     assert calls == [("get_weather", {"city": "Paris"})]
     assert not (content or "").strip()
     assert server.backend.branches == before + (routing == "scored")  # one scoring pass for the call
-    from railcall.runtime.prompt import skeleton
+    from railcall.prompts.chat import skeleton
 
     prompt = server.tok.decode(server.backend.prompts[-1])
     assert skeleton(fmt, quoted=True) in prompt  # the prompt asks for the format the grammar enforces

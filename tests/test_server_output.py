@@ -11,8 +11,8 @@ import torch
 from railcall.runtime.decode import SamplingParams, Step, generate
 from railcall.grammar.tools import Tool, tool_grammar
 from railcall.matcher import Matcher, compiled_grammar
-from railcall.runtime.output import Delimiters
-from railcall.server.output import Assembler
+from railcall.output import Delimiters
+from railcall.server.assemble import Assembler
 
 from output_script import ScriptedIds
 

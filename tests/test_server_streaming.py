@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from railcall.runtime.decode import SamplingParams, Step, generate
 from railcall.grammar.tools import Tool, tool_grammar
 from railcall.matcher import Matcher, compiled_grammar
-from railcall.runtime.output import Delimiters, OutputParser
-from railcall.server.output import Assembler
+from railcall.output import Delimiters, OutputParser
+from railcall.server.assemble import Assembler
 
 TOOLS = [Tool("send_email", "", {"type": "object", "properties": {
     "to": {"type": "string"}, "subject": {"type": "string"}, "body": {"type": "string"}},

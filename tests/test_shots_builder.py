@@ -1,4 +1,4 @@
-"""In-context examples (railcall.runtime.shots): every example call is one its format's grammar
+"""In-context examples (railcall.prompts.shots): every example call is one its format's grammar
 accepts and its tool's schema validates; examples come from the tool table alone; the same table
 gives the same examples in any process."""
 
@@ -19,7 +19,7 @@ from railcall.errors import GrammarError
 from railcall.eval import bfcl
 from railcall.grammar.tools import FORMATS, Tool, tool_grammar
 from railcall.matcher import Matcher, compiled_grammar
-from railcall.runtime.shots import NoPlaceholder, placeholder, placeholder_args, request, shot_messages, shots, words
+from railcall.prompts.shots import NoPlaceholder, placeholder, placeholder_args, request, shot_messages, shots, words
 from railcall.vocab import Vocabulary
 
 from toolgen import random_tools
@@ -159,7 +159,7 @@ def test_the_same_table_gives_the_same_examples_in_another_process():
     tasks = [t for cat in ("multiple", "live_multiple") for t in bfcl.load_category(BFCL, cat, 5)]
     here = [[s.call for s in shots(t.tools, 3, fmt)] for t in tasks for fmt in ("json", "pythonic")]
     code = ("import json; from railcall.data import bfcl_data; from railcall.eval import bfcl; "
-            "from railcall.runtime.shots import shots; "
+            "from railcall.prompts.shots import shots; "
             "ts = [t for c in ('multiple', 'live_multiple') for t in bfcl.load_category(bfcl_data(), c, 5)]; "
             "print(json.dumps([[s.call for s in shots(t.tools, 3, f)] for t in ts for f in ('json', 'pythonic')]))")
     env = {**os.environ, "PYTHONHASHSEED": "12345",

@@ -122,7 +122,7 @@ def test_reasoning_then_the_answer_on_qwen2_ids(plugin, qwen2_tokenizer, qwen2_f
     vLLM's model config names it."""
     import torch
 
-    from railcall.runtime.output import Delimiters, OutputParser
+    from railcall.output import Delimiters, OutputParser
     from output_script import detokenize
 
     enc = lambda text: qwen2_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731

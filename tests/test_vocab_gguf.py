@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from railcall.errors import ModelError, VocabularyError
-from railcall.models.gguf_metadata import CONTROL, NORMAL, UNUSED, USER_DEFINED, read_metadata
+from railcall.gguf import CONTROL, NORMAL, UNUSED, USER_DEFINED, read_metadata
 from railcall.vocab import Vocabulary
 from test_vocab_bytes import _roundtrip, varied_strings
 

@@ -13,7 +13,7 @@ model supplies the semantics.
     matcher.consume_token(token_id)
 """
 
-__version__ = "0.1.0"
+from railcall.version import __version__
 
 from railcall import speedups as _speedups
 
@@ -24,7 +24,7 @@ from railcall.errors import GrammarError, MatcherError, ModelError, RailcallErro
 from railcall.grammar.schema import SchemaOptions, schema_grammar
 from railcall.grammar.tools import Tool, read_only_view, tool_grammar
 from railcall.matcher import CompiledGrammar, Matcher, compiled_grammar
-from railcall.runtime.output import Delimiters, OutputParser
+from railcall.output import Delimiters, OutputParser
 from railcall.runtime.regions import answer_matcher
 from railcall.vocab import Vocabulary
 

@@ -26,6 +26,7 @@ Users: the agent's tools, skills and memory (`railcall.agent`), the eval's run f
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import json
 import os
@@ -171,6 +172,20 @@ def mend_last_line(path: Path | int) -> str:
         f.seek(end)
         f.write(b"\n")
         return "newline"
+
+
+def append_line(fd: int, line: bytes, *, mend: bool = True) -> None:
+    """Append `line` (one JSON record and its newline) whole to the file open at `fd` (O_APPEND,
+    the caller's, left open): under an exclusive `flock` (released when the caller closes fd),
+    after mending a torn last line where `mend` (`mend_last_line`), in as few write(2) calls as
+    the kernel allows (one, for a record of a few KB). Two processes appending at once both keep
+    their records; a record is never joined to a torn one."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    if mend:
+        mend_last_line(fd)
+    view = memoryview(line)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def atomic_savefig(fig, path: Path, dpi: int = 110) -> None:

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from railcall import __version__
+from railcall.version import __version__
 from railcall.errors import PolicyError, RailcallError
 from railcall.matcher import MAX_STRING
 
@@ -111,7 +111,7 @@ def info(
     lm, vocab = _load(model)
     _facts(lm, vocab)
     from railcall.runtime.decode import SamplingParams, generate
-    from railcall.runtime.plain import stop_strings
+    from railcall.prompts.plain import stop_strings
 
     ids = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)

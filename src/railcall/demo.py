@@ -44,7 +44,7 @@ WORKSPACE_FILES = {
 
 def workspace(root: Path | None = None) -> Path:
     """The demo workspace (created once under $RAILCALL_HOME/demo-workspace)."""
-    from railcall.models.store import railcall_home
+    from railcall.home import railcall_home
 
     root = root or railcall_home() / "demo-workspace"
     for name, text in WORKSPACE_FILES.items():
@@ -114,8 +114,8 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
     from railcall.grammar.tools import tool_grammar
     from railcall.matcher import Matcher, compiled_grammar
     from railcall.models.store import load_model
-    from railcall.runtime.plain import stop_strings
-    from railcall.runtime.prompt import chat_prompt_ids
+    from railcall.prompts.plain import stop_strings
+    from railcall.prompts.chat import chat_prompt_ids
 
     from railcall.models.llama import SINGLE_CELLS
 
@@ -127,7 +127,7 @@ def run(model=None, *, task: int | None = None, tools: list[str] | None = None, 
         raise ValueError(f"--tools selects none of {', '.join(t.name for t in DEMO_TOOLS)}")
     compiled = compiled_grammar(tool_grammar(table), vocab)
     runner = lm.backend()
-    # a base model's plain-text turns end at stop strings (railcall.runtime.plain); others: none
+    # a base model's plain-text turns end at stop strings (railcall.prompts.plain); others: none
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=seed, stop=stop_strings(lm.tokenizer))
     chosen = [TASKS[task - 1]] if task else TASKS
     root = workspace()

@@ -385,7 +385,7 @@ class Vocabulary:
     @classmethod
     def from_gguf(cls, path: str | os.PathLike, *, logits_width: int | None = None, cache: bool = True) -> "Vocabulary":
         """From a GGUF file's tokenizer metadata, cached on disk. Reads only the key-value section at
-        the front (railcall.models.gguf_metadata), so a file cut short after it -- a split GGUF's
+        the front (railcall.gguf), so a file cut short after it -- a split GGUF's
         first part -- builds the same vocabulary as the whole file; needs neither transformers nor
         the `gguf` package."""
         from railcall.home import file_digest
@@ -537,7 +537,7 @@ def _finish(token_bytes, special, special_text, eos_ids, logits_width, name) -> 
 
 def _vocab_from_gguf(path: Path, logits_width: int | None) -> Vocabulary:
     from railcall.errors import ModelError
-    from railcall.models.gguf_metadata import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, read_metadata
+    from railcall.gguf import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, read_metadata
 
     try:
         meta = read_metadata(path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from railcall.demo import DEMO_TOOLS
 from railcall.grammar.tools import Tool, read_only_view
-from railcall.runtime.prompt import chat_prompt_ids
+from railcall.prompts.chat import chat_prompt_ids
 
 MAX_TOKENS = 64
 

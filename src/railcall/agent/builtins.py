@@ -16,7 +16,6 @@ the grammar.
 from __future__ import annotations
 
 import ast
-import fcntl
 import json
 import operator as op
 import os
@@ -26,7 +25,7 @@ from typing import Annotated, Callable
 
 from railcall.agent.files import StateFolder, Workspace
 from railcall.agent.policy import Policy
-from railcall.atomic import mend_last_line
+from railcall.atomic import append_line
 from railcall.agent.skills import SkillStore
 from railcall.agent.table import ToolTable
 
@@ -112,11 +111,7 @@ class MemoryStore:
         line = json.dumps({"text": text, "at": time.time()}, ensure_ascii=False).encode() + b"\n"
         fd = self._state.open(self.path.name, os.O_RDWR | os.O_APPEND | os.O_CREAT, one_name=True)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
-            mend_last_line(fd)
-            view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view):]
+            append_line(fd, line)
         finally:
             os.close(fd)
         return len(self.items())

@@ -8,7 +8,7 @@
                     only reads of the named files, first          (progress.reading_named)
         grammar   = tool_grammar(view.tools) x vocabulary          (cached per view content)
         call      = generate(model, prompt, Matcher(grammar))      (always a call the view allows;
-                    the name and enumerated values by whole likelihood: runtime.routing)
+                    the name and enumerated values by whole likelihood: heuristics.routing)
         decision  = approval gate, for a mutating call             (Approver)
         result    = the tool's handler, or the denial, or the error it raised
         trace     <- one JSON line: view, mask at the tool-name position, legal counts per token,
@@ -44,7 +44,7 @@ from railcall.agent.progress import (FACTS_SHOWN, Helps, episode_scoped, facts_t
                                      reading_named, task_files, tool_examples, unwritten, with_seen_numbers, without_repeats)
 from railcall.agent.skills import RUN, SkillError, SkillStore
 from railcall.agent.table import ToolTable
-from railcall.atomic import mend_last_line
+from railcall.atomic import append_line
 from railcall.runtime.decode import SamplingParams, generate
 from railcall.grammar.tools import Tool
 from railcall.matcher import Matcher, compiled_grammar
@@ -72,7 +72,7 @@ class AgentModel:
         """The embedded SmolLM2 (or `model`: a .gguf or a Hugging Face folder), on llama.cpp for
         a GGUF file (`backend`: railcall.models.store.load_model's)."""
         from railcall.models.store import load_model
-        from railcall.runtime.prompt import has_native_tools
+        from railcall.prompts.chat import has_native_tools
 
         from railcall.models.llama import SINGLE_CELLS
 
@@ -102,9 +102,9 @@ def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = (), fmt: str = "
                   examples: bool = False) -> str:
     """The tools of this step's view, with each enumerated argument's choices, and the call
     format (`fmt`) with placeholders; with `example`, one call built from the view
-    (`railcall.runtime.prompt.call_example`; off by default: see `describe_format`); with
+    (`railcall.prompts.chat.call_example`; off by default: see `describe_format`); with
     `examples`, a request and its call for each tool (`progress.tool_examples`, Helps.examples)."""
-    from railcall.runtime.prompt import ONE, call_example, skeleton
+    from railcall.prompts.chat import ONE, call_example, skeleton
 
     lines = []
     for t in tools:
@@ -337,7 +337,7 @@ class Agent:
             messages[-1] = {"role": "user", "content": messages[-1]["content"] + "\n\n" + turn}
         router = None
         if self.routing == "scored":
-            from railcall.runtime.routing import NameRouter
+            from railcall.heuristics.routing import NameRouter
 
             # scored on the model's backend; with scored_values, enumerated values too
             router = NameRouter.for_tools(self.model.vocab, v.tools, fmt, values=self.helps.scored_values)
@@ -453,12 +453,8 @@ class Agent:
         fd = StateFolder(self.trace_path.parent).open(self.trace_path.name, os.O_RDWR | os.O_APPEND | os.O_CREAT,
                                                        one_name=True)
         try:
-            if not self._trace_mended:
-                mend_last_line(fd)
-                self._trace_mended = True
-            view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view):]
+            append_line(fd, line, mend=not self._trace_mended)
+            self._trace_mended = True
         finally:
             os.close(fd)
 
@@ -486,7 +482,7 @@ def read_call(vocab, tokens, text: str, fmt: str = "json") -> dict | None:
         except ValueError:
             return None
         return call if isinstance(call, dict) else None
-    from railcall.runtime.output import Delimiters, OutputParser
+    from railcall.output import Delimiters, OutputParser
 
     tags = ("<tool_call>", "</tool_call>") if fmt == "hermes" else None
     d = Delimiters.from_vocab(vocab, reasoning=None, tool_call=tags)

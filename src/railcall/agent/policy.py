@@ -179,7 +179,7 @@ def builtin_policies() -> dict[str, Policy]:
 
 def user_policies_path() -> Path:
     """`$RAILCALL_HOME/policies.json`: where the user's own named policies live."""
-    from railcall.models.store import railcall_home
+    from railcall.home import railcall_home
 
     return railcall_home() / USER_POLICIES
 

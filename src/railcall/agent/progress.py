@@ -239,7 +239,7 @@ def facts_turn(task: str, found: Sequence[str], offer: str | None = None, fmt: s
 def ready_answer(offer: str, fmt: str = "json", fits=None) -> str:
     """`answer` holding `offer` (blanks collapsed, at most OFFER_LIMIT characters), as a call in
     `fmt`, cut at a word until `fits` accepts the call's text."""
-    from railcall.runtime.prompt import call_text
+    from railcall.prompts.chat import call_text
 
     text = " ".join(offer.split())
     limit = OFFER_LIMIT
@@ -480,11 +480,11 @@ def tool_examples(tools: Sequence[Tool], fmt: str = "json") -> str:
     """Lines for the system prompt: for each tool but `answer` and `run`, a request and the
     call that does it, in the call format: a built-in's own (`builtins.EXAMPLES`: "Save the text
     'see you at 5' to memo.txt." -> write_file), any other tool's built from its schema alone
-    (`railcall.runtime.shots`: its name in words, a placeholder of each argument's type)."""
+    (`railcall.prompts.shots`: its name in words, a placeholder of each argument's type)."""
     from railcall.agent.builtins import ANSWER, EXAMPLES
     from railcall.agent.skills import RUN
-    from railcall.runtime.prompt import call_text
-    from railcall.runtime.shots import shots
+    from railcall.prompts.chat import call_text
+    from railcall.prompts.shots import shots
 
     lines, others = [], []
     for t in tools:

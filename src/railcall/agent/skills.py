@@ -72,7 +72,7 @@ def key_folder() -> Path:
     env = os.environ.get("RAILCALL_KEYS")
     if env:
         return Path(env).expanduser()
-    from railcall.models.store import railcall_home
+    from railcall.home import railcall_home
 
     return railcall_home() / "keys"
 

@@ -59,7 +59,7 @@ def model_runs(data: Path, quick: bool, samples_file: Path, wls) -> dict:
     from railcall.grammar.tools import tool_grammar
     from railcall.matcher import Matcher, compiled_grammar
     from railcall.models.store import load_model
-    from railcall.runtime.prompt import chat_prompt_ids
+    from railcall.prompts.chat import chat_prompt_ids
 
     lm = load_model()
     vocab = lm.vocabulary()

@@ -103,7 +103,7 @@ def run(out: Path, *, rows=ROWS, steps: int = 24, rounds: int = 2, threads: int 
     from railcall.matcher import compiled_grammar
     from railcall.models.llama import default_threads
     from railcall.models.store import load_model
-    from railcall.runtime.prompt import chat_prompt_ids
+    from railcall.prompts.chat import chat_prompt_ids
 
     threads = threads or default_threads()
     out.mkdir(parents=True, exist_ok=True)

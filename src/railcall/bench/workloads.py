@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from railcall.grammar.bfcl import bfcl_tools
+from railcall.eval.bfcl_dialect import bfcl_tools
 from railcall.grammar.tools import Tool
 
 STR = {"type": "string"}

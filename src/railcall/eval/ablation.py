@@ -22,8 +22,8 @@ def run(*, n: int = 30, seed: int = 0, temperature: float = 0.8, max_tokens: int
     from railcall.grammar.tools import tool_grammar
     from railcall.matcher import Matcher, compiled_grammar
     from railcall.models.store import load_model
-    from railcall.runtime.plain import stop_strings
-    from railcall.runtime.prompt import chat_prompt_ids
+    from railcall.prompts.plain import stop_strings
+    from railcall.prompts.chat import chat_prompt_ids
 
     if n < 1:
         raise ValueError("--n must be at least 1")
@@ -38,7 +38,7 @@ def run(*, n: int = 30, seed: int = 0, temperature: float = 0.8, max_tokens: int
     for start in range(0, len(rows), batch):
         chunk = rows[start: start + batch]
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed * 100_003 + start,
-                                stop=stop_strings(lm.tokenizer))  # a base model's turn end (railcall.runtime.plain)
+                                stop=stop_strings(lm.tokenizer))  # a base model's turn end (railcall.prompts.plain)
         gens = generate_batch(lm.model, vocab, [prompts[k] for _, k, _ in chunk],
                               [Matcher(compiled) if c == "with" else None for _, _, c in chunk], params)
         for (i, k, c), g in zip(chunk, gens):

@@ -79,11 +79,9 @@ def run_task(model, task: AgentTask, folder: Path, trace: Path, *, helps: Helps,
 
 def record_problem(r) -> str:
     """"" when `r` is a usable record of this suite, else what is wrong with it."""
-    if not isinstance(r, dict):
-        return f"not a JSON object but {type(r).__name__}"
-    bad = [k for k, kind in RECORD_FIELDS.items() if not isinstance(r.get(k), kind)
-           or (kind is int and isinstance(r.get(k), bool))]
-    return f"{', '.join(repr(k) for k in bad)} missing or of the wrong type" if bad else ""
+    from railcall.eval.results import fields_problem
+
+    return fields_problem(r, RECORD_FIELDS)
 
 
 # What a run.json written before an option existed ran with (the option was not there: off).

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from railcall.grammar.bfcl import bfcl_tools
+from railcall.eval.bfcl_dialect import bfcl_tools
 from railcall.grammar.tools import Tool
-from railcall.runtime.prompt import has_native_tools
+from railcall.prompts.chat import has_native_tools
 
 # The categories railcall was first measured on (their figures in the README go back furthest).
 SHARED_CATEGORIES = ["simple_python", "multiple", "parallel", "live_simple"]
@@ -134,7 +134,7 @@ def tool_choice(tasks: Sequence[Task]) -> str:
 # One prompt for every category (no tuning to the data). It lists each tool with its arguments'
 # types and descriptions, and shows the call format with placeholders (a concrete example pulls
 # a small model towards the tool it names and the values it shows: with `example`, one built
-# from the table, measured in railcall.runtime.prompt.describe_format). Changing it changes
+# from the table, measured in railcall.prompts.chat.describe_format). Changing it changes
 # PROMPT_VERSION, which a resumed run checks (with the call format, a setting of its own).
 
 PROMPT_VERSION = "bfcl-1"
@@ -159,7 +159,7 @@ def describe_tools(tools: Sequence[Tool]) -> str:
 
 
 def system_prompt(tools: Sequence[Tool], fmt: str = "json", example: bool = False) -> str:
-    from railcall.runtime.prompt import describe_format
+    from railcall.prompts.chat import describe_format
 
     return (
         "You are an assistant that can call tools. Tools:\n" + describe_tools(tools) + "\n"
@@ -174,7 +174,7 @@ def prompt_ids(tokenizer, task: Task, fmt: str = "json", example: bool = False, 
     messages (some live tasks have one) follow the tool list in the same system message. `fmt`:
     the call format the system prompt describes (with an example call when `example`).
     `examples`: in-context examples as earlier user and assistant turns, before the task's
-    question (`railcall.runtime.shots`, built from the tool table alone)."""
+    question (`railcall.prompts.shots`, built from the tool table alone)."""
     tools = task.tools
     own_system = [m["content"] for m in task.messages if m["role"] == "system"]
     rest = list(examples) + [{"role": m["role"], "content": m["content"]} for m in task.messages if m["role"] != "system"]

@@ -6,7 +6,7 @@ Three questions, each a superset of the next:
   {"tool": <string>, "args": <object>} with no other keys, or a non-empty JSON array of them
   (several calls). Nothing else counts: not prose around it, not a Markdown code fence.
 - valid: it parses, every call names a tool of the task's table and its arguments validate
-  against that tool's JSON Schema (BFCL's dialect mapped as `railcall.grammar.bfcl` maps it).
+  against that tool's JSON Schema (BFCL's dialect mapped as `railcall.eval.bfcl_dialect` maps it).
 - AST-correct (`check_calls`): BFCL's AST checker rules (bfcl-eval 2026.3.23), written anew
   and tested against BFCL's own checker on every gold answer of every single-turn category:
     * the right function (names compared exactly; dots are part of the name);

@@ -33,7 +33,7 @@ from typing import Sequence
 
 from railcall.agent.builtins import ANSWER
 from railcall.agent.table import ToolTable
-from railcall.grammar.bfcl import bfcl_tools
+from railcall.eval.bfcl_dialect import bfcl_tools
 from railcall.grammar.tools import Tool
 
 # The multi-turn categories whose tasks need no functions added mid-task (BFCL's miss_func and
@@ -214,11 +214,9 @@ RECORD_FIELDS = {"category": str, "id": str, "ok": bool, "turns": int, "turns_an
 
 def record_problem(r) -> str:
     """"" when `r` is a usable multi-turn record, else what is wrong with it."""
-    if not isinstance(r, dict):
-        return f"not a JSON object but {type(r).__name__}"
-    bad = [k for k, kind in RECORD_FIELDS.items() if not isinstance(r.get(k), kind)
-           or (kind is int and isinstance(r.get(k), bool))]
-    return f"{', '.join(repr(k) for k in bad)} missing or of the wrong type" if bad else ""
+    from railcall.eval.results import fields_problem
+
+    return fields_problem(r, RECORD_FIELDS)
 
 
 def summarise(records: Sequence[dict], **settings) -> dict:

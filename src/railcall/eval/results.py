@@ -25,16 +25,26 @@ RECORD_FIELDS = {"category": str, "id": str, "condition": str, "parse": bool, "v
 _KIND = {str: "a string", bool: "true or false", int: "a whole number", (int, float): "a number"}
 
 
-def record_problem(r) -> str:
-    """"" when `r` is a results record the summary can use, else what is wrong with it."""
+def fields_problem(r, fields: dict) -> str:
+    """"" when `r` is a JSON object holding every one of `fields` with a value of its type, else
+    what is wrong with it: the fields missing, or the first one of the wrong type. Every suite's
+    records are checked by it (`fields`: that suite's RECORD_FIELDS)."""
     if not isinstance(r, dict):
         return f"not a JSON object but {type(r).__name__}"
-    missing = [k for k in RECORD_FIELDS if k not in r]
+    missing = [k for k in fields if k not in r]
     if missing:
         return f"no {', '.join(repr(k) for k in missing)}"
-    for k, kind in RECORD_FIELDS.items():
+    for k, kind in fields.items():
         if not isinstance(r[k], kind) or (isinstance(r[k], bool) and kind is not bool):  # True is an int too
             return f"{k!r} is {json.dumps(r[k])[:40]}, not {_KIND[kind]}"
+    return ""
+
+
+def record_problem(r) -> str:
+    """"" when `r` is a results record the summary can use, else what is wrong with it."""
+    problem = fields_problem(r, RECORD_FIELDS)
+    if problem:
+        return problem
     if r["condition"] not in CONDITIONS:
         return f"condition {r['condition']!r} is not one of {', '.join(CONDITIONS)}"
     return ""

@@ -20,7 +20,7 @@ The call format (`call_format`: json, the default, openai, hermes or pythonic) i
 the output parser's and the prompt's: without the grammar the prompt still asks for it, and a
 reply is read in it. Routing (`routing`): "greedy" (the default) lets the model spell the tool
 name token by token under the mask; "scored" chooses it by the likelihood of each whole name
-(`railcall.runtime.routing`, one extra forward pass per call over the names' trie); "matched"
+(`railcall.heuristics.routing`, one extra forward pass per call over the names' trie); "matched"
 scores only the tools whose words the request shares most (`matching_tools`). They are
 settings of the run and fields of every record, so a report tells the variants apart. In a
 category whose tasks all have gold calls the grammar is required from the first token; where
@@ -38,9 +38,9 @@ text); this changes no verdict under that reading, only the time spent.
 
 With `shots` k > 0 each prompt holds k in-context examples between the system message and the
 question (`examples`: made-up requests for the task's own tools and their calls in the run's call
-format, built from the tool table alone, railcall.runtime.shots); k is one of the run's settings.
+format, built from the tool table alone, railcall.prompts.shots); k is one of the run's settings.
 A model without a chat template gets plain-text turns whose replies end at stop strings
-(railcall.runtime.plain); the early end of a free reply waits while its text may be one on its way.
+(railcall.prompts.plain); the early end of a free reply waits while its text may be one on its way.
 
 Tasks are decoded `batch` at a time (both conditions: twice as many rows), new ones joining as
 others end (`railcall.runtime.batch.decode_stream`), in file order, a window of `batch` tasks from each
@@ -74,7 +74,7 @@ class Settings:
 
     model: str
     max_tokens: int = 192
-    shots: int = 0  # in-context examples from the task's tool table (railcall.runtime.shots)
+    shots: int = 0  # in-context examples from the task's tool table (railcall.prompts.shots)
     shot_pair: bool = False  # the last example asks for two things and makes two calls
     temperature: float = 0.0
     prompt: str = bfcl.PROMPT_VERSION
@@ -82,8 +82,8 @@ class Settings:
     conditions: list = field(default_factory=lambda: list(CONDITIONS))
     call_format: str = "json"  # railcall.grammar.tools.FORMATS: the grammar's, the parser's and the prompt's
     routing: str = "greedy"  # "greedy": the tool name token by token; "scored": by whole-name likelihood;
-    # "matched": scored among the tools whose words the request shares most (railcall.runtime.routing)
-    values: str = "free"  # "grounded": numbers and call count from the request (railcall.runtime.grounding)
+    # "matched": scored among the tools whose words the request shares most (railcall.heuristics.routing)
+    values: str = "free"  # "grounded": numbers and call count from the request (railcall.heuristics.grounding)
     ceiling: str = "fit"  # SamplingParams.cut under the grammar ("complete": the forced finish, with its "?" tell)
     distinct_calls: bool = True  # under the grammar, no call repeated within a reply
     baseline: str = "tolerant"  # the free reply: "tolerant" (runs to its end, calls found anywhere in
@@ -130,7 +130,7 @@ def call_grammar(tools, fmt: str = "json", per_call=None):
 def delimiters(vocab, fmt: str = "json"):
     """The output parser's delimiters: no reasoning; the <tool_call> tags for hermes alone (by id
     where the vocabulary has them as one token, else by text, as the grammar writes them)."""
-    from railcall.runtime.output import Delimiters
+    from railcall.output import Delimiters
 
     return Delimiters.from_vocab(vocab, reasoning=None,
                                  tool_call=("<tool_call>", "</tool_call>") if fmt == "hermes" else None)
@@ -144,7 +144,7 @@ def make_matcher(tools, vocab, mode: str, fmt: str = "json", per_call=None):
     compiled = compiled_grammar(call_grammar(tools, fmt, per_call), vocab)
     if mode == "required":
         return Matcher(compiled)
-    from railcall.runtime.output import AUTO_TRIGGERS
+    from railcall.output import AUTO_TRIGGERS
     from railcall.runtime.regions import answer_matcher
 
     # "auto": free content until the format's trigger ({"tool":" for json), then a call under the
@@ -155,7 +155,7 @@ def make_matcher(tools, vocab, mode: str, fmt: str = "json", per_call=None):
 def read_calls(vocab, tokens, fmt: str = "json", tool_choice: str = "auto") -> tuple[list[dict] | None, str]:
     """(the calls in a reply as {"tool", "args"} dicts, or None when it makes none; its content),
     as the runtime's output parser reads `fmt` under `tool_choice`."""
-    from railcall.runtime.output import OutputParser
+    from railcall.output import OutputParser
 
     d = delimiters(vocab, fmt)
     tags = {x.token_id: x.text for x in d.all() if x.token_id is not None}  # a tag that is one token
@@ -222,7 +222,7 @@ def examples(task: bfcl.Task, shots: int, call_format: str = "json", pair: bool 
     """`shots` in-context examples for `task` as chat turns: made-up requests for its tools and
     their calls in `call_format`, built from the tool table alone (never its question or answer);
     `pair`: the last one asks for one tool twice and makes both calls."""
-    from railcall.runtime.shots import shot_messages, shots as make_shots
+    from railcall.prompts.shots import shot_messages, shots as make_shots
 
     return shot_messages(make_shots(task.tools, shots, call_format, pair=pair))
 
@@ -238,12 +238,12 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
              progress: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Run the categories; returns the summary (also written to `out`/summary.json). `call_format`:
     the grammar's, the parser's and the prompt's format; `routing="scored"`: the tool name chosen
-    by whole-name likelihood (`railcall.runtime.routing`) under the grammar; `prompt_example`:
-    the prompt shows one call built from the table (`railcall.runtime.prompt.call_example`);
+    by whole-name likelihood (`railcall.heuristics.routing`) under the grammar; `prompt_example`:
+    the prompt shows one call built from the table (`railcall.prompts.chat.call_example`);
     `values="grounded"`: under the grammar, numeric arguments take the request's numbers and the
-    reply makes as many calls as they fill (`railcall.runtime.grounding`).
+    reply makes as many calls as they fill (`railcall.heuristics.grounding`).
     `shots` in-context examples before each question, the last a request for two calls where
-    `shot_pair` (`railcall.runtime.shots`).
+    `shot_pair` (`railcall.prompts.shots`).
     `grammar` / `without_grammar`: whether the run decodes each task under the grammar / free
     (both by default; `railcall.eval.variants` runs a scored variant under the grammar alone).
     `baseline` / `baseline_shots`: how the free condition is prompted and read (`Settings`): by
@@ -258,11 +258,11 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
     from railcall.runtime.decode import SamplingParams
     from railcall.eval import report
     from railcall.models.store import load_model
-    from railcall.runtime.plain import stop_strings
+    from railcall.prompts.plain import stop_strings
 
     from railcall.grammar.tools import FORMATS
-    from railcall.runtime.grounding import ground
-    from railcall.runtime.routing import NameRouter, matching_tools
+    from railcall.heuristics.grounding import ground
+    from railcall.heuristics.routing import NameRouter, matching_tools
 
     if call_format not in FORMATS:
         raise ValueError(f"unknown call format {call_format!r}; use {', '.join(FORMATS)}")
@@ -324,7 +324,7 @@ def run_bfcl(categories: list[str], out: Path, *, data: Path | None = None, limi
             "started afresh (the previous results file was empty)")
     atomic_write(run_path, json.dumps({"settings": asdict(settings), "machine": here, "machines": machines}, indent=1))
     done = {(r["category"], r["id"], r["condition"]) for r in read_results(results_path, repair=True, warn=log)}
-    # a base model's plain-text turns end at stop strings (railcall.runtime.plain); others: none
+    # a base model's plain-text turns end at stop strings (railcall.prompts.plain); others: none
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop_strings(lm.tokenizer), cut=ceiling,
                             distinct_calls=distinct_calls)
     t_start = time.perf_counter()
@@ -439,10 +439,10 @@ def machine(device: str | None = None, lm=None) -> dict:
     """What ran a run: the machine, the library versions and the model's backend."""
     import numpy
 
-    import railcall
+    from railcall.version import __version__
 
     m = {"platform": platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(),
-         "numpy": numpy.__version__, "railcall": railcall.__version__}
+         "numpy": numpy.__version__, "railcall": __version__}
     if getattr(lm, "backend_name", None) == "llama.cpp":
         import llama_cpp
 

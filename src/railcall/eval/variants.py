@@ -43,7 +43,7 @@ def parse(spec: str) -> list[dict]:
 
 
 def _parse_group(spec: str) -> list[dict]:
-    from railcall.runtime.output import CALL_FORMATS
+    from railcall.output import CALL_FORMATS
 
     axes: dict[str, list] = {}
     for part in spec.replace(";", " ").split():

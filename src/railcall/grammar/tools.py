@@ -21,7 +21,7 @@ Call formats are small classes (`CallFormat`), registered by name in FORMATS:
     pythonic  [get_weather(city="Paris", days=3)]                   Python call syntax, arguments as
                                                                     typed literals (grammar.pythonic)
 
-Every format reads back through `railcall.runtime.output.OutputParser(call_format=<name>)` into the same
+Every format reads back through `railcall.output.OutputParser(call_format=<name>)` into the same
 `ToolCall` (a name and the arguments as JSON text). The other way, `CallFormat.write` (and
 `write_calls` for a table's tools) spells calls as the format's grammar writes them: what a prompt's
 example call or a history's earlier call should look like.
@@ -404,7 +404,7 @@ class ToolGrammarBuilder:
 
     def sequence(self, tables: Sequence[Sequence[Tool]], fmt: CallFormat | str = "json") -> ir.Grammar:
         """The grammar of exactly len(`tables`) calls in order, call i one `tables[i]` allows
-        (a table per call: `railcall.runtime.grounding` narrows each call's numbers to its own
+        (a table per call: `railcall.heuristics.grounding` narrows each call's numbers to its own
         part of the request)."""
         fmt = call_format(fmt)
         if not tables:

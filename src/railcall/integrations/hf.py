@@ -6,7 +6,7 @@
     from railcall import Tool, Vocabulary, compiled_grammar, tool_grammar
     from railcall.integrations.hf import RailcallLogitsProcessor
     from railcall.models.store import load_model
-    from railcall.runtime.prompt import chat_prompt_ids
+    from railcall.prompts.chat import chat_prompt_ids
 
     lm = load_model(backend="transformers")  # the embedded SmolLM2 as a transformers model
     vocab = Vocabulary.from_hf(lm.tokenizer, logits_width=lm.model.config.vocab_size)

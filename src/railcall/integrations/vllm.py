@@ -385,7 +385,7 @@ class RailcallLogitsProcessor(LogitsProcessor):
             if spec.mode == "required" and not spec.reasoning:
                 matcher = Matcher(compiled)
             else:
-                from railcall.runtime.output import Delimiters
+                from railcall.output import Delimiters
                 from railcall.runtime.regions import answer_matcher
 
                 matcher = answer_matcher(vocab, compiled, Delimiters.from_vocab(vocab), mode=spec.mode,

@@ -53,7 +53,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.tool_parsers.abstract_tool_parser import ToolParser, ToolParserManager
 
-from railcall.runtime.output import Delimiters, OutputParser
+from railcall.output import Delimiters, OutputParser
 from railcall.integrations.vllm import EXTRA_ARGS_KEY
 
 PARSER_NAME = "railcall"

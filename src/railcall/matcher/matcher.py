@@ -56,7 +56,7 @@ MAX_STRING = 256  # by default, the most characters of a string whose schema giv
 class TagIds:
     """Tag text -> the token id a grammar's `ir.Special` matches (`get`, all the compiler asks).
     A special token's own id; else the one ordinary token that spells the tag, resolved as
-    `railcall.runtime.output.Delimiters` does (Qwen's `<think>` and `<tool_call>` are added tokens that
+    `railcall.output.Delimiters` does (Qwen's `<think>` and `<tool_call>` are added tokens that
     are not special): the grammar then takes that token alone there, as the output parser counts
     that token alone, and a tag spelled in pieces is no tag for either. No such token: None, and
     the tag is matched as text. Built per compile; what it reads is cached per vocabulary (Gemma

@@ -125,7 +125,7 @@ def runnable_weights(path: Path, name: str) -> Path:
     is 145 MB instead of 85 MB and takes under a second to write. RAILCALL_LLAMA_REQUANTIZE=0
     runs the file as it is."""
     from railcall.home import file_digest, railcall_home
-    from railcall.models.gguf_metadata import read_metadata
+    from railcall.gguf import read_metadata
 
     if os.environ.get("RAILCALL_LLAMA_REQUANTIZE", "1") == "0":
         return path
@@ -448,7 +448,7 @@ class LlamaModel:
 
 class LlamaBatch:
     """Rows of the batch loop as llama.cpp sequences of one `LlamaModel`, with the verbs of
-    `railcall.runtime.batch.TransformersBatch` (start, start_cached, feed, keep, join, row_kv,
+    `railcall.models.backend.TransformersBatch` (start, start_cached, feed, keep, join, row_kv,
     branch_logits) and `release()` for when the loop drops it. Built per admission group, joined
     into the loop's batch; row numbers are positions in it. `begin` and `feed(tokens, wants)`
     let the loop prefill a prompt in chunks, beside the other rows' next tokens (`chunked`)."""

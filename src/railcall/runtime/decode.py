@@ -29,7 +29,7 @@ fast-forward, stop strings, penalties, the token ceiling -- it does the same in 
 - Distinct calls (`SamplingParams.distinct_calls`, on by default): within one reply a call
   identical to an earlier one is unspellable (`railcall.runtime.distinct`), so a model cannot
   repeat one call until the ceiling.
-- Routing (`Row(router=...)`, `generate(..., router=...)`): with a `railcall.runtime.routing.NameRouter`
+- Routing (`Row(router=...)`, `generate(..., router=...)`): with a `railcall.heuristics.routing.NameRouter`
   the tool name is chosen whole, by the log-probability of each allowed name's complete token
   sequence (`routing="scored"`), instead of token by token from the first one (the default,
   greedy routing). The chosen name's tokens are fed together, as forced ones are; their steps
@@ -223,7 +223,7 @@ class Row:
         self.params = p = params or SamplingParams()
         self.fast_forward = fast_forward
         self.on_step, self.cancelled, self.decided = on_step, cancelled, decided
-        self.router = router  # railcall.runtime.routing.NameRouter: whole-name tool choice (None: token by token)
+        self.router = router  # railcall.heuristics.routing.NameRouter: whole-name tool choice (None: token by token)
         self.seed = p.seed if seed is None else seed
         self._gen = None  # made at the first sample, for the kind of logits the backend gives
         self.stops = set(vocab.stop_ids)
@@ -644,9 +644,9 @@ def generate(backend, vocab, prompt: Sequence[int], matcher=None, params: Sampli
     """Generate from `prompt` on a single-sequence backend (`start`/`feed`); constrained by
     `matcher` if given (see the module docstring). With `batch_forced=False` forced tokens are
     fed one pass at a time (the reference path for fast-forward). `router`: a
-    `railcall.runtime.routing.NameRouter` for scored routing (its scorer runs on this backend)."""
+    `railcall.heuristics.routing.NameRouter` for scored routing (its scorer runs on this backend)."""
     if router is not None and router.score is None:
-        from railcall.runtime.routing import branch_scorer
+        from railcall.heuristics.routing import branch_scorer
 
         router.score = branch_scorer(backend)
     row = Row(vocab, matcher, params, fast_forward=fast_forward, on_step=on_step, cancelled=cancelled, router=router)

@@ -14,7 +14,7 @@ non-special text token but the delimiter tokens (which the parser reads as delim
 they are generated, special or not), plus the phase's exit, plus the stop tokens where the turn
 may end.
 
-Delimiters come from `railcall.runtime.output.Delimiters`, the object the output parser reads, so the
+Delimiters come from `railcall.output.Delimiters`, the object the output parser reads, so the
 grammar and the parser end reasoning at the same place:
 - Reasoning ends only at the close delimiter's *token*. A `</think>` spelled in pieces inside
   reasoning is reasoning text and does not end it. Where the close is not one token (SmolLM2),
@@ -45,7 +45,7 @@ from railcall.bitmask import bitmask_words, pack_ids
 from railcall.errors import GrammarError, MatcherError
 from railcall.grammar import ir
 from railcall.matcher import DEAD, CompiledGrammar, Matcher, compiled_grammar
-from railcall.runtime.output import JSON_CALL_TRIGGER, Delimiters, json_gaps
+from railcall.output import JSON_CALL_TRIGGER, Delimiters, json_gaps
 from railcall.vocab import Vocabulary
 
 MODES = ("none", "auto", "required")

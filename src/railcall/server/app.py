@@ -37,13 +37,13 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from railcall import __version__
+from railcall.version import __version__
 from railcall.errors import RequestError
 from railcall.matcher import MAX_STRING
 from railcall.server import responses, sse
 from railcall.server.engine import Engine
 from railcall.server.model import ServedModel
-from railcall.server.output import Assembler, finish_reason, generation_failed, grammar_failure
+from railcall.server.assemble import Assembler, finish_reason, generation_failed, grammar_failure
 from railcall.server.plan import Plan, build_completion_plan, build_plan
 from railcall.server.schemas import IGNORED, ChatCompletionRequest, CompletionRequest, error_body
 

@@ -11,7 +11,7 @@ import json
 
 from railcall.errors import RequestError
 from railcall.grammar.tools import Tool
-from railcall.runtime.prompt import ONE, call_example, call_text, describe_tools, skeleton
+from railcall.prompts.chat import ONE, call_example, call_text, describe_tools, skeleton
 from railcall.server.schemas import ChatCompletionRequest, guided
 
 # ---------------------------------------------------------------------------------------------
@@ -28,7 +28,7 @@ def tools_instruction(tools: list[Tool], choice: str, parallel: bool, fmt: str =
     """The system text that presents the tools to a model whose chat template does not know
     tools (SmolLM2). The format is shown with placeholders, not with one of the tools: a
     concrete example pulls a small model towards the tool it names and the values it shows
-    (`example`: one built from the table, `railcall.runtime.prompt.call_example`; measured in
+    (`example`: one built from the table, `railcall.prompts.chat.call_example`; measured in
     `describe_format`)."""
     shape, shown = skeleton(fmt, quoted=True), call_example(tools, fmt)
     head = "You are an assistant that can act by calling tools. Tools:\n" + describe_tools(tools) + "\n"

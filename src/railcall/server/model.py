@@ -7,8 +7,8 @@ from __future__ import annotations
 from railcall.runtime.batch import OneRowBatch, PrefixCache
 from railcall.errors import RequestError
 from railcall.matcher import MAX_STRING
-from railcall.runtime.output import Delimiters
-from railcall.runtime.prompt import has_native_tools
+from railcall.output import Delimiters
+from railcall.prompts.chat import has_native_tools
 from railcall.server.messages import messages_for_template
 from railcall.vocab import single_token
 

@@ -27,7 +27,7 @@ row, scored on the row's KV in the batch: `railcall.runtime.batch.BatchLoop.scor
 `values: "grounded"` the grammar's tools take, in each required numeric argument, only the
 numbers the conversation states (the user's messages, the assistant's text, the tool results),
 and a "required" parallel reply makes as many calls as the last user message's numbers fill,
-each with its own part of them (`railcall.runtime.grounding`); the output parser still reads
+each with its own part of them (`railcall.heuristics.grounding`); the output parser still reads
 the calls against the tools as sent.
 """
 
@@ -42,7 +42,7 @@ from railcall.grammar import ir
 from railcall.grammar.schema import SchemaOptions, schema_to_ir
 from railcall.grammar.tools import Tool, ToolGrammarBuilder
 from railcall.matcher import MAX_STRING, CompiledGrammar, Matcher, compiled_grammar
-from railcall.runtime.output import AUTO_TRIGGERS
+from railcall.output import AUTO_TRIGGERS
 from railcall.runtime.regions import answer_matcher
 from railcall.server.messages import text_of
 from railcall.server.schemas import ChatCompletionRequest, guided
@@ -78,7 +78,7 @@ class Plan:
     n: int = 1  # choices: rows of one batch, each with its own matcher and seed
     plain: bool = False  # /v1/completions: the grammar alone, no regions (no reasoning, no free text)
     call_format: str | None = None  # the calls' format (None: the served model's)
-    routing: str = "greedy"  # "scored"/"matched": each row gets a NameRouter (railcall.runtime.routing)
+    routing: str = "greedy"  # "scored"/"matched": each row gets a NameRouter (railcall.heuristics.routing)
     asked: str = ""  # the last user message's text (matched routing weighs the tools by its words)
 
     def matcher(self, served: "ServedModel"):
@@ -95,7 +95,7 @@ class Plan:
         runs the row); None for greedy routing or a request without tools."""
         if self.routing not in ("scored", "matched") or not self.tools or self.call_format is None:
             return None
-        from railcall.runtime.routing import NameRouter, matching_tools
+        from railcall.heuristics.routing import NameRouter, matching_tools
 
         prefer = matching_tools(self.tools, self.asked) if self.routing == "matched" else ()
         return NameRouter.for_tools(served.vocab, self.tools, self.call_format, temperature=self.params.temperature,
@@ -128,7 +128,7 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
     asked = text_of(req.messages[last].content) if last is not None else ""
     spelled, per_call = (named and [named]) or tools, None
     if req.values == "grounded" and calling:
-        from railcall.runtime.grounding import ground
+        from railcall.heuristics.grounding import ground
 
         # the rest of the conversation (earlier turns, tool results) offers numbers, not calls
         seen = "\n".join(text_of(m.content) for i, m in enumerate(req.messages)
@@ -207,9 +207,9 @@ def _params(served: "ServedModel", req, prompt: list[int], kind: str, where: str
     # a grammar they would cut a call or a JSON answer in two, so they are not looked for there.
     stop = tuple(req.stop or ()) if kind in ("text", "auto") else ()
     if kind in ("text", "auto") and where == "messages":
-        from railcall.runtime.plain import stop_strings
+        from railcall.prompts.plain import stop_strings
 
-        # a base model's chat is plain text turns it does not end itself (railcall.runtime.plain)
+        # a base model's chat is plain text turns it does not end itself (railcall.prompts.plain)
         stop += tuple(s for s in stop_strings(getattr(served, "tokenizer", None)) if s not in stop)
     width = served.vocab.logits_width
     bias = {}

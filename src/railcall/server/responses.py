@@ -43,7 +43,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from railcall.errors import RequestError
-from railcall.server.output import Assembler, finish_reason, generation_failed, grammar_failure
+from railcall.server.assemble import Assembler, finish_reason, generation_failed, grammar_failure
 from railcall.server.schemas import ChatCompletionRequest
 
 PING_SECONDS = 1.0  # a streamed request waiting in the queue sends an SSE comment this often

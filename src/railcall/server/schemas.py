@@ -280,14 +280,14 @@ class ChatCompletionRequest(_Request):
     # railcall's: the call format this request's tool calls are written in (grammar, prompt and
     # parser; default: the served model's, `railcall serve --format`), and how the tool name is
     # chosen ("greedy": token by token under the mask; "scored": by the likelihood of each whole
-    # name, railcall.runtime.routing, one extra forward pass per call)
+    # name, railcall.heuristics.routing, one extra forward pass per call)
     call_format: Literal["json", "openai", "hermes", "pythonic"] | None = None
     routing: Literal["greedy", "scored", "matched"] = "greedy"  # matched: scored among the tools whose
-    # words the last user message shares most (railcall.runtime.routing.matching_tools)
+    # words the last user message shares most (railcall.heuristics.routing.matching_tools)
     # railcall's: "grounded" narrows each required numeric argument to the numbers the
     # conversation states (user and assistant text, tool results) and, with parallel_tool_calls
     # under tool_choice "required", makes as many calls as the last user message's numbers fill
-    # (railcall.runtime.grounding); "free": the schema alone
+    # (railcall.heuristics.grounding); "free": the schema alone
     values: Literal["free", "grounded"] = "free"
 
     @field_validator("modalities")

@@ -69,7 +69,7 @@ def call_example(tools: Sequence[Tool], fmt: str = "json") -> str:
 def call_text(name: str, args: dict, fmt: str = "json") -> str:
     """One call as `fmt`'s grammar writes it (compact, arguments in the order given): the one
     spelling of a call, shared with `railcall.grammar.tools.write_calls` and the in-context
-    examples (`railcall.runtime.shots`)."""
+    examples (`railcall.prompts.shots`)."""
     from railcall.errors import GrammarError
     from railcall.grammar.tools import call_format
 

@@ -1,6 +1,6 @@
 """Generated steps -> OpenAI message parts: reasoning_content, content, tool calls, logprobs.
 
-Built per request (`Assembler`), around `railcall.runtime.output.OutputParser`, which splits the turn
+Built per request (`Assembler`), around `railcall.output.OutputParser`, which splits the turn
 into reasoning, content and calls with the same delimiters the grammar regions use. The
 Assembler adds what is OpenAI's: call ids, the delta shapes of a `chat.completion.chunk`, the
 logprobs entries, and stop strings.
@@ -24,7 +24,7 @@ import secrets
 
 from railcall.errors import RequestError
 from railcall.runtime.decode import Generation, Step
-from railcall.runtime.output import Delimiters, Delta, OutputParser
+from railcall.output import Delimiters, Delta, OutputParser
 
 
 def call_id() -> str:
