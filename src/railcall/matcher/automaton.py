@@ -49,9 +49,10 @@ class Automaton(ThreadLegalTokens):
     content keys (`content_keys.ContentKeyBuilder`), forced tokens and finish searches
     (`completion.ForcedCompletions`), states and transitions (`transitions.TransitionTable`),
     the tokens one thread may take (`legal.ThreadLegalTokens`); this class adds the masks and
-    the precomputation. Compiled, it is an extension type (automaton.pxd): its fields are C
-    fields and its methods call each other directly, so its methods cannot be replaced on the
-    class (tests spy on a subclass)."""
+    the precomputation. Code outside the package reads a state's threads by `threads(s)`.
+    Compiled, it is an extension type (automaton.pxd): its fields are C fields and its methods
+    call each other directly, so its methods cannot be replaced on the class (tests spy on a
+    subclass)."""
 
     def __init__(self, vocab: Vocabulary):
         self.vocab = vocab

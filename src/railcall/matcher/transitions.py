@@ -22,12 +22,13 @@ DEAD = -1
 
 
 class TransitionTable(ForcedCompletions):
-    """The automaton's states and transitions: thread sets interned to state ids (`_intern`),
-    the (n_states, 256) int32 table of byte transitions filled as bytes are stepped (`step`),
-    the special-token transitions (`specials`), and the walks that push a token's text through
-    them (`_walk`, `_accepts`). A base of `automaton.Automaton`, never built on its own (its
-    fields are declared in content_keys.pxd): what it holds grows lazily and lives as long as the
-    automaton, once per vocabulary (and string cap), shared by every grammar compiled for it."""
+    """The automaton's states and transitions: thread sets interned to state ids (`_intern`;
+    `threads` gives them back), the (n_states, 256) int32 table of byte transitions filled as
+    bytes are stepped (`step`), the special-token transitions (`specials`), and the walks that
+    push a token's text through them (`_walk`, `_accepts`). A base of `automaton.Automaton`,
+    never built on its own (its fields are declared in content_keys.pxd): what it holds grows
+    lazily and lives as long as the automaton, once per vocabulary (and string cap), shared by
+    every grammar compiled for it."""
 
     # -- the DFA --------------------------------------------------------------------------------
 
@@ -61,6 +62,12 @@ class TransitionTable(ForcedCompletions):
             self._token_next.append({})
             self._ids[threads] = s
             return s
+
+    def threads(self, s: int) -> frozenset:
+        """The threads of state `s`: a frozenset of (instruction, location, stack), each a
+        position in the grammar the text so far may have reached (see grammar.instructions).
+        Shared with the automaton: read, never change, what the instructions hold."""
+        return self._sets[s]
 
     def step(self, s: int, b: int) -> int:
         """The state after byte `b` from state `s` (DEAD if illegal)."""
