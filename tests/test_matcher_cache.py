@@ -73,11 +73,11 @@ def test_masks_exact_when_the_cache_keeps_almost_nothing():
 def test_literal_keys_stay_bounded_and_exact(monkeypatch):
     """The memo of literal texts' offset keys is bounded (a server compiling table after table
     must not grow it forever): past its limit it starts again, and masks stay exact."""
-    from railcall.matcher import keys
+    from railcall.matcher import content_keys
 
     roomy = byte_level_vocab()
     expected = _walk_masks(roomy)
-    monkeypatch.setattr(keys, "LITERAL_TEXTS_LIMIT", 3)
+    monkeypatch.setattr(content_keys, "LITERAL_TEXTS_LIMIT", 3)
     tight = byte_level_vocab()
     got = _walk_masks(tight)
     assert all(np.array_equal(a, b) for a, b in zip(expected, got)) and len(got) == len(expected)

@@ -371,9 +371,9 @@ def test_a_key_looks_past_a_literal_as_far_as_a_token_reaches():
 
 
 def test_token_reach_and_next_bytes_match_brute_force():
-    """`_ext(p)` (how far the longest token starting with p reaches past it, -1 if none) and
-    `_next_bytes(p)` (the bytes that follow p in some token), from the per-vocabulary tables and
-    binary searches, equal a scan of every token, for prefixes of one to five bytes."""
+    """`_longest_extension(p)` (how far the longest token starting with p reaches past it, -1 if
+    none) and `_next_bytes(p)` (the bytes that follow p in some token), from the per-vocabulary
+    tables and binary searches, equal a scan of every token, for prefixes of one to five bytes."""
     v = Vocabulary.from_pieces(CROSSING, specials=["<end>"], stop=["<end>"])
     auto = CompiledGrammar(tool_grammar(random_tools(random.Random(5))), v).auto
     texts = [v.token_bytes[t] for t in range(v.size) if v.token_bytes[t] and not v.special[t]]
@@ -381,7 +381,7 @@ def test_token_reach_and_next_bytes_match_brute_force():
     probes = {t[:k] for t in texts for k in range(1, 6) if len(t) >= k} | {bytes(rng.choices(b'"{},:ab1', k=rng.randint(1, 4))) for _ in range(200)}
     for p in probes:
         longer = [t for t in texts if t.startswith(p)]
-        assert auto._ext(p) == (max(map(len, longer)) - len(p) if longer else -1), p
+        assert auto._longest_extension(p) == (max(map(len, longer)) - len(p) if longer else -1), p
         assert set(np.flatnonzero(auto._next_bytes(p)).tolist()) == {t[len(p)] for t in longer if len(t) > len(p)}, p
 
 
@@ -664,7 +664,7 @@ def test_a_string_key_describes_exactly_what_may_follow_its_quote():
             if type(ins).__name__ != "JStr" or (ins.next, st) in conts:
                 continue
             conts.add((ins.next, st))
-            x = auto._after(ins.next, st)
+            x = auto._arrival_state(ins.next, st)
             accepted = frozenset(r for r in rests if x != DEAD and auto._walk_bytes(x, r, 0, {}) != DEAD)
             k = auto._quote_key(ins.next, st)
             assert seen.setdefault(k, accepted) == accepted, (ins.next, accepted, seen[k])
@@ -703,7 +703,7 @@ def test_a_lookahead_through_a_string_is_keyed_by_what_tokens_spell_after_its_qu
         assert m.consume_bytes(b'{"tool":"t","args":{"tags":[')
         assert m.legal_token_ids().tolist() == byte_legal(m)
         assert v.lookup[b'"abcdefghij'] in m.legal_token_ids().tolist()
-        keys.append(g.auto._ckey(m.state))
+        keys.append(g.auto._state_content_key(m.state))
     assert keys[0] == keys[1]
     # `""],"c` (an empty last item, then `],"c`) is the longest token after `"`: the whole
     # lookahead past the inner quote decides it, legal before `],"city"` only
@@ -1023,7 +1023,7 @@ def test_prewarm_masks_where_many_names_part_ways(bpe_vocab):
     other state can lend it a mask. Prewarm computes it: the first visit there computes nothing,
     where a lazy grammar computes it; nodes with few names below stay lazy. Masks are exactly
     the byte oracle's either way."""
-    from railcall.matcher.keys import KEY_BUDGET
+    from railcall.matcher.content_keys import KEY_BUDGET
 
     words = ["alpha", "bravo", "city", "delta", "echo", "file", "golf", "hotel"]
     tools = [Tool(f"{ns}_{w}_{i}", "", {"type": "object", "properties": {}}) for ns in ("github", "slack")

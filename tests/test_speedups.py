@@ -121,12 +121,13 @@ def test_a_module_built_against_declarations_follows_them(tmp_path):
     """A module whose .pxd cimports another's (its extension type extends theirs) is compiled
     from its .py, its .pxd and what it cimports: an edit of any of them makes it stale, and it
     runs compiled only where they do."""
-    base, mid, top = "railcall.matcher.keys", "railcall.matcher.completion", "railcall.matcher.automaton"
+    base, mid, top = "railcall.matcher.content_keys", "railcall.matcher.completion", "railcall.matcher.automaton"
     plain = "railcall.vocab"
     manifest = _fake_build(tmp_path, [plain, base, mid, top])
-    declare = {base: "cdef class ContentKeys:\n    pass\n",
-               mid: f"from {base} cimport ContentKeys\n\ncdef class Completions(ContentKeys):\n    pass\n",
-               top: f"from {mid} cimport Completions\n\ncdef class Automaton(Completions):\n    pass\n"}
+    declare = {base: "cdef class ContentKeyBuilder:\n    pass\n",
+               mid: f"from {base} cimport ContentKeyBuilder\n\n"
+                    "cdef class ForcedCompletions(ContentKeyBuilder):\n    pass\n",
+               top: f"from {mid} cimport ForcedCompletions\n\ncdef class Automaton(ForcedCompletions):\n    pass\n"}
     for m, text in declare.items():
         speedups.declarations_path(m, tmp_path).write_text(text)
     assert speedups.cimports(top, tmp_path) == [mid] and speedups.cimports(plain, tmp_path) == []
@@ -178,7 +179,7 @@ _IMPORT_KEYS = (
     "    warnings.simplefilter('always')\n"
     "    import railcall\n"
     "from railcall import speedups\n"
-    "mod = importlib.import_module('railcall.matcher.keys')\n"
+    "mod = importlib.import_module('railcall.matcher.content_keys')\n"
     "print(json.dumps({'stale': speedups.status()['stale'], 'file': mod.__file__,\n"
     "                  'edited': getattr(mod, 'EDITED_AFTER_THE_BUILD', False),\n"
     "                  'loaded': speedups.status()['loaded'],\n"
@@ -190,7 +191,7 @@ def test_an_edited_module_runs_from_its_source_with_a_warning(tmp_path):
     """A checkout whose source changed after the build: the guard loads the edit, not the
     extension built from the source before it, and says to rebuild; the rest stays compiled."""
     root = _copy_checkout(tmp_path, with_build=True)
-    edited = "railcall.matcher.keys"
+    edited = "railcall.matcher.content_keys"
     if speedups.extension_path(edited, root) is None:  # no build here: a stand-in, never to be imported
         _fake_build(root, [edited])
         speedups.source_path(edited, root).write_bytes(speedups.source_path(edited).read_bytes())
@@ -200,9 +201,9 @@ def test_an_edited_module_runs_from_its_source_with_a_warning(tmp_path):
     with speedups.source_path(edited, root).open("a") as f:
         f.write("\nEDITED_AFTER_THE_BUILD = True\n")
     r = _run(_IMPORT_KEYS, pure=False, pythonpath=root)
-    # the modules compiled against its declarations (their classes extend its ContentKeys, or read
-    # the automaton's fields) go back to their source with it: an extension type cannot extend a
-    # Python class
+    # the modules compiled against its declarations (their classes extend its ContentKeyBuilder, or
+    # read the automaton's fields) go back to their source with it: an extension type cannot extend
+    # a Python class
     built_on_it = {"railcall.matcher.automaton", "railcall.matcher.completion", "railcall.matcher.legal",
                    "railcall.matcher.matcher", "railcall.matcher.transitions"}
     assert r["stale"] == [m for m in speedups.MODULES if m == edited or (m in built_on_it and speedups.status()["compiled"])]
@@ -218,7 +219,7 @@ def test_an_extension_beside_the_source_is_never_imported(tmp_path):
     source whatever the source says. railcall loads only what its manifest vouches for: a
     corrupt extension left there does not stop the import."""
     root = _copy_checkout(tmp_path, with_build=False)
-    p = speedups.source_path("railcall.matcher.keys", root)
+    p = speedups.source_path("railcall.matcher.content_keys", root)
     p.with_name(p.stem + speedups.EXT_SUFFIX).write_bytes(b"not an extension")
     r = _run(_IMPORT_KEYS, pure=False, pythonpath=root)
     assert r["file"] == str(p) and r["stale"] == [] and r["warnings"] == []
@@ -229,10 +230,11 @@ def test_clean_removes_every_build_and_older_layouts(tmp_path):
     other = speedups.build_root(tmp_path) / "cpython-39-x86_64-linux-gnu"
     other.mkdir()
     (other / "manifest.json").write_text("{}")
-    keys = speedups.source_path("railcall.matcher.keys", tmp_path)
+    keys = speedups.source_path("railcall.matcher.content_keys", tmp_path)
     keys.parent.mkdir(parents=True, exist_ok=True)
     keys.write_text("")
-    legacy = [keys.with_name("keys.cpython-311-x86_64-linux-gnu.so"), keys.with_name("keys.cpython-39-darwin.so"),
+    legacy = [keys.with_name("content_keys.cpython-311-x86_64-linux-gnu.so"),
+              keys.with_name("content_keys.cpython-39-darwin.so"),
               tmp_path / "railcall" / "_speedups.json"]
     for f in legacy:
         f.write_bytes(b"")

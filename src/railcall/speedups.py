@@ -29,17 +29,17 @@ Rebuilds go by content, not by file times: each module's fingerprint is the hash
 the Cython version, the compiler's settings and the ABI; a build recompiles the modules whose
 fingerprint changed, and certifies nothing it has not loaded once in a fresh interpreter.
 
-Declarations. The matcher's hot classes have a .pxd beside their .py (matcher/keys, completion,
-transitions, legal, automaton, entries, matcher): read by the compiler only, it says nothing
-about what the code does, only how it is laid out. The automaton and its four bases become one
-extension type whose fields are C fields, and its hot methods (and the mask entries' helpers, and
-a Matcher's per-token verbs) call each other directly (cpdef) rather than by name: on SmolLM2's
+Declarations. The matcher's hot classes have a .pxd beside their .py (matcher/content_keys,
+completion, transitions, legal, automaton, entries, matcher): read by the compiler only, it says
+nothing about what the code does, only how it is laid out. The automaton and its four bases become
+one extension type whose fields are C fields, and its hot methods (and the mask entries' helpers,
+and a Matcher's per-token verbs) call each other directly (cpdef) rather than by name: on SmolLM2's
 vocabulary with 128 tools that took a fifth of the instructions off the slowest first masks, a
-third off the median one and an eighth off compile + prewarm. The .py stays the one place
-behaviour is written, and RAILCALL_PURE=1 runs it as it is. A module built against another's
-declarations (the automaton extends its bases' types) has a source hash that covers theirs
-(`source_hash`), so an edit of either rebuilds both, and it runs compiled only where they
-do (an extension type cannot extend a class loaded from source).
+third off the median one and an eighth off compile + prewarm. The .py stays the one place behaviour
+is written, and RAILCALL_PURE=1 runs it as it is. A module built against another's declarations
+(the automaton extends its bases' types) has a source hash that covers theirs (`source_hash`), so
+an edit of either rebuilds both, and it runs compiled only where they do (an extension type cannot
+extend a class loaded from source).
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ MODULES = (
     "railcall.grammar.tools",
     "railcall.matcher.automaton",
     "railcall.matcher.completion",
+    "railcall.matcher.content_keys",
     "railcall.matcher.entries",
     "railcall.matcher.indexes",
-    "railcall.matcher.keys",
     "railcall.matcher.legal",
     "railcall.matcher.matcher",
     "railcall.matcher.transitions",
@@ -126,8 +126,9 @@ def file_hash(path: Path) -> str:
 
 
 def declarations_path(module: str, root: Path = SRC) -> Path:
-    """A module's Cython declarations (`keys.pxd` beside `keys.py`), where it has them: C types
-    for its classes' fields and direct calls for their methods, read only by the compiler."""
+    """A module's Cython declarations (`content_keys.pxd` beside `content_keys.py`), where it has
+    them: C types for its classes' fields and direct calls for their methods, read only by the
+    compiler."""
     return source_path(module, root).with_suffix(".pxd")
 
 
@@ -135,9 +136,9 @@ _CIMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+cimport|cimport\s+([\w.]+))", r
 
 
 def cimports(module: str, root: Path = SRC) -> list[str]:
-    """The modules whose declarations `module`'s take (`from railcall.matcher.keys cimport
-    ContentKeys`): their extension types are laid out inside its own, so its extension is built
-    against theirs and loads only beside them."""
+    """The modules whose declarations `module`'s take (`from railcall.matcher.content_keys
+    cimport ContentKeyBuilder`): their extension types are laid out inside its own, so its
+    extension is built against theirs and loads only beside them."""
     p = declarations_path(module, root)
     if not p.exists():
         return []
@@ -472,8 +473,8 @@ def _reporting_build_ext(base: type, total: int, say: Callable[[str], None]) -> 
 
 
 def _legacy_extensions(root: Path) -> list[Path]:
-    """Extensions an older layout built beside the source (`keys.cpython-312-....so`), of any
-    ABI, and its manifest: Python would import such an extension ahead of its .py."""
+    """Extensions an older layout built beside the source (`content_keys.cpython-312-....so`), of
+    any ABI, and its manifest: Python would import such an extension ahead of its .py."""
     found = []
     for m in MODULES:
         p = source_path(m, root)

@@ -116,7 +116,7 @@ class NameRouter:
         if s in self._at:
             return self._at[s]
         out: list | None = []
-        for ins, loc, _ in matcher.g._sets[s]:
+        for ins, loc, _ in matcher.g.threads(s):
             paths = self._name_paths(ins)
             if paths is None:
                 out = None

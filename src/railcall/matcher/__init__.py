@@ -3,11 +3,12 @@
 Modules, in the order a mask is made:
 - `automaton`: the DFA over thread sets with its masks and precomputation (`Automaton`), one
   class built from four layers, each a module:
-  - `keys`: content keys, which let states of any grammar share a mask (`ContentKeys`);
-  - `completion`: forced tokens and the forced finish (`Completions`);
+  - `content_keys`: content keys, which let states of any grammar share a mask
+    (`ContentKeyBuilder`);
+  - `completion`: forced tokens and the forced finish (`ForcedCompletions`);
   - `transitions`: states interned from thread sets, byte and special-token transitions, the
-    walk of the token trie (`Transitions`);
-  - `legal`: the tokens one thread may take, walked through the indexes (`LegalTokens`);
+    walk of the token trie (`TransitionTable`);
+  - `legal`: the tokens one thread may take, walked through the indexes (`ThreadLegalTokens`);
 - `entries`: mask entries and the per-vocabulary caches that hold them;
 - `indexes`: per-vocabulary indexes (tokens inside JSON strings and numbers, token reach);
 - `matcher`: `CompiledGrammar`, `Matcher` and the LRU of compiled grammars.
@@ -41,8 +42,8 @@ How a mask is computed (once per cache key, then a lookup and a copy):
   for each token, whether it stays inside the string, how many characters it adds, or where it
   closes the string. Only the tokens that close the string are walked further, through what
   follows the string.
-- Masks are cached by a content key (`Automaton._ckey`): what a state accepts, as far as some
-  token reaches. Coarsening (string positions far from the cap share a mask) is one
+- Masks are cached by a content key (`Automaton._state_content_key`): what a state accepts, as
+  far as some token reaches. Coarsening (string positions far from the cap share a mask) is one
   case of it; states of different tools, tables and grammars with the same key share too.
 """
 

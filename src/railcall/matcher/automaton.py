@@ -1,6 +1,10 @@
 """The automaton: the DFA over thread sets with its masks and precomputation, one per vocabulary
-(and string cap), shared by every grammar compiled for it. Its layers are its base classes:
-`keys`, `completion`, `transitions`, `legal`."""
+(and string cap), shared by every grammar compiled for it. Its layers are its base classes, each
+in its module, from the first base to the last: `content_keys.ContentKeyBuilder` (the keys masks
+are cached under), `completion.ForcedCompletions` (forced tokens, the forced finish),
+`transitions.TransitionTable` (states, transitions, the token walk) and
+`legal.ThreadLegalTokens` (the tokens one thread may take); `Automaton` adds the masks and the
+precomputation."""
 
 from __future__ import annotations
 
@@ -14,8 +18,8 @@ from railcall.grammar.numbers import JInt, JNum
 from railcall.grammar.strings import N_SUB, JStr
 from railcall.matcher.entries import _Bits, entry_dense, entry_ids, _union, vocab_cache
 from railcall.matcher.indexes import _JSTR_REACH, jstr_exit_groups, jstr_index, prefix_reach, special_flags
-from railcall.matcher.keys import KEY_BUDGET, _jstr_clamps, _stack_key
-from railcall.matcher.legal import LegalTokens
+from railcall.matcher.content_keys import KEY_BUDGET, _jstr_clamps, _stack_key
+from railcall.matcher.legal import ThreadLegalTokens
 from railcall.matcher.transitions import UNBUILT
 from railcall.vocab import Vocabulary
 
@@ -33,7 +37,7 @@ THREAD_BYTES = 96
 ENTRY_BYTES = 96
 
 
-class Automaton(LegalTokens):
+class Automaton(ThreadLegalTokens):
     """The DFA over thread sets, its transitions and masks, shared by every grammar compiled for
     one vocabulary (and string cap). Instructions are continuation-passing and shared between
     grammars (grammar.program.Fragments), so a thread set means the same thing whichever grammar
@@ -41,13 +45,14 @@ class Automaton(LegalTokens):
     transitions and masks already built. Thread-safe for concurrent matchers (state growth is
     serialised by a lock). Part of the vocabulary's store (entries.VocabCache): replaced, with
     the whole store, for new grammars once the store is over its byte budget; grammars compiled
-    before keep theirs (see matcher.matcher). Its layers are its bases, each
-    in its module: content keys (`keys.ContentKeys`), forced tokens and finish searches
-    (`completion.Completions`), states and transitions (`transitions.Transitions`), the tokens
-    one thread may take (`legal.LegalTokens`); this class adds the masks and the precomputation.
-    Compiled, it is an extension type (automaton.pxd): its fields are C fields and its
-    methods call each other directly, so its methods cannot be replaced on the class (tests
-    spy on a subclass)."""
+    before keep theirs (see matcher.matcher). Its layers are its bases, each in its module:
+    content keys (`content_keys.ContentKeyBuilder`), forced tokens and finish searches
+    (`completion.ForcedCompletions`), states and transitions (`transitions.TransitionTable`),
+    the tokens one thread may take (`legal.ThreadLegalTokens`); this class adds the masks and
+    the precomputation. Code outside the package reads a state's threads by `threads(s)`.
+    Compiled, it is an extension type (automaton.pxd): its fields are C fields and its methods
+    call each other directly, so its methods cannot be replaced on the class (tests spy on a
+    subclass)."""
 
     def __init__(self, vocab: Vocabulary):
         self.vocab = vocab
@@ -76,7 +81,7 @@ class Automaton(LegalTokens):
         # instead of a table step per byte. Bounded in total; cleared when full.
         self._token_next: list[dict[int, int]] = []
         self._token_next_size = 0
-        self._after_memo: dict[tuple, int] = {}
+        self._arrival_memo: dict[tuple, int] = {}
         vc = vocab_cache(vocab)
         self._masks = vc.masks  # shared by every automaton on this vocabulary
         self._cids, self._cmemo, self._cnext = vc.content_ids, vc.content_memo, vc.content_next
@@ -99,7 +104,7 @@ class Automaton(LegalTokens):
         """An estimate of the bytes this automaton holds (see STATE_BYTES): its table, its
         states and their memos. Masks are the store's (entries.MaskCache.made)."""
         n = self._table.nbytes + len(self._sets) * STATE_BYTES + max(0, self._n_threads - len(self._sets)) * THREAD_BYTES
-        n += (self._token_next_size + len(self._forced) + len(self._after_memo) + len(self._walked)
+        n += (self._token_next_size + len(self._forced) + len(self._arrival_memo) + len(self._walked)
               + len(self._walked_keys)) * ENTRY_BYTES
         return n
 
@@ -124,7 +129,7 @@ class Automaton(LegalTokens):
         threads = self._sets[s]
         key = None
         if len(threads) == 1:
-            t, = threads  # a thread is its own memo key (see _top_key)
+            t, = threads  # a thread is its own memo key (see _thread_key)
             ins = t[0]
             if type(ins) is Lit:  # keyed by its text alone, where no token spells all that remains
                 key = self._lit_cuts(ins.data)[t[1]]
@@ -136,7 +141,7 @@ class Automaton(LegalTokens):
                     ins, loc, st = t
                     key = self._cmemo.get((ins, -1 - (loc & 31), *_jstr_clamps(ins, loc >> 5, self.vocab.max_token_len), st))
         if key is None:
-            key = self._ckey(s)
+            key = self._state_content_key(s)
         hit = self._masks._d.get(key)  # MaskCache.get, inlined: the common case of a first visit
         if hit is None:
             threads = self._sets[s]
@@ -161,7 +166,7 @@ class Automaton(LegalTokens):
         ins, loc, st = t
         if type(ins) is not Lit and type(ins) is not JStr:
             return self.mask(self._intern(frozenset([t])))
-        key = self._top_key(ins, loc, st)
+        key = self._thread_key(ins, loc, st)
         hit = self._masks.get(key)
         if hit is None:
             hit = self._thread_entry(t)
@@ -297,7 +302,7 @@ class Automaton(LegalTokens):
                         n = self._intern(frozenset([(ins, off + len(d), st)]))
                     else:
                         if x is None:
-                            x = self._after(ins.next, st)
+                            x = self._arrival_state(ins.next, st)
                         n = self._walk_bytes(x, d, rest_len, ends)
                     if n >= 0:
                         row[t] = n
@@ -315,7 +320,7 @@ class Automaton(LegalTokens):
                 order = np.argsort(g, kind="stable")
                 ids, g = ids[order], g[order]
                 cuts = np.flatnonzero(np.diff(g)) + 1
-                x = self._after(ins.next, st)
+                x = self._arrival_state(ins.next, st)
                 for part, k in zip(np.split(ids, cuts), g[np.r_[0, cuts]].tolist() if g.size else []):
                     n = self._walk_bytes(x, rests[k], 0, ends)
                     if n >= 0:
@@ -380,7 +385,7 @@ class Automaton(LegalTokens):
                 if kind is JStr:
                     # the tokens that close it from inside an escape (`n"},`), per continuation:
                     # cached by what follows the quote, so strings followed alike share them
-                    x = self._after(ins.next, st)
+                    x = self._arrival_state(ins.next, st)
                     if x >= 0:
                         after = self._quote_key(ins.next, st)
                         for sub in self._closing_subs:

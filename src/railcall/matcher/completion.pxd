@@ -1,6 +1,7 @@
-# Compile-time declarations for completion.py (see keys.pxd): Completions extends ContentKeys.
+# Compile-time declarations for completion.py (see content_keys.pxd): ForcedCompletions extends
+# ContentKeyBuilder.
 
-from railcall.matcher.keys cimport ContentKeys
+from railcall.matcher.content_keys cimport ContentKeyBuilder
 
-cdef class Completions(ContentKeys):
+cdef class ForcedCompletions(ContentKeyBuilder):
     pass

@@ -1,12 +1,17 @@
 """Forced continuations and the forced finish: the tokens that are the only way on, and the
 shortest completion that is still valid output (the forced finish at the token ceiling).
+
+A layer of the automaton (`automaton.Automaton`), above its content keys: `ForcedCompletions`
+answers both by searching the automaton's transitions. It holds only the automaton's cache of
+forced tokens per state, which lives as long as the automaton (once per vocabulary, shared by
+every grammar on it).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from railcall.matcher.keys import ContentKeys, _stack_key
+from railcall.matcher.content_keys import ContentKeyBuilder, _stack_key
 
 # Finish (forced completion) prefers these bytes when several completions are equally short:
 # close what is open, and fill a required string with "?" -- a visible tell
@@ -15,9 +20,12 @@ _FINISH_ORDER = [ord(c) for c in '"?}]0'] + [ord(c) for c in "nrtu:,{["]
 FINISH_BEAM = 16  # states kept per layer by the first search for a forced finish
 
 
-class Completions(ContentKeys):
-    """The completion part of `Automaton`, its base (never built on its own): searches over the
-    automaton's transitions."""
+class ForcedCompletions(ContentKeyBuilder):
+    """What a state forces: the tokens that are the only way on (`forced`, cached per state) and
+    the shortest completion to an accepting state (`shortest_completion`, the forced finish at
+    the token ceiling), both searched over the automaton's transitions. A base of
+    `automaton.Automaton`, never built on its own; its cache lives as long as the automaton (once
+    per vocabulary, shared by every grammar on it)."""
 
     def forced(self, s: int) -> list[int]:
         """Tokens forced from state `s` (see Matcher.forced_tokens); cached per state."""

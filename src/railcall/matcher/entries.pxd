@@ -1,4 +1,4 @@
-# Compile-time declarations for entries.py (see keys.pxd): the mask entries' helpers, called
+# Compile-time declarations for entries.py (see content_keys.pxd): the mask entries' helpers, called
 # directly from the automaton, and the classes it reads fields of.
 
 cdef class _Bits:

@@ -226,7 +226,7 @@ class VocabCache:
         self.automata: dict[int, object] = {}
         self.masks = MaskCache(min(256 << 20, budget))
         self.lock = threading.RLock()
-        # content keys (Automaton._ckey): interned ids, never reused; memo of thread keys
+        # content keys (Automaton._state_content_key): ids never reused; memo of thread keys
         self.content_ids: dict = {}
         self.content_memo: dict = {}
         self.content_next = itertools.count(1)  # 0 stands for "alive", in lookahead keys

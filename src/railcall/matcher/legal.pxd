@@ -1,9 +1,10 @@
-# Compile-time declarations for legal.py (see keys.pxd): LegalTokens extends Transitions.
+# Compile-time declarations for legal.py (see content_keys.pxd): ThreadLegalTokens extends
+# TransitionTable.
 
-from railcall.matcher.transitions cimport Transitions
+from railcall.matcher.transitions cimport TransitionTable
 from railcall.matcher.entries cimport _Bits
 
-cdef class LegalTokens(Transitions):
+cdef class ThreadLegalTokens(TransitionTable):
     cpdef object _prefix_tokens(self, object p, object x, _Bits bits, object exact_ok=*)
     cpdef object _into_string(self, object p, object ins, object loc, object st)
     cpdef object _rest_legal(self, object rest, object nxt, object st, _Bits bits)

@@ -1,7 +1,12 @@
 """Which tokens one thread may take: the walks that mark, for a thread waiting in a literal, a
 choice of names, a string or a number, every token whose bytes it accepts, without visiting the
 whole vocabulary (the per-vocabulary indexes of `indexes` narrow each walk to the tokens that can
-start there). The automaton's masks (`automaton.Automaton.mask`) are unions of these."""
+start there). The automaton's masks (`automaton.Automaton.mask`) are unions of these.
+
+A layer of the automaton (`automaton.Automaton`), above its transitions: `ThreadLegalTokens`
+holds nothing of its own. What it marks is cached as mask entries in the vocabulary's mask cache
+(`entries.MaskCache`): built once per vocabulary, shared by every automaton and grammar on it.
+"""
 
 from __future__ import annotations
 
@@ -17,12 +22,16 @@ from railcall.matcher.indexes import (
     JStrIndex, jnum_index, jstr_after_prefix, jstr_exit_rests, jstr_index, jstr_inside, number_margin, ONE_BYTE,
     _prefix_upper, sorted_ids_list,
 )
-from railcall.matcher.keys import _JINT_SUB
-from railcall.matcher.transitions import DEAD, Transitions
+from railcall.matcher.content_keys import _JINT_SUB
+from railcall.matcher.transitions import DEAD, TransitionTable
 
 
-class LegalTokens(Transitions):
-    """The per-thread legal-token walks of the automaton (see `automaton.Automaton`)."""
+class ThreadLegalTokens(TransitionTable):
+    """The tokens one thread may take (a literal's rest, a trie of names, a string body, a
+    number), marked into a `_Bits` by look-ups and binary searches over the per-vocabulary
+    indexes rather than a walk over the vocabulary. A base of `automaton.Automaton`, never built
+    on its own; what it marks is cached per vocabulary (`entries.MaskCache`), shared by every
+    grammar."""
 
     def _prefix_tokens(self, p: bytes, x: int, bits: "_Bits", exact_ok: bool = True) -> bool:
         """Mark the tokens that are exactly `p` (if `exact_ok`), and the longer tokens starting
@@ -61,7 +70,7 @@ class LegalTokens(Transitions):
                                 ids.extend(dups.get(q[:k], ()))
                     bits.add(ids)
                     if j == len(q):  # tokens spelling all of it, and maybe more
-                        x2 = self._after(ins.next, st)
+                        x2 = self._arrival_state(ins.next, st)
                         self._prefix_tokens(q, x2, bits, exact_ok=x2 >= 0)
             elif type(ins) is JStr:
                 # What follows is a string body (`"`, `":"`, `["` end in its opening quote): the
@@ -91,7 +100,7 @@ class LegalTokens(Transitions):
         legal = [idx.inside_ids[idx.inside_chars <= room]]
         ok = (idx.exit_chars <= room) & (idx.exit_chars >= ins.min - count)
         if ok.any():
-            x = self._after(ins.next, st)
+            x = self._arrival_state(ins.next, st)
             if x >= 0:
                 tb, memo = self.vocab.token_bytes, {}
                 ids, pos = idx.exit_ids[ok].tolist(), idx.exit_pos[ok].tolist()
@@ -115,7 +124,7 @@ class LegalTokens(Transitions):
                     ids.extend(dups.get(rest[:k], ()))
         bits.add(ids)
         if j == len(rest):  # tokens spelling all of it, and maybe more
-            x = self._after(nxt, st)
+            x = self._arrival_state(nxt, st)
             self._prefix_tokens(rest, x, bits, exact_ok=x >= 0)
 
     def _select_legal(self, ins: Select, node: int, st, bits: "_Bits", prefix: bytes = b"") -> None:
@@ -132,7 +141,7 @@ class LegalTokens(Transitions):
         todo = [(node, prefix)]
         while todo:
             n, acc = todo.pop()
-            short = len(acc) < 3  # its branches' prefixes are short: `_ext` is one look-up
+            short = len(acc) < 3  # its branches' prefixes are short: `_longest_extension` is a look-up
             for byte, child in kids[n].items():
                 p = acc + ONE_BYTE[byte]
                 if short:
@@ -141,11 +150,11 @@ class LegalTokens(Transitions):
                         continue  # no token starts with p
                     e -= len(p)
                 else:
-                    e = self._ext(p)
+                    e = self._longest_extension(p)
                     if e < 0:
                         continue
                 cont = term(child)
-                x = self._after(cont, st) if cont is not None else DEAD
+                x = self._arrival_state(cont, st) if cont is not None else DEAD
                 more = bool(kids[child])
                 if more or x >= 0:  # a token that is exactly p
                     t = lookup(p)
@@ -164,7 +173,7 @@ class LegalTokens(Transitions):
         """A number: the tokens that stay inside it, and those that end it in a final substate
         and go on legally after it. False (use the generic walk) when what follows the number
         could itself start with a number character, where the split is ambiguous."""
-        x = self._after(ins.next, st)
+        x = self._arrival_state(ins.next, st)
         if x >= 0 and (self.first_bytes(x) & NUM_BYTES).any():
             return False
         n, sub = loc >> 4, loc & 15
@@ -188,7 +197,7 @@ class LegalTokens(Transitions):
         few that an integer automaton accepts at all, from the per-vocabulary number index),
         and those that end it within its bounds and go on legally. False (use the generic walk)
         where what follows could itself start with a number character."""
-        x = self._after(ins.next, st)
+        x = self._arrival_state(ins.next, st)
         if x >= 0 and (self.first_bytes(x) & NUM_BYTES).any():
             return False
         stage = loc[0]
@@ -217,7 +226,7 @@ class LegalTokens(Transitions):
         v = self.vocab
         room = ins.max - count
         inside, n_in = jstr_inside(v, sub, self.words, room)
-        x = self._after(ins.next, st)
+        x = self._arrival_state(ins.next, st)
         if x < 0:
             return inside, n_in, None, None
         need, roomc = min(max(0, ins.min - count), v.max_token_len + 1), min(room, v.max_token_len)
@@ -313,7 +322,7 @@ class LegalTokens(Transitions):
         a = bisect_left(keys, lit)
         b = bisect_left(keys, _prefix_upper(lit)) if _prefix_upper(lit) is not None else len(keys)
         if a < b:
-            x2 = self._after(ins.next, st)
+            x2 = self._arrival_state(ins.next, st)
             if x2 >= 0:
                 # the texts that spell all of the literal: legal if what they add past its end
                 # is, from there (exactly the literal: _accepts takes the empty rest)

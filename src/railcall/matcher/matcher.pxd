@@ -1,5 +1,5 @@
-# Compile-time declarations for matcher.py (see keys.pxd): a Matcher's fields as C fields, the
-# automaton it reads as its extension type, and the per-token verbs as direct calls.
+# Compile-time declarations for matcher.py (see content_keys.pxd): a Matcher's fields as C fields,
+# the automaton it reads as its extension type, and the per-token verbs as direct calls.
 
 # cimported under another name: `Automaton` stays the module's Python global, which builds a
 # vocabulary's automaton (and which tests replace with a spying subclass)

@@ -45,7 +45,7 @@ from railcall.grammar.strings import JStr
 from railcall.matcher.automaton import Automaton
 from railcall.matcher.entries import ENGINE_BUDGET, VocabCache, vocab_cache
 from railcall.matcher.indexes import fill_stops, jstr_moves, number_margin
-from railcall.matcher.keys import _jstr_clamps
+from railcall.matcher.content_keys import _jstr_clamps
 from railcall.matcher.transitions import UNBUILT
 from railcall.vocab import Vocabulary, single_token
 

@@ -1,9 +1,10 @@
-# Compile-time declarations for transitions.py (see keys.pxd): Transitions extends Completions;
-# its methods are called directly, from here and from the layers above (legal, automaton).
+# Compile-time declarations for transitions.py (see content_keys.pxd): TransitionTable extends
+# ForcedCompletions; its methods are called directly, from here and from the layers above (legal,
+# automaton).
 
-from railcall.matcher.completion cimport Completions
+from railcall.matcher.completion cimport ForcedCompletions
 
-cdef class Transitions(Completions):
+cdef class TransitionTable(ForcedCompletions):
     cpdef object _intern(self, object threads)
     cpdef object step(self, object s, object b)
     cpdef object specials(self, object s)
@@ -16,4 +17,4 @@ cdef class Transitions(Completions):
     cpdef object _walk_bytes(self, object s, object data, object start, object memo)
     cpdef object _accepts(self, object s, object data, object start, object memo)
     cpdef object _thread_accepts(self, object t, object data, object start, object memo)
-    cpdef object _after(self, object ins, object st)
+    cpdef object _arrival_state(self, object ins, object st)

@@ -1,7 +1,12 @@
 """The DFA over thread sets: states interned from the threads they hold, their byte and special-
 token transitions, and the walk of the vocabulary's token trie that decides which token texts a
-state accepts. A layer of the automaton (`automaton.Automaton`), above its content keys and
-completions."""
+state accepts.
+
+A layer of the automaton (`automaton.Automaton`), above its content keys and completions:
+`TransitionTable` holds the automaton's states and their (n_states, 256) transition table, grown
+lazily as bytes are stepped, for as long as the automaton lives (once per vocabulary and string
+cap, shared by every grammar compiled for it).
+"""
 
 from __future__ import annotations
 
@@ -10,15 +15,20 @@ import numpy as np
 from railcall.grammar.instructions import Lit, Select
 from railcall.grammar.numbers import JInt, JNum
 from railcall.grammar.strings import _JI, _JN, EXIT, JStr
-from railcall.matcher.completion import Completions
+from railcall.matcher.completion import ForcedCompletions
 
 UNBUILT = -2  # a transition not computed yet
 DEAD = -1
 
 
-class Transitions(Completions):
-    """States, transitions and the token walk of the automaton (see `automaton.Automaton`, the one
-    class built from these layers; its fields are declared in keys.pxd)."""
+class TransitionTable(ForcedCompletions):
+    """The automaton's states and transitions: thread sets interned to state ids (`_intern`;
+    `threads` gives them back), the (n_states, 256) int32 table of byte transitions filled as
+    bytes are stepped (`step`), the special-token transitions (`specials`), and the walks that
+    push a token's text through them (`_walk`, `_accepts`). A base of `automaton.Automaton`,
+    never built on its own (its fields are declared in content_keys.pxd): what it holds grows
+    lazily and lives as long as the automaton, once per vocabulary (and string cap), shared by
+    every grammar compiled for it."""
 
     # -- the DFA --------------------------------------------------------------------------------
 
@@ -52,6 +62,12 @@ class Transitions(Completions):
             self._token_next.append({})
             self._ids[threads] = s
             return s
+
+    def threads(self, s: int) -> frozenset:
+        """The threads of state `s`: a frozenset of (instruction, location, stack), each a
+        position in the grammar the text so far may have reached (see grammar.instructions).
+        Shared with the automaton: read, never change, what the instructions hold."""
+        return self._sets[s]
 
     def step(self, s: int, b: int) -> int:
         """The state after byte `b` from state `s` (DEAD if illegal)."""
@@ -211,7 +227,7 @@ class Transitions(Completions):
                 return rest.startswith(data[start:])
             if not data.startswith(rest, start):
                 return False
-            x = self._after(ins.next, st)  # all of it, and maybe more after it
+            x = self._arrival_state(ins.next, st)  # all of it, and maybe more after it
             return x >= 0 and self._accepts(x, data, start + len(rest), memo)
         if kind is Select:
             kids, term = ins.children, ins.terminal
@@ -222,7 +238,7 @@ class Transitions(Completions):
                     return False
                 cont = term.get(node)
                 if cont is not None:  # a key ends here: what follows it may take the rest
-                    x = self._after(cont, st)
+                    x = self._arrival_state(cont, st)
                     if x >= 0 and self._accepts(x, data, i + 1, memo):
                         return True
                     if not kids[node]:
@@ -239,7 +255,7 @@ class Transitions(Completions):
                         return False
                     sub = nxt
                 elif nxt == EXIT and count >= ins.min:  # closed: what follows takes the rest
-                    x = self._after(ins.next, st)
+                    x = self._arrival_state(ins.next, st)
                     return x >= 0 and self._accepts(x, data, i + 1, memo)
                 else:
                     return False
@@ -250,19 +266,19 @@ class Transitions(Completions):
                 if loc is None:
                     return False
                 if i + 1 < len(data) and ins.ends(loc):  # as `arrive`: what follows may take the rest
-                    x = self._after(ins.next, st)
+                    x = self._arrival_state(ins.next, st)
                     if x >= 0 and self._accepts(x, data, i + 1, memo):
                         return True
             return True
         return self._walk_bytes(self._intern(frozenset([t])), data, start, memo) >= 0
 
-    def _after(self, ins, st) -> int:
+    def _arrival_state(self, ins, st) -> int:
         """The state entered at instruction `ins` with stack `st` (DEAD if none); memoised (the
         offsets of one literal, the states of one string, all ask for the same one)."""
         key = (ins, st)
-        r = self._after_memo.get(key)
+        r = self._arrival_memo.get(key)
         if r is None:
             out: set = set()
             ins.arrive(0, st, out)
-            r = self._after_memo[key] = self._intern(frozenset(out)) if out else DEAD
+            r = self._arrival_memo[key] = self._intern(frozenset(out)) if out else DEAD
         return r

@@ -9,6 +9,12 @@ closing token can spell. States with one key have one mask, whichever instructio
 grammar they belong to, so a table's 15,000 states share a few hundred masks, and a state seen
 for the first time mostly finds its mask cached. Keys are interned to ints (per vocabulary), so
 keys built from keys hash in constant time.
+
+The first layer of the automaton (`automaton.Automaton`, one class built from the layers
+`content_keys`, `completion`, `transitions` and `legal`): `ContentKeyBuilder` computes the keys
+and interns them. It holds nothing of its own: the interned ids and the key memos are the
+vocabulary's store (`entries.VocabCache`), built once per vocabulary and shared by every automaton
+and grammar on it.
 """
 
 from __future__ import annotations
@@ -53,13 +59,19 @@ def _stack_key(st):
     return (ret, ret.coarse(rl), _stack_key(parent), depth)
 
 
-class ContentKeys:
-    """The content-key part of `Automaton`, its first base (never built on its own): it reads
-    the automaton's thread sets and memos and walks its transitions. Compiled, the three
-    classes are one extension type (keys.pxd declares the automaton's fields here, where the
-    key builders read them as C fields; completion.pxd and automaton.pxd extend it)."""
+class ContentKeyBuilder:
+    """Builds the content key of a state or a thread (what it accepts, as far as some token
+    reaches: the key its mask is cached under) and interns it to an int (`_intern_key`). The
+    automaton's first base, never built on its own: it reads the automaton's thread sets and
+    walks its transitions; the ids and memos it fills are the vocabulary's (built once per
+    vocabulary, shared by every automaton and grammar on it). Compiled, the automaton and its
+    four bases are one extension type: content_keys.pxd declares all the automaton's fields here,
+    where the key builders read them as C fields."""
 
-    def _kid(self, content) -> int:
+    def _intern_key(self, content) -> int:
+        """The int id of the key `content` (a hashable tuple or frozenset, often of other ids):
+        the same id for equal content, per vocabulary. Past CONTENT_KEYS_LIMIT the ids and memos
+        start again."""
         k = self._cids.get(content)
         if k is None:
             if len(self._cids) > CONTENT_KEYS_LIMIT or len(self._cmemo) > 2 * CONTENT_KEYS_LIMIT:
@@ -72,15 +84,15 @@ class ContentKeys:
             k = self._cids.setdefault(content, next(self._cnext))
         return k
 
-    def _ckey(self, s: int) -> int:
+    def _state_content_key(self, s: int) -> int:
         """The content key of state `s` (see the module docstring): equal keys, equal masks."""
         threads = self._sets[s]
         if len(threads) == 1:
             (ins, loc, st), = threads
-            return self._top_key(ins, loc, st)
-        return self._kid(frozenset([self._top_key(ins, loc, st) for ins, loc, st in threads]))
+            return self._thread_key(ins, loc, st)
+        return self._intern_key(frozenset([self._thread_key(ins, loc, st) for ins, loc, st in threads]))
 
-    def _top_key(self, ins, loc, st) -> int:
+    def _thread_key(self, ins, loc, st) -> int:
         """The key of one thread at a token's start: its mask is a function of it. Where the
         lookahead would cost too much to describe (a free-form JSON value after a string: every
         byte opens many ways), the thread is keyed by its instruction, as precompute keys it."""
@@ -95,18 +107,20 @@ class ContentKeys:
         if (ins, st) not in self._costly:
             self._budget = KEY_BUDGET
             try:
-                return self._content_key(ins, loc, st)
+                return self._build_thread_key(ins, loc, st)
             except _Costly:
                 self._costly.add((ins, st))  # its other positions would cost as much: don't try
-        k = memo[(ins, loc, st)] = self._kid(("X", ins, ins.coarse(loc), _stack_key(st)))
+        k = memo[(ins, loc, st)] = self._intern_key(("X", ins, ins.coarse(loc), _stack_key(st)))
         return k
 
-    def _content_key(self, ins, loc, st) -> int:
+    def _build_thread_key(self, ins, loc, st) -> int:
+        """`_thread_key` built from what the thread accepts, memoised; raises _Costly past the
+        budget of lookahead nodes it was given (KEY_BUDGET)."""
         memo = self._cmemo
         t = type(ins)
         top = self.vocab.max_token_len
         if t is Lit:
-            # An offset keyed by its text alone is `_lit_cuts`'s (see _top_key); here is one
+            # An offset keyed by its text alone is `_lit_cuts`'s (see _thread_key); here is one
             # whose key looks past the literal's end (a token spells all that remains).
             k = memo[(ins, loc, st)] = self._rest_key(ins.data[loc:], ins.next, st)
             return k
@@ -117,10 +131,10 @@ class ContentKeys:
             k = memo.get(mk)
             if k is None:
                 if not self._jstr_closes[sub]:  # no token closes the string from here
-                    k = self._kid(("S", sub, 0, room, None))
+                    k = self._intern_key(("S", sub, 0, room, None))
                 else:
                     after = self._quote_key(ins.next, st) if need < top else None
-                    k = self._kid(("S", sub, need, room, after))
+                    k = self._intern_key(("S", sub, need, room, after))
                 memo[mk] = k
             memo[(ins, loc, st)] = k
             return k
@@ -135,13 +149,15 @@ class ContentKeys:
         elif t is JNum:
             n, sub = loc >> 4, loc & 15
             room = min(MAX_NUMBER_CHARS - n, number_margin(self.vocab))
-            content = ("N", ins.integer, sub, room, self._akey(ins.next, st, self._num_ext(ins.next, st)))
+            ahead = self._arrival_lookahead_key(ins.next, st, self._num_ext(ins.next, st))
+            content = ("N", ins.integer, sub, room, ahead)
         elif t is JInt:  # which digits may come, as far as a token's number part reaches
             tree = self._jint_tree(ins, loc, number_margin(self.vocab))
-            content = ("I", tree, self._akey(ins.next, st, self._num_ext(ins.next, st)))
+            ahead = self._arrival_lookahead_key(ins.next, st, self._num_ext(ins.next, st))
+            content = ("I", tree, ahead)
         else:
             content = self._plain_key(ins, loc, st)
-        k = memo[(ins, loc, st)] = self._kid(content)
+        k = memo[(ins, loc, st)] = self._intern_key(content)
         return k
 
     def _rest_key(self, rest: bytes, nxt, st) -> int:
@@ -150,7 +166,7 @@ class ContentKeys:
         of it, what follows as far as such tokens go."""
         k = self._rest_cut(rest)
         if k < 0:
-            k = self._kid(("L", rest, self._pkey_arrive(nxt, st, rest)))
+            k = self._intern_key(("L", rest, self._arrival_prefix_key(nxt, st, rest)))
         return k
 
     def _lit_cuts(self, data: bytes) -> list:
@@ -186,7 +202,7 @@ class ContentKeys:
         k = lits.get(rest)  # literals of other keys and tools end alike
         if k is None:
             j = self._token_lcp(rest)
-            k = lits[rest] = self._kid(("L", rest[:j])) if j < len(rest) else -1
+            k = lits[rest] = self._intern_key(("L", rest[:j])) if j < len(rest) else -1
         return k
 
     def _jint_tree(self, ins: JInt, loc, depth: int) -> tuple:
@@ -206,10 +222,10 @@ class ContentKeys:
             return ("A",)
         tid = ins.special(loc)
         if tid is not None:  # offered only if something may follow it (a recursion may end there)
-            return ("P", tid, self._akey(ins.next, st, 0))
+            return ("P", tid, self._arrival_lookahead_key(ins.next, st, 0))
         return ("X", ins, ins.coarse(loc), _stack_key(st))  # the instruction itself
 
-    def _dkey(self, ins, loc, st, d: int) -> int:
+    def _lookahead_key(self, ins, loc, st, d: int) -> int:
         """The key of one thread `d` bytes into a token's lookahead: what it accepts of the
         next `d` bytes (0: only that it is alive)."""
         if d <= 0:
@@ -225,12 +241,15 @@ class ContentKeys:
         if t is Lit:
             rest = ins.data[loc:]
             # at exactly its length, whether anything may follow still matters
-            content = ("l", rest[:d]) if len(rest) > d else ("l", rest, self._akey(ins.next, st, d - len(rest)))
+            if len(rest) > d:
+                content = ("l", rest[:d])
+            else:
+                content = ("l", rest, self._arrival_lookahead_key(ins.next, st, d - len(rest)))
         elif t is Select:
             kids, term = ins.children, ins.terminal
             content = ("t", tuple([
-                (b, self._akey(term[c], st, d - 1) if c in term else None,
-                 self._dkey(ins, c, st, d - 1) if kids[c] else None)
+                (b, self._arrival_lookahead_key(term[c], st, d - 1) if c in term else None,
+                 self._lookahead_key(ins, c, st, d - 1) if kids[c] else None)
                 for b, c in sorted(kids[loc].items())]))
         elif t is JStr:
             count, sub = loc >> 5, loc & 31
@@ -242,12 +261,13 @@ class ContentKeys:
             content = ("s", sub, min(need, d), min(ins.max - count, d), after)
         elif t is JNum:
             n, sub = loc >> 4, loc & 15
-            content = ("n", ins.integer, sub, min(MAX_NUMBER_CHARS - n, d), self._akey(ins.next, st, d - 1))
+            ahead = self._arrival_lookahead_key(ins.next, st, d - 1)
+            content = ("n", ins.integer, sub, min(MAX_NUMBER_CHARS - n, d), ahead)
         elif t is JInt:
-            content = ("i", ins.lo, ins.hi, loc, self._akey(ins.next, st, d - 1))
+            content = ("i", ins.lo, ins.hi, loc, self._arrival_lookahead_key(ins.next, st, d - 1))
         else:
             content = self._plain_key(ins, loc, st)
-        k = self._cmemo[mk] = self._kid(content)
+        k = self._cmemo[mk] = self._intern_key(content)
         return k
 
     def _quote_key(self, ins, st, reach: int | None = None) -> int:
@@ -278,61 +298,64 @@ class ContentKeys:
             finally:
                 self._budget = saved
             if k is None:  # alive here: an empty arrival would have keyed without cost
-                k = self._kid((which, tuple(self._accepted_texts(self._after(ins, st), rests))))
+                x = self._arrival_state(ins, st)
+                k = self._intern_key((which, tuple(self._accepted_texts(x, rests))))
             self._cmemo[mk] = k
         return k
 
     def _quote_lits(self, ins, st, p: bytes, rests: list[bytes]) -> int:
         """`_quote_key` for a text after a quote that has spelled `p` so far, one of `rests`: a
         literal cut after what such a text spells of it; anything else (a string, a number,
-        the end) as far as the longest such text reaches (`_dkey`; may raise _Costly)."""
+        the end) as far as the longest such text reaches (`_lookahead_key`; may raise _Costly)."""
         out: set = set()
         ins.arrive(0, st, out)
         parts = []
         for i, loc, s in out:
             if type(i) is not Lit:
-                parts.append(self._kid(("qd", self._dkey(i, loc, s, rests_reach(rests, p)))))
+                ahead = self._lookahead_key(i, loc, s, rests_reach(rests, p))
+                parts.append(self._intern_key(("qd", ahead)))
                 continue
             text = i.data[loc:]
             j = _common_prefix(rests, p + text) - len(p)
             if j < len(text):
-                parts.append(self._kid(("ql", text[:j])))
+                parts.append(self._intern_key(("ql", text[:j])))
             else:  # some text spells all of it: what follows matters too
                 after = self._quote_lits(i.next, s, p + text, rests)
-                parts.append(self._kid(("ql", text, after)))
-        return self._kid(frozenset(parts))
+                parts.append(self._intern_key(("ql", text, after)))
+        return self._intern_key(frozenset(parts))
 
-    def _arrive_key(self, ins, st, inside: bool, arg) -> int:
+    def _arrival_key(self, ins, st, inside: bool, arg) -> int:
         """The key of arriving at instruction `ins` with stack `st`: the set of its threads'
-        keys (the empty set when nothing can follow), each `_pkey` inside a token that has
-        spelled `arg` so far, else `_dkey` with `arg` bytes of lookahead; memoised. Which one is
-        a flag, not the method passed in: compiled, they are direct calls, not values."""
-        mk = ("_pkey" if inside else "_dkey", ins, st, arg)
+        keys (the empty set when nothing can follow), each `_prefix_key` inside a token that has
+        spelled `arg` so far, else `_lookahead_key` with `arg` bytes of lookahead; memoised.
+        Which one is a flag, not the method passed in: compiled, they are direct calls, not
+        values."""
+        mk = ("_prefix_key" if inside else "_lookahead_key", ins, st, arg)
         k = self._cmemo.get(mk)
         if k is None:
             out: set = set()
             ins.arrive(0, st, out)
             if inside:
-                keys = [self._pkey(i, l, s, arg) for i, l, s in out]
+                keys = [self._prefix_key(i, l, s, arg) for i, l, s in out]
             else:
-                keys = [self._dkey(i, l, s, arg) for i, l, s in out]
-            k = self._cmemo[mk] = self._kid(frozenset(keys))
+                keys = [self._lookahead_key(i, l, s, arg) for i, l, s in out]
+            k = self._cmemo[mk] = self._intern_key(frozenset(keys))
         return k
 
-    def _akey(self, ins, st, d: int) -> int:
-        """Arriving at `ins`, `d` bytes of lookahead (`_dkey`)."""
-        return self._arrive_key(ins, st, False, d)
+    def _arrival_lookahead_key(self, ins, st, d: int) -> int:
+        """Arriving at `ins`, `d` bytes of lookahead (`_lookahead_key`)."""
+        return self._arrival_key(ins, st, False, d)
 
-    def _pkey_arrive(self, ins, st, p: bytes) -> int:
+    def _arrival_prefix_key(self, ins, st, p: bytes) -> int:
         """Arriving at `ins` inside a token that has spelled `p` so far: only what tokens
-        starting with `p` can go on to spell matters (`_pkey`)."""
-        return self._arrive_key(ins, st, True, p)
+        starting with `p` can go on to spell matters (`_prefix_key`)."""
+        return self._arrival_key(ins, st, True, p)
 
-    def _pkey(self, ins, loc, st, p: bytes) -> int:
+    def _prefix_key(self, ins, loc, st, p: bytes) -> int:
         """The key of one thread inside a token that has spelled `p`: a literal or a trie cut
         where no token can follow; anything else as far as the longest token starting with `p`
-        reaches (`_dkey`)."""
-        e = self._ext(p)
+        reaches (`_lookahead_key`)."""
+        e = self._longest_extension(p)
         if e <= 0:
             return 0  # no token goes on past p: only that the thread is alive matters
         t = type(ins)
@@ -343,10 +366,10 @@ class ContentKeys:
             rest = ins.data[loc:]
             j = self._token_lcp(p + rest) - len(p)
             if j < len(rest):
-                return self._kid(("pl", rest[:j]))
-            return self._kid(("pl", rest, self._pkey_arrive(ins.next, st, p + rest)))
+                return self._intern_key(("pl", rest[:j]))
+            return self._intern_key(("pl", rest, self._arrival_prefix_key(ins.next, st, p + rest)))
         if t is Select:
-            return self._kid(("pt", self._select_key(ins, loc, st, p)))
+            return self._intern_key(("pt", self._select_key(ins, loc, st, p)))
         if t is JStr:
             # A string accepts nearly every byte (all but raw control characters): as far as
             # the longest token going on from p, its characters owed and allowed; past its
@@ -354,7 +377,7 @@ class ContentKeys:
             need, room = _jstr_clamps(ins, loc >> 5, e)
             rests = quote_rests_after(self.vocab, p, need) if need < e else None
             after = self._texts_key(ins.next, st, ("qp", p, need), rests) if rests else None
-            return self._kid(("ps", loc & 31, need, room, after))
+            return self._intern_key(("ps", loc & 31, need, room, after))
         go = np.flatnonzero(self._next_bytes(p) & ins.allowed(loc)).tolist()
         if not go:
             return 0  # no token goes on from p with a byte this thread accepts: alive is all
@@ -365,9 +388,9 @@ class ContentKeys:
             texts = self._texts_after(p, go)
             if texts is not None:  # (each text is one byte or more: go is not empty)
                 t, memo = (ins, loc, st), {}
-                return self._kid(("pw", tuple([r for r in texts if self._thread_accepts(t, r, 0, memo)])))
+                return self._intern_key(("pw", tuple([r for r in texts if self._thread_accepts(t, r, 0, memo)])))
         # as far as the longest token that goes on from p with one of those bytes reaches
-        return self._dkey(ins, loc, st, 1 + max([self._ext(p + ONE_BYTE[b]) for b in go]))
+        return self._lookahead_key(ins, loc, st, 1 + max([self._longest_extension(p + ONE_BYTE[b]) for b in go]))
 
     def _texts_after(self, p: bytes, go: list[int]) -> list[bytes] | None:
         """What the text tokens starting with `p` and then a byte of `go` spell after `p`;
@@ -411,11 +434,11 @@ class ContentKeys:
             raise _Costly
         for b, child in sorted(kids[node].items()):
             q = p + ONE_BYTE[b]
-            e = self._ext(q)
+            e = self._longest_extension(q)
             if e < 0:
                 continue  # no token starts with q: nothing down this branch is in the mask
             cont = term.get(child)
-            tk = self._pkey_arrive(cont, st, q) if cont is not None else None
+            tk = self._arrival_prefix_key(cont, st, q) if cont is not None else None
             ck = (self._select_key(ins, child, st, q) if e > 0 else 0) if kids[child] else None
             items.append((b, tk, ck))
         return tuple(items)
@@ -436,7 +459,7 @@ class ContentKeys:
             k -= 1
         return k
 
-    def _ext(self, p: bytes) -> int:
+    def _longest_extension(self, p: bytes) -> int:
         """How many bytes past `p` the longest token starting with `p` spells (-1: none)."""
         if len(p) <= 3:
             return self._reach.get(p, len(p) - 1) - len(p) if p else self.vocab.max_token_len
