@@ -97,7 +97,7 @@ def bpe_tokenizer():
 @pytest.fixture(scope="session")
 def bpe_vocab(bpe_tokenizer) -> Vocabulary:
     v = Vocabulary.from_hf(bpe_tokenizer, cache=False, name="tiny-bpe")
-    v._extra["encode"] = lambda s: bpe_tokenizer.encode(s, add_special_tokens=False).ids
+    v.encoder = lambda s: bpe_tokenizer.encode(s, add_special_tokens=False).ids
     return v
 
 

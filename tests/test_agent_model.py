@@ -77,7 +77,7 @@ def test_skill_names_on_the_real_vocabulary(model, tmp_path):
 
     (tmp_path / "notes.txt").write_text("n")
     agent = Agent.for_workspace(tmp_path, model)
-    encode = model.vocab._extra.get("encode")
+    encode = model.vocab.encoder
 
     def spellable(name):
         m = Matcher(compiled_grammar(agent.view().grammar(), model.vocab))

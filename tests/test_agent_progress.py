@@ -410,7 +410,7 @@ def test_the_offered_answer_fits_the_token_budget_and_holds_the_asked_file(tmp_p
     (tmp_path / "other.txt").write_text("x " * 150)
     a = make(tmp_path, [call("read_file", path="notes.txt"), call("read_file", path="other.txt"),
                         call("answer", text="Thursday")], renders, max_steps=3, params=SamplingParams(max_tokens=100))
-    a.model.vocab._extra["encode"] = lambda text: list(text.encode())  # the byte vocabulary's own tokenization
+    a.model.vocab.encoder = lambda text: list(text.encode())  # the byte vocabulary's own tokenization
     a.run("When is the meeting in notes.txt?")
     last = renders[2][-1]["content"]
     offered = last[last.index("reply with: ") + len("reply with: "):].splitlines()[0]
@@ -420,7 +420,7 @@ def test_the_offered_answer_fits_the_token_budget_and_holds_the_asked_file(tmp_p
     (tmp_path / "b").mkdir()
     b = make(tmp_path / "b", [call("read_file", path="notes.txt"), call("read_file", path="docs/plan.md"),
                               call("answer", text="Thursday")], renders, max_steps=3, params=SamplingParams(max_tokens=100))
-    b.model.vocab._extra["encode"] = lambda text: list(text.encode())
+    b.model.vocab.encoder = lambda text: list(text.encode())
     b.run("When is the meeting?")  # no file named: every fact, cut to fit
     last = renders[2][-1]["content"]
     offered = last[last.index("reply with: ") + len("reply with: "):].splitlines()[0]

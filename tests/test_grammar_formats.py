@@ -102,7 +102,7 @@ def tokenize(vocab, text: str) -> list[int]:
         if piece in TAGS:
             ids.append(vocab.special_id(piece))
         elif piece:
-            enc = vocab._extra.get("encode")
+            enc = vocab.encoder
             toks = list(enc(piece)) if enc else vocab.greedy_tokenize(piece.encode())
             assert vocab.decode(toks) == piece.encode()
             ids += toks

@@ -31,7 +31,7 @@ def twin(vocab):
     """The same vocabulary with empty caches and a key of its own (so that no compiled grammar
     cached for the original, or for another twin, is handed back)."""
     return dataclasses.replace(vocab, key=f"{vocab.key}-twin{next(_TWINS)}",
-                               _extra={k: v for k, v in vocab._extra.items() if k == "encode"})
+                               _extra={})
 
 
 def walk_against_oracle(g: CompiledGrammar, rng: random.Random, walks: int, steps: int = 40) -> None:

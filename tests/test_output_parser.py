@@ -191,7 +191,7 @@ def test_resolution_needs_the_round_trip():
 
     v = Vocabulary.from_pieces(["a", "b"], specials=["<|end|>", "<think>"], stop=["<|end|>"])
     assert single_token(v, "<think>") == 3
-    v._extra["encode"] = lambda s: [3] if s == "<THINK>" else [0, 1]
+    v.encoder = lambda s: [3] if s == "<THINK>" else [0, 1]
     assert single_token(v, "<THINK>") is None  # decodes to "<think>"
     assert single_token(v, "<think>") is None  # two tokens
 

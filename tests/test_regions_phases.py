@@ -224,7 +224,7 @@ def test_a_spent_budget_offers_every_token_of_the_close():
     pieces = [bytes([b]) for b in range(256)] + [b"</", b"think", b"think"]  # the last: a second "think"
     v = Vocabulary.from_pieces(pieces, specials=["<|end|>"], stop=["<|end|>"], name="same-bytes")
     lt, think2 = v.lookup[b"</"], len(pieces) - 1
-    v._extra["encode"] = lambda s: {"</think>": [lt, think2, v.lookup[b">"]]}.get(s) or v.greedy_tokenize(s.encode())
+    v.encoder = lambda s: {"</think>": [lt, think2, v.lookup[b">"]]}.get(s) or v.greedy_tokenize(s.encode())
     d = Delimiters.from_vocab(v)
     assert d.reasoning_close.token_id is None
     m = answer_matcher(v, None, d, mode="none", reasoning=True, reasoning_opened=True, reasoning_budget=1)

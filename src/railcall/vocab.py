@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -106,6 +106,9 @@ class Vocabulary:
       stop_ids      ids that end generation (EOS and chat end-of-turn tokens).
       logits_width  width of the model's logits row; >= size. Ids in [size, width) are padding
                     and are never legal.
+      encoder       the tokenizer's own encoding of text (no special tokens added), attached
+                    where the vocabulary is built beside a tokenizer (`from_hf`, the model
+                    store's llama.cpp tokenizer); None otherwise. Read through `encode`.
     """
 
     token_bytes: list[bytes]
@@ -116,6 +119,7 @@ class Vocabulary:
     eos_id: int | None = None
     name: str = "vocab"
     key: str = ""
+    encoder: Callable[[str], Sequence[int]] | None = field(default=None, repr=False)
     _extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -300,6 +304,11 @@ class Vocabulary:
         h.update(json.dumps([list(self.stop_ids), self.logits_width]).encode())
         return h.hexdigest()[:24]
 
+    def encode(self, text: str) -> list[int] | None:
+        """`text` as the tokenizer encodes it (its own merges, no special tokens added), or None
+        where no tokenizer is attached (`encoder`); then `greedy_tokenize` is the fallback."""
+        return None if self.encoder is None else list(self.encoder(text))
+
     def save(self, path: Path) -> None:
         """Write to `path` atomically (a temporary file renamed into place)."""
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -379,7 +388,7 @@ class Vocabulary:
             vocab = _vocab_from_tokenizer_json(json.loads(spec), logits_width, extra_eos, name or "hf")
             if cache:
                 vocab.save(cls.cache_path(f"hf-{key}"))
-        vocab._extra["encode"] = _encoder(tokenizer)
+        vocab.encoder = _encoder(tokenizer)
         return vocab
 
     @classmethod
@@ -573,9 +582,8 @@ def _vocab_from_gguf(path: Path, logits_width: int | None) -> Vocabulary:
 
 def single_token(vocab: Vocabulary, text: str) -> int | None:
     """The id of the one token that spells `text` and decodes back to it, or None."""
-    encode = vocab._extra.get("encode")
-    if encode is not None:
-        ids = list(encode(text))
+    ids = vocab.encode(text)
+    if ids is not None:
         candidates = ids if len(ids) == 1 else []
     else:
         sid = vocab.special_id(text)

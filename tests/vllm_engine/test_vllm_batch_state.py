@@ -38,7 +38,7 @@ def _legal(logits, row):
 
 
 def test_rows_follow_the_batch(proc):
-    tok = proc._vocabulary()._extra["encode"]
+    tok = proc._vocabulary().encoder
     weather, math, plain = [], [], []
     proc.update_state(BatchUpdate(3, removed=[], moved=[], added=[
         (0, _params(WEATHER), None, weather), (1, _params(), None, plain), (2, _params(MATH), None, math)]))
@@ -71,7 +71,7 @@ def test_rows_follow_the_batch(proc):
 def test_placeholders_wait_and_stops_follow_vllm(proc):
     """-1 (async scheduling's placeholder) is not consumed; where the call is complete only the
     stop ids vLLM stops on are offered (SmolLM2's railcall stop set also has <|endoftext|>)."""
-    tok = proc._vocabulary()._extra["encode"]
+    tok = proc._vocabulary().encoder
     out = tok('{"tool":"add","args":{"a":1,"b":2}}')
     ids = out[:-1] + [-1]
     proc.update_state(BatchUpdate(1, removed=[0, 1], added=[(0, _params(MATH), None, ids)], moved=[]))

@@ -372,10 +372,10 @@ class Agent:
     def _fits(self, call: str) -> bool:
         """Whether `call` (a ready call the facts turn offers) can be copied within max_tokens:
         an offer longer than that is cut by the token ceiling, and a cut call is never run."""
-        encode = self.model.vocab._extra.get("encode") if self.model is not None else None
-        if encode is None:
+        ids = self.model.vocab.encode(call) if self.model is not None else None
+        if ids is None:
             return len(call) <= 3 * self.params.max_tokens  # a guess where the tokenizer is unknown
-        return len(encode(call)) < self.params.max_tokens
+        return len(ids) < self.params.max_tokens
 
     def _reachable(self, v: View, path: str) -> bool:
         """Whether some tool of `v` takes `path` in an argument the table gives a canonical form."""

@@ -151,10 +151,9 @@ class NameRouter:
     # -- scoring -------------------------------------------------------------------------------
     def _tokens(self, data: bytes) -> list[int]:
         v = self.vocab
-        enc = v._extra.get("encode")
-        if enc is not None and data:
+        if v.encoder is not None and data:
             try:
-                ids = list(enc(data.decode("utf-8")))
+                ids = v.encode(data.decode("utf-8"))
                 if v.decode(ids) == data:
                     return ids
             except UnicodeDecodeError:

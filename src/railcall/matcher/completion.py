@@ -68,10 +68,9 @@ class ForcedCompletions(ContentKeyBuilder):
             return []
         v = self.vocab
         toks = None
-        enc = v._extra.get("encode")
-        if enc is not None:
+        if v.encoder is not None:
             try:
-                cand = enc(data.decode("utf-8"))
+                cand = v.encode(data.decode("utf-8"))
                 if v.decode(cand) == data and not any(v.special[t] for t in cand):
                     toks = list(cand)
             except UnicodeDecodeError:

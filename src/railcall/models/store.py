@@ -385,7 +385,7 @@ class LoadedModel:
 
         if self.backend_name == "llama.cpp":
             vocab = Vocabulary.from_gguf(self.model.path, logits_width=self.width)
-            vocab._extra["encode"] = lambda text: self.tokenizer.encode(text, add_special_tokens=False)
+            vocab.encoder = lambda text: self.tokenizer.encode(text, add_special_tokens=False)
             return vocab
         return Vocabulary.from_hf(self.tokenizer, logits_width=self.width, name=self.name)
 

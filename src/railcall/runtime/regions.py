@@ -268,8 +268,8 @@ class _Free:
         if self.spec.exit_tokens:
             return [next(iter(self.spec.exit_tokens))]
         rest = self.index.rest(self.k)
-        encode = self.vocab._extra.get("encode")
-        return list(encode(rest.decode("utf-8"))) if encode else (self.vocab.greedy_tokenize(rest) or [])
+        ids = self.vocab.encode(rest.decode("utf-8"))
+        return ids if ids is not None else (self.vocab.greedy_tokenize(rest) or [])
 
     def fill(self, row: np.ndarray) -> None:
         if self.exhausted():
