@@ -10,6 +10,7 @@ import pytest
 from railcall.eval import bfcl
 from railcall.eval.runner import call_grammar
 from railcall.grammar.tools import Tool
+from railcall.prompts.chat import system_prompt
 from railcall.data import bfcl_data
 
 SHARED = bfcl_data()  # the installed bfcl-eval package's data
@@ -79,8 +80,8 @@ def test_unseen_parallel_multiple_category_with_a_system_message():
 
 def test_the_prompt_is_the_same_for_every_category(tmp_path):
     """Only the tools and the question change between categories: the instructions are one text."""
-    a = bfcl.system_prompt([Tool("f", "Do f.", {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]})])
-    b = bfcl.system_prompt([Tool("g", "Do g.", {"type": "object", "properties": {}})])
+    a = system_prompt([Tool("f", "Do f.", {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]})], purpose="bfcl")
+    b = system_prompt([Tool("g", "Do g.", {"type": "object", "properties": {}})], purpose="bfcl")
     tail = a[a.index("To call a tool"):]
     assert tail == b[b.index("To call a tool"):]
     assert "several calls" in tail and "plain text" in tail

@@ -113,3 +113,24 @@ def test_the_example_is_a_call_the_grammar_spells(fmt):
 
     m = Matcher(compiled_grammar(tool_grammar(TYPED, fmt), byte_vocab()))
     assert m.consume_bytes(call_example(TYPED, fmt).encode()) and m.is_accepting()
+
+
+@pytest.mark.parametrize("purpose, opening, listing", [
+    ("call", "acts by calling one tool", "- f: Do f. Arguments: x (integer), c (string, optional)."),
+    ("server", "can act by calling tools", "- f: Do f. Arguments: x (integer), c (string, optional)."),
+    ("agent", "step by step", '- f: Do f. Arguments: x (integer), c (one of "a", "b").'),
+    ("bfcl", "can call tools", "    x (integer, required): the x"),
+])
+def test_one_system_prompt_for_every_surface(purpose, opening, listing):
+    """The demo's, the server's, the agent's and BFCL's system prompts come from one function:
+    each its own opening and tool-list detail, every one with the format's skeleton."""
+    from railcall.prompts.chat import skeleton
+
+    tools = [Tool("f", "Do f.", {"type": "object", "properties": {"x": {"type": "integer", "description": "the x"},
+                                                                  "c": {"type": "string", "enum": ["a", "b"]}},
+                                 "required": ["x"]})]
+    text = system_prompt(tools, "hermes", purpose=purpose)
+    assert opening in text.splitlines()[0] and listing in text.splitlines()
+    assert skeleton("hermes", quoted=purpose != "bfcl") in text
+    with pytest.raises(ValueError, match="unknown purpose"):
+        system_prompt(tools, purpose="chat")

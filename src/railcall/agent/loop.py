@@ -98,31 +98,15 @@ class AgentModel:
         return cls(lm.backend(reuse_prefix=True), vocab, render, lm.name)
 
 
-def system_prompt(tools: Sequence[Tool], notes: Sequence[str] = (), fmt: str = "json", *, example: bool = False,
-                  examples: bool = False) -> str:
-    """The tools of this step's view, with each enumerated argument's choices, and the call
-    format (`fmt`) with placeholders; with `example`, one call built from the view
-    (`railcall.prompts.chat.call_example`; off by default: see `describe_format`); with
-    `examples`, a request and its call for each tool (`progress.tool_examples`, Helps.examples)."""
-    from railcall.prompts.chat import ONE, call_example, skeleton
+def episode_prompt(tools: Sequence[Tool], notes: Sequence[str] = (), fmt: str = "json", *, example: bool = False,
+                   examples: bool = False) -> str:
+    """The agent's system text for one step: `railcall.prompts.chat.system_prompt`'s "agent"
+    prompt over the step's view (each enumerated argument's choices shown; with `example`, one
+    call built from the view), then with `examples` a request and its call for each tool
+    (`progress.tool_examples`, Helps.examples), then the notes kept in earlier tasks."""
+    from railcall.prompts.chat import system_prompt
 
-    lines = []
-    for t in tools:
-        props = t.parameters.get("properties", {})
-        args = []
-        for k, p in props.items():
-            if "enum" in p:
-                shown = ", ".join(json.dumps(v, ensure_ascii=False) for v in p["enum"][:12])
-                more = f", ... ({len(p['enum'])} in all)" if len(p["enum"]) > 12 else ""
-                args.append(f"{k} (one of {shown}{more})")
-            else:
-                args.append(f"{k} ({p.get('type', 'any')})")
-        lines.append(f"- {t.name}: {t.description} Arguments: {', '.join(args) or 'none'}.")
-    text = ("You are an assistant that solves the user's task step by step by calling tools. Tools:\n"
-            + "\n".join(lines) + "\n"
-            f"Answer each turn with {ONE[fmt]}: {skeleton(fmt, quoted=True)}"
-            + (f", for example {call_example(tools, fmt)}" if example else "") + ". "
-            f"After each call you see its result. When you know the reply, call {ANSWER}.")
+    text = system_prompt(tools, fmt, purpose="agent", example=example, answer_tool=ANSWER)
     if examples:
         text += "\n" + tool_examples(tools, fmt)
     if notes:
@@ -321,7 +305,7 @@ class Agent:
         # (listing the ~300 runs of the request's words copied_text allows as "one of ..." made
         # SmolLM2 open "Save 'buy milk' to shopping.txt" with calc)
         described = [shown.tool(t.name) or t for t in v.tools]
-        messages = [{"role": "system", "content": system_prompt(described, notes, fmt, examples=self.helps.examples)},
+        messages = [{"role": "system", "content": episode_prompt(described, notes, fmt, examples=self.helps.examples)},
                     *context, {"role": "user", "content": task}]
         for text, obs in st.history:
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]

@@ -30,7 +30,7 @@ from typing import Sequence
 
 from railcall.eval.bfcl_dialect import bfcl_tools
 from railcall.grammar.tools import Tool
-from railcall.prompts.chat import has_native_tools
+from railcall.prompts.chat import has_native_tools, system_prompt
 
 # The categories railcall was first measured on (their figures in the README go back furthest).
 SHARED_CATEGORIES = ["simple_python", "multiple", "parallel", "live_simple"]
@@ -134,38 +134,11 @@ def tool_choice(tasks: Sequence[Task]) -> str:
 # One prompt for every category (no tuning to the data). It lists each tool with its arguments'
 # types and descriptions, and shows the call format with placeholders (a concrete example pulls
 # a small model towards the tool it names and the values it shows: with `example`, one built
-# from the table, measured in railcall.prompts.chat.describe_format). Changing it changes
+# from the table, measured in railcall.prompts.chat.describe_format); its text is
+# `railcall.prompts.chat.system_prompt(..., purpose="bfcl")`. Changing it changes
 # PROMPT_VERSION, which a resumed run checks (with the call format, a setting of its own).
 
 PROMPT_VERSION = "bfcl-1"
-
-
-def _describe_arg(name: str, p: dict, required: bool) -> str:
-    kind = p.get("type", "any")
-    kind = kind if isinstance(kind, str) else "/".join(kind)
-    desc = " ".join(str(p.get("description", "")).split())
-    extra = f" One of: {', '.join(json.dumps(v) for v in p['enum'])}." if isinstance(p.get("enum"), list) else ""
-    return f"    {name} ({kind}, {'required' if required else 'optional'}): {desc}{extra}".rstrip()
-
-
-def describe_tools(tools: Sequence[Tool]) -> str:
-    lines = []
-    for t in tools:
-        props = t.parameters.get("properties", {})
-        req = set(t.parameters.get("required", []))
-        lines.append(f"- {t.name}: {' '.join(t.description.split())}")
-        lines += [_describe_arg(k, p if isinstance(p, dict) else {}, k in req) for k, p in props.items()]
-    return "\n".join(lines)
-
-
-def system_prompt(tools: Sequence[Tool], fmt: str = "json", example: bool = False) -> str:
-    from railcall.prompts.chat import describe_format
-
-    return (
-        "You are an assistant that can call tools. Tools:\n" + describe_tools(tools) + "\n"
-        "To call a tool, " + describe_format(tools, fmt, several=True, example=example) + ". "
-        "If none of the tools fits the request, answer in plain text."
-    )
 
 
 def prompt_ids(tokenizer, task: Task, fmt: str = "json", example: bool = False, *,
@@ -184,7 +157,7 @@ def prompt_ids(tokenizer, task: Task, fmt: str = "json", example: bool = False, 
         msgs = ([{"role": "system", "content": "\n\n".join(own_system)}] if own_system else []) + rest
         out = tokenizer.apply_chat_template(msgs, tools=specs, add_generation_prompt=True, tokenize=True)
     else:
-        msgs = [{"role": "system", "content": "\n\n".join([system_prompt(tools, fmt, example), *own_system])}] + rest
+        msgs = [{"role": "system", "content": "\n\n".join([system_prompt(tools, fmt, purpose="bfcl", example=example), *own_system])}] + rest
         out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
     ids = out["input_ids"] if hasattr(out, "keys") else out
     return list(ids[0] if ids and isinstance(ids[0], list) else ids)

@@ -11,19 +11,52 @@ the model a chance at the semantics.
 
 from __future__ import annotations
 
+import json
+
 from typing import Sequence
 
 from railcall.grammar.tools import Tool
 
 
-def describe_tools(tools: Sequence[Tool]) -> str:
+def describe_tools(tools: Sequence[Tool], detail: str = "brief") -> str:
+    """The tool list of a system prompt, a tool per line. `detail`:
+    "brief"    each argument's type, `optional` where it is not required (the demo, the server);
+    "choices"  an enumerated argument's values instead of its type, the first 12 (the agent:
+               its file and skill names are enums built from the workspace);
+    "full"     an argument per line with its type, required or optional, its description and its
+               values (BFCL's prompt: its tasks' descriptions carry what the argument means)."""
+    if detail not in ("brief", "choices", "full"):
+        raise ValueError(f"unknown detail {detail!r}; use brief, choices or full")
     lines = []
     for t in tools:
         props = t.parameters.get("properties", {})
         req = set(t.parameters.get("required", []))
-        args = ", ".join(f"{k} ({p.get('type', 'any')}{'' if k in req else ', optional'})" for k, p in props.items())
+        if detail == "full":
+            lines.append(f"- {t.name}: {' '.join(t.description.split())}")
+            lines += [_full_arg(k, p if isinstance(p, dict) else {}, k in req) for k, p in props.items()]
+            continue
+        if detail == "choices":
+            args = ", ".join(_choices_arg(k, p) for k, p in props.items())
+        else:
+            args = ", ".join(f"{k} ({p.get('type', 'any')}{'' if k in req else ', optional'})" for k, p in props.items())
         lines.append(f"- {t.name}: {t.description} Arguments: {args or 'none'}.")
     return "\n".join(lines)
+
+
+def _choices_arg(name: str, p: dict) -> str:
+    if "enum" in p:
+        shown = ", ".join(json.dumps(v, ensure_ascii=False) for v in p["enum"][:12])
+        more = f", ... ({len(p['enum'])} in all)" if len(p["enum"]) > 12 else ""
+        return f"{name} (one of {shown}{more})"
+    return f"{name} ({p.get('type', 'any')})"
+
+
+def _full_arg(name: str, p: dict, required: bool) -> str:
+    kind = p.get("type", "any")
+    kind = kind if isinstance(kind, str) else "/".join(kind)
+    desc = " ".join(str(p.get("description", "")).split())
+    extra = f" One of: {', '.join(json.dumps(v) for v in p['enum'])}." if isinstance(p.get("enum"), list) else ""
+    return f"    {name} ({kind}, {'required' if required else 'optional'}): {desc}{extra}".rstrip()
 
 
 # How each call format is spelled, for the prompt: the skeleton with placeholders, and what
@@ -103,11 +136,60 @@ def describe_format(tools: Sequence[Tool], fmt: str = "json", *, several: bool =
     return text
 
 
-def system_prompt(tools: Sequence[Tool], fmt: str = "json", *, example: bool = False) -> str:
-    # The format is shown with placeholders, not with one of the tools: a concrete example pulls
-    # a small model towards the tool it names and the values it shows (`describe_format`).
-    return ("You are an assistant that acts by calling one tool. Tools:\n" + describe_tools(tools) + "\n"
-            "Choose the tool that fits the request and " + describe_format(tools, fmt, example=example, quoted=True))
+# The system prompts, by who asks. Each opens, lists the tools and asks for the format in the
+# words it was measured with on its own model and suite, so each stays as written; the tool list
+# and the format's words are the ones above. The format is shown with placeholders, not with one
+# of the tools: a concrete example pulls a small model towards the tool it names and the values
+# it shows (`describe_format`).
+PURPOSES = ("call", "server", "agent", "bfcl")
+
+
+def system_prompt(tools: Sequence[Tool], fmt: str = "json", *, purpose: str = "call", example: bool = False,
+                  choice: str = "required", parallel: bool = False, answer_tool: str = "answer") -> str:
+    """The system text that presents `tools` and the call format `fmt` to a model whose chat
+    template does not know tools. `purpose`:
+    "call"    one call for one request (the demo, `chat_prompt_ids`, the HF processor's example);
+    "server"  the server's, by its `choice` ("auto": a call or plain text; else a call) and
+              `parallel` (several calls in one reply);
+    "agent"   one call per turn, step by step, ending with a call of `answer_tool` (the agent adds
+              its examples and notes after it);
+    "bfcl"    BFCL's: one or several calls, or plain text where no tool fits, the arguments
+              described one per line.
+    `example`: one call built from the table (`call_example`; off by default, measured)."""
+    if fmt not in SKELETONS:
+        raise ValueError(f"unknown call format {fmt!r}; known: {', '.join(SKELETONS)}")
+    shape = skeleton(fmt, quoted=True)
+    if purpose == "call":
+        return ("You are an assistant that acts by calling one tool. Tools:\n" + describe_tools(tools) + "\n"
+                "Choose the tool that fits the request and " + describe_format(tools, fmt, example=example, quoted=True))
+    if purpose == "bfcl":
+        return ("You are an assistant that can call tools. Tools:\n" + describe_tools(tools, "full") + "\n"
+                "To call a tool, " + describe_format(tools, fmt, several=True, example=example) + ". "
+                "If none of the tools fits the request, answer in plain text.")
+    if purpose == "agent":
+        return ("You are an assistant that solves the user's task step by step by calling tools. Tools:\n"
+                + describe_tools(tools, "choices") + "\n"
+                f"Answer each turn with {ONE[fmt]}: {shape}"
+                + (f", for example {call_example(tools, fmt)}" if example else "") + ". "
+                f"After each call you see its result. When you know the reply, call {answer_tool}.")
+    if purpose != "server":
+        raise ValueError(f"unknown purpose {purpose!r}; use {', '.join(PURPOSES)}")
+    head = "You are an assistant that can act by calling tools. Tools:\n" + describe_tools(tools) + "\n"
+    shown = call_example(tools, fmt)
+    if parallel:
+        how = {"json": f"a JSON array of one or more calls, each {shape}",
+               "openai": f"a JSON array of one or more calls, each {shape}",
+               "hermes": f"one or more <tool_call> blocks, one per line, each {shape}",
+               "pythonic": f"one Python list of one or more calls, {shape}"}[fmt]
+        if fmt in ("json", "openai"):
+            shown = f"[{shown}]"
+    else:
+        how = f"{ONE[fmt]} and nothing else: {shape}"
+    if example:
+        how += f", for example {shown}"
+    if choice == "auto":
+        return head + f"To call a tool, answer with {how}. Otherwise answer in plain text."
+    return head + f"Choose the tool that fits the request and answer with {how}"
 
 
 def has_native_tools(tokenizer) -> bool:

@@ -11,7 +11,7 @@ import json
 
 from railcall.errors import RequestError
 from railcall.grammar.tools import Tool
-from railcall.prompts.chat import ONE, call_example, call_text, describe_tools, skeleton
+from railcall.prompts.chat import call_text, system_prompt
 from railcall.server.schemas import ChatCompletionRequest, guided
 
 # ---------------------------------------------------------------------------------------------
@@ -26,26 +26,8 @@ def text_of(content) -> str:
 
 def tools_instruction(tools: list[Tool], choice: str, parallel: bool, fmt: str = "json", example: bool = False) -> str:
     """The system text that presents the tools to a model whose chat template does not know
-    tools (SmolLM2). The format is shown with placeholders, not with one of the tools: a
-    concrete example pulls a small model towards the tool it names and the values it shows
-    (`example`: one built from the table, `railcall.prompts.chat.call_example`; measured in
-    `describe_format`)."""
-    shape, shown = skeleton(fmt, quoted=True), call_example(tools, fmt)
-    head = "You are an assistant that can act by calling tools. Tools:\n" + describe_tools(tools) + "\n"
-    if parallel:
-        how = {"json": f"a JSON array of one or more calls, each {shape}",
-               "openai": f"a JSON array of one or more calls, each {shape}",
-               "hermes": f"one or more <tool_call> blocks, one per line, each {shape}",
-               "pythonic": f"one Python list of one or more calls, {shape}"}[fmt]
-        if fmt in ("json", "openai"):
-            shown = f"[{shown}]"
-    else:
-        how = f"{ONE[fmt]} and nothing else: {shape}"
-    if example:
-        how += f", for example {shown}"
-    if choice == "auto":
-        return head + f"To call a tool, answer with {how}. Otherwise answer in plain text."
-    return head + f"Choose the tool that fits the request and answer with {how}"
+    tools (SmolLM2): `railcall.prompts.chat.system_prompt`'s "server" prompt."""
+    return system_prompt(tools, fmt, purpose="server", choice=choice, parallel=parallel, example=example)
 
 
 def written_calls(calls: list[tuple[str, dict]], fmt: str) -> str:
