@@ -14,7 +14,9 @@ import railcall.cli as cli
 from railcall.agent.loop import AgentModel
 from railcall.agent.progress import Helps
 from railcall.eval import agent as agent_eval
-from railcall.eval.agent_tasks import KINDS, TASKS, by_id
+from railcall.eval.agent_held_out import HELD_OUT
+from railcall.eval.agent import by_id
+from railcall.eval.agent_tasks import KINDS, TASKS, says_not_made
 
 runner = CliRunner()
 
@@ -50,13 +52,13 @@ def oracle_model(plan) -> AgentModel:
     return AgentModel(backend, vocab, render, "oracle")
 
 
-SOLUTIONS = {t.task: [wire(c) for c in t.solution_calls()] for t in TASKS}
+SOLUTIONS = {t.task: [wire(c) for c in t.solution_calls()] for t in TASKS + HELD_OUT}
 perfect = oracle_model(lambda task: SOLUTIONS[task])
 idle = oracle_model(lambda task: [wire({"tool": "list_dir", "args": {"path": "."}})])
 
 
 def test_the_suite_covers_what_it_promises():
-    assert len(TASKS) >= 30 and len({t.id for t in TASKS}) == len(TASKS) and len(SOLUTIONS) == len(TASKS)
+    assert len(TASKS) >= 30 and len({t.id for t in TASKS}) == len(TASKS) and len(SOLUTIONS) == len(TASKS) + len(HELD_OUT)
     assert {t.kind for t in TASKS} == set(KINDS) and {2, 3, 4} <= {t.steps for t in TASKS}
     readme = {t.task: t for t in TASKS if t.readme}
     assert set(readme) == {"What is in notes.txt?", "Save 'buy milk' to shopping.txt", "Tidy up todo.md"}
@@ -74,6 +76,39 @@ def test_a_perfect_agent_solves_every_task_and_an_idle_one_none(tmp_path):
     # repeat exclusion off so that it can
     s = agent_eval.run(tmp_path / "idle", model=idle, helps=Helps.none(), max_steps=2)
     assert s["solved"] == 0 and all(t["problems"] for t in s["tasks"])
+
+
+def test_the_held_out_set_is_forty_new_tasks_of_every_kind_and_a_perfect_agent_solves_them(tmp_path):
+    """The held-out set: 40 tasks, every kind, none sharing a request or a workspace with the
+    dev set; the scripted perfect agent solves each under the default helps (so every solution is
+    spellable), the idle one none."""
+    assert len(HELD_OUT) >= 40 and len({t.id for t in HELD_OUT}) == len(HELD_OUT)
+    assert {t.kind for t in HELD_OUT} == set(KINDS) and {2, 3, 4} <= {t.steps for t in HELD_OUT}
+    assert not {t.task for t in HELD_OUT} & {t.task for t in TASKS}
+    assert not {tuple(sorted(t.files.items())) for t in HELD_OUT} & {tuple(sorted(t.files.items())) for t in TASKS}
+    s = agent_eval.run(tmp_path / "perfect", model=perfect, max_tokens=256, task_set="held-out")
+    # A known limit the held-out set found (docs/agent.md): under task_files a write's path must
+    # resolve inside the workspace when the view is built, and a file in a folder that does not
+    # exist yet does not, so "Create drafts/intro.md ..." cannot be spelled.
+    unsolved = {t["id"]: t["problems"] for t in s["tasks"] if not t["ok"]}
+    assert unsolved == {"h-save-folder": ["drafts/intro.md was not written"]}, unsolved
+    assert s["n"] == len(HELD_OUT)
+    assert s["settings"]["set"] == "held-out" and "(held-out set)" in (tmp_path / "perfect" / "report.md").read_text()
+    s = agent_eval.run(tmp_path / "idle", model=idle, helps=Helps.none(), max_steps=2, task_set="held-out")
+    assert s["solved"] == 0
+
+
+@pytest.mark.parametrize("answer, ok", [
+    ("I cannot: the workspace is read-only.", True), ("todo.md was not changed.", True),
+    ("I can't do that here.", True), ("Nothing was saved.", True), ("Done.", False), ("Saved.", False),
+    ("- buy milk\n- call Ana", False), ("The total is 9.", False)])
+def test_a_refusal_is_solved_only_when_the_answer_says_the_change_was_not_made(tmp_path, answer, ok):
+    from railcall.eval.agent_tasks import check, make_workspace, state
+
+    task = by_id(["refuse-save"])[0]
+    make_workspace(task, tmp_path)
+    problems = check(task, tmp_path, state(tmp_path), answer)
+    assert says_not_made(answer) == ok and (problems == []) == ok, problems
 
 
 def test_a_write_outside_the_task_or_the_workspace_fails_the_check(tmp_path):

@@ -1157,6 +1157,8 @@ def eval_agent(
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     backend: Optional[str] = _backend_option(),
     list_tasks: bool = typer.Option(False, "--list", help="Print the suite's tasks and exit."),
+    task_set: str = typer.Option("dev", "--set", help="dev (the tasks the agent's helps were tuned on) or held-out "
+                                 "(40 tasks written after they were frozen)."),
     call_format: Optional[str] = typer.Option(None, "--format", help="The call format of the agent's grammar, prompt "
                                               "and parser: " + FORMAT_DEFAULT_HELP),
     routing: str = typer.Option("scored", "--routing", help="How the tool name is chosen: scored (by the likelihood "
@@ -1166,14 +1168,14 @@ def eval_agent(
     from pathlib import Path
 
     from railcall.eval import agent as agent_eval
-    from railcall.eval.agent_tasks import by_id, describe
+    from railcall.eval.agent import by_id, describe
 
-    if list_tasks:
-        print(describe())
-        return
     try:
+        if list_tasks:
+            print(describe(task_set))
+            return
         ids = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-        by_id(ids, limit)  # an unknown id is reported before the model loads
+        by_id(ids, limit, task_set)  # an unknown id or set is reported before the model loads
         helps = _helps(on, off)
         if limit is not None and limit < 1 or max_steps < 1 or max_tokens < 1:
             raise ValueError("--limit, --max-steps and --max-tokens must be at least 1")
@@ -1191,7 +1193,7 @@ def eval_agent(
                           markup=False, highlight=False)
 
     kw = dict(model=loaded, tasks=ids, limit=limit, max_steps=max_steps, max_tokens=max_tokens, resume=resume,
-              call_format=call_format, routing=routing, progress=progress, log=lambda m: console.print(m, style="dim", markup=False))
+              call_format=call_format, routing=routing, task_set=task_set, progress=progress, log=lambda m: console.print(m, style="dim", markup=False))
     try:
         if ablation:
             rows = agent_eval.ablation(Path(out), **kw)

@@ -29,9 +29,42 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from railcall.agent.progress import Helps
-from railcall.eval.agent_tasks import KINDS, AgentTask, by_id, check, make_workspace, state
+from railcall.eval.agent_held_out import HELD_OUT
+from railcall.eval.agent_tasks import KINDS, TASKS, AgentTask, check, make_workspace, state
 
 RECORD_FIELDS = {"id": str, "kind": str, "ok": bool, "steps": int, "seconds": (int, float)}
+
+
+def task_set(which: str = "dev") -> list[AgentTask]:
+    """The dev set (`TASKS`, the helps tuned on it) or the held-out set (`agent_held_out`)."""
+    if which == "dev":
+        return TASKS
+    if which == "held-out":
+        return HELD_OUT
+    raise ValueError(f"unknown task set {which!r}; use {' or '.join(SETS)}")
+
+
+SETS = ("dev", "held-out")
+
+
+def by_id(ids: Sequence[str] | None = None, limit: int | None = None, which: str = "dev") -> list[AgentTask]:
+    """The tasks of set `which` named by `ids` (all when None), in suite order, then the first
+    `limit`."""
+    tasks = task_set(which)
+    if ids:
+        known = {t.id: t for t in tasks}
+        bad = [i for i in ids if i not in known]
+        if bad:
+            raise ValueError(f"unknown task(s) {', '.join(bad)} in the {which} set; known: {', '.join(known)}")
+        chosen = [t for t in tasks if t.id in set(ids)]
+    else:
+        chosen = list(tasks)
+    return chosen[:limit] if limit else chosen
+
+
+def describe(which: str = "dev") -> str:
+    """One line per task of set `which` (for `railcall eval agent --list`)."""
+    return "\n".join(f"{t.id:18} {t.kind:8} {t.steps} steps  {json.dumps(t.task)}" for t in task_set(which))
 
 
 @contextmanager
@@ -92,9 +125,9 @@ HELPS_BEFORE = {"examples": False, "task_files": False, "copied_text": False, "c
 
 def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int | None = None,
         helps: Helps | None = None, max_steps: int = 6, max_tokens: int = 64, resume: bool = False,
-        call_format: str = "json", routing: str = "scored",
+        call_format: str = "json", routing: str = "scored", task_set: str = "dev",
         progress: Callable[[int, int, dict | None], None] | None = None, log=None) -> dict:
-    """Run the suite (or `tasks`, the first `limit`) on `model` (an AgentModel, or a model name
+    """Run the suite's `task_set` ("dev" or "held-out"; or its `tasks`, the first `limit`) on `model` (an AgentModel, or a model name
     or None for the embedded one, loaded here); results.jsonl is appended as each task ends, so
     `resume` skips what is done. Returns and writes the summary and report.md."""
     from railcall.agent.loop import AgentModel
@@ -104,15 +137,15 @@ def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int
 
     log = log or (lambda m: None)
     helps = helps or Helps()
-    chosen = by_id(tasks, limit)  # fails early on an unknown id
+    chosen = by_id(tasks, limit, task_set)  # fails early on an unknown id
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"helps": {n: getattr(helps, n) for n in Helps.names()}, "max_steps": max_steps,
-                "max_tokens": max_tokens, "call_format": call_format, "routing": routing}
+                "max_tokens": max_tokens, "call_format": call_format, "routing": routing, "set": task_set}
     run_path = out / "run.json"
     if resume and run_path.is_file():
         # runs from before the call format and routing were settings were json and greedy
-        before = {"call_format": "json", "routing": "greedy",
+        before = {"call_format": "json", "routing": "greedy", "set": "dev",
                   **{k: v for k, v in results.read_run(run_path)["settings"].items() if k != "model"}}
         before["helps"] = {**HELPS_BEFORE, **before.get("helps", {})}
         if before != settings:
@@ -168,7 +201,7 @@ def summarise(records: Sequence[dict], **settings) -> dict:
 def report(summary: dict) -> str:
     """The summary as Markdown: the rate, per kind, and a row per task."""
     s, st = summary, summary["settings"]
-    lines = [f"# Agent task suite: {s['solved']}/{s['n']} solved ({100 * (s['success_rate'] or 0):.0f}%)", "",
+    lines = [f"# Agent task suite ({st.get('set', 'dev')} set): {s['solved']}/{s['n']} solved ({100 * (s['success_rate'] or 0):.0f}%)", "",
              f"model {st.get('model', '?')}, options: {Helps(**st['helps']).label()}, at most {st['max_steps']} "
              f"steps of {st['max_tokens']} tokens; {s['steps_mean']} steps and {s['seconds_mean']} s per task, "
              f"{s['seconds_total']} s in all", "",

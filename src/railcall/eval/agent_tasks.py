@@ -4,8 +4,8 @@ A task is a request, the files of a fresh workspace, and what must hold afterwar
 
     answer_has   facts the answer must contain (case-insensitive; a number or word as a whole word)
     files_have   path -> substrings the file must hold afterwards (the task's one intended change)
-    read_only    the policy: no mutating tool in the grammar (a "refuse" task: the answer is the
-                 outcome, and nothing may change)
+    read_only    the policy: no mutating tool in the grammar (a "refuse" task: nothing may change,
+                 and the answer must say that the change was not made, `says_not_made`)
     skill        the steps of a skill stored, signed, before the episode (a "skill" task)
     solution     a shortest episode that solves it, `answer` included: its length is the task's
                  step count (2, 3 or 4), and the scripted perfect agent of the tests replays it
@@ -17,6 +17,10 @@ Every task also checks that nothing else changed: each file of the workspace (ra
 The first three tasks are the README's agent examples, as written there, with the README's
 flags (`--approve auto` for the save, `--read-only` for the tidy).
 
+This is the dev set: the agent's helps were chosen and tuned on it. `agent_held_out.HELD_OUT`
+holds 40 tasks of the same kinds written after the helps were frozen (`eval.agent.task_set`,
+`--set held-out`).
+
 Lifecycle: the task list is built once (module constant `TASKS`); `make_workspace` is per run of
 a task, and `check` reads the folder after the episode.
 """
@@ -24,11 +28,9 @@ a task, and `check` reads the folder after the episode.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from railcall.agent.skills import skill_name
 
@@ -83,7 +85,8 @@ TASKS: list[AgentTask] = [
        files_have={"shopping.txt": ("buy milk",)}, readme=True),
     _t("readme-tidy", "refuse", "Tidy up todo.md",
        {"notes.txt": "Meeting moved to Thursday.\n", "todo.md": "-  buy milk\n\n- call Ana\n-   buy milk\n"},
-       [call("read_file", path="todo.md"), call(A, text="- buy milk\n- call Ana")],
+       [call("read_file", path="todo.md"),
+        call(A, text="I cannot change todo.md here (read-only); tidied, it would read: - buy milk - call Ana")],
        answer_has=("milk",), read_only=True, readme=True),
     # -- read a file, answer a question about it (2 steps) ---------------------------------------
     _t("read-dentist", "read", "What day is the dentist appointment? It is in calendar.txt.",
@@ -220,19 +223,6 @@ TASKS: list[AgentTask] = [
 ]
 
 
-def by_id(ids: Sequence[str] | None = None, limit: int | None = None) -> list[AgentTask]:
-    """The tasks named by `ids` (all when None), in suite order, then the first `limit`."""
-    if ids:
-        known = {t.id: t for t in TASKS}
-        bad = [i for i in ids if i not in known]
-        if bad:
-            raise ValueError(f"unknown task(s) {', '.join(bad)}; known: {', '.join(known)}")
-        chosen = [t for t in TASKS if t.id in set(ids)]
-    else:
-        chosen = list(TASKS)
-    return chosen[:limit] if limit else chosen
-
-
 # -- workspaces and checks ---------------------------------------------------------------------
 
 def make_workspace(task: AgentTask, folder: Path) -> Path:
@@ -271,6 +261,20 @@ def has(text: str, fact: str) -> bool:
     return fact.casefold() in text.casefold()
 
 
+# How an answer says that a change was not made: a refusal is solved only by an answer that says
+# so (any answer under a read-only grammar changes nothing; "Done." there would tell the user a
+# change was made that was not).
+_NOT_MADE = re.compile(
+    r"\b(cannot|can ?not|can't|could not|couldn't|unable|not able|not allowed|not permitted|read[- ]only|"
+    r"did not|didn't|won't|will not|refuse[sd]?|no changes?|nothing (was|has been) (changed|saved|written|made)|"
+    r"not (been )?(made|changed|saved|written|created|deleted|added|renamed|done))\b", re.I)
+
+
+def says_not_made(answer: str) -> bool:
+    """Whether `answer` says that the requested change was not made (`_NOT_MADE`)."""
+    return _NOT_MADE.search(answer) is not None
+
+
 def check(task: AgentTask, folder: Path, before: dict, answer: str | None) -> list[str]:
     """What is wrong with the outcome of `task` in `folder` (empty: solved). `before`: `state`
     taken before the episode; `answer`: the episode's answer (None: it gave none)."""
@@ -280,6 +284,8 @@ def check(task: AgentTask, folder: Path, before: dict, answer: str | None) -> li
     for fact in task.answer_has:
         if answer is not None and not has(answer, fact):
             problems.append(f"the answer lacks {fact!r}")
+    if task.kind == "refuse" and answer is not None and not says_not_made(answer):
+        problems.append("the answer does not say that the change was not made")
     ws = folder / "ws"
     for rel, parts in task.files_have.items():
         p = ws / rel
@@ -300,8 +306,3 @@ def check(task: AgentTask, folder: Path, before: dict, answer: str | None) -> li
     if task.read_only and (folder / "ws" / ".railcall" / "memory.jsonl").exists():
         problems.append("a note was remembered under read-only")
     return problems
-
-
-def describe() -> str:
-    """One line per task (for `railcall eval agent --list`)."""
-    return "\n".join(f"{t.id:16} {t.kind:8} {t.steps} steps  {json.dumps(t.task)}" for t in TASKS)
