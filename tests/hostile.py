@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-API_KEY = "hostile-key"
+API_KEY = "test-key-railcall"  # the live test server's (tests/server_harness.py) and --server's
 SRC = str(HERE.parent / "src")
 sys.path.insert(0, str(HERE))
 
@@ -393,10 +393,10 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def schema_soak(url: str, n: int = 1000) -> Tally:
-    """`n` chat requests, each with a fresh JSON schema as its response format (enums of new
-    words, patterns, nesting; every 100th a 1,000-value enum of 3 KB strings, 2.9 MB), 4 tokens
-    each, against the server running in this process: bad when a request gets a 5xx, or when the
+def schema_soak(url: str, n: int = 1000, vocab=None) -> Tally:
+    """`n` completion requests, each with a fresh JSON schema as its response format (enums of
+    new words, patterns, nesting; every 100th a 1,000-value enum of 3 KB strings, 2.9 MB), 4
+    tokens each, against the server running in this process: bad when a request gets a 5xx, or when the
     resident memory at the end is more than 20% above where the first 100 left it."""
     import gc
 
@@ -414,10 +414,11 @@ def schema_soak(url: str, n: int = 1000) -> Tally:
                           "required": ["pick"]}
             else:
                 schema = fresh_schema(rng)
-            body = {"model": "smollm2", "max_tokens": 4, "temperature": 0,
-                    "messages": [{"role": "user", "content": f"Fill in the form, request {i}."}],
+            # /v1/completions: the prompt is given as it is, so the schema is compiled (the engine's
+            # shared state, the point of the soak) but not also written into a chat prompt to prefill
+            body = {"model": "smollm2", "max_tokens": 4, "temperature": 0, "prompt": f"Form {i}: ",
                     "response_format": {"type": "json_schema", "json_schema": {"name": "form", "schema": schema}}}
-            r = c.post("/v1/chat/completions", json=body)
+            r = c.post("/v1/completions", json=body)
             codes[r.status_code] = codes.get(r.status_code, 0) + 1
             t.add(f"request {i}: {r.status_code} {r.text[:200]}" if r.status_code >= 500 else None)
             if i + 1 == 100:
@@ -425,10 +426,17 @@ def schema_soak(url: str, n: int = 1000) -> Tally:
                 rss100 = _rss()
     gc.collect()
     end = _rss()
+    engine = ""
+    if vocab is not None:
+        from railcall.matcher import memory_used
+        from railcall.matcher.entries import vocab_cache
+
+        engine = (f"; the engine's estimate {memory_used(vocab) >> 20} MiB of a {vocab_cache(vocab).budget >> 20} MiB "
+                  f"budget, store {vocab_cache(vocab).generation}")
     if end > 1.2 * rss100:
         t.bad.append(f"resident memory grew from {rss100 >> 20} MiB after 100 requests to {end >> 20} MiB")
     t.extra = (f"resident {rss100 >> 20} MiB after 100, {end >> 20} MiB after {n} ({end / rss100 - 1:+.0%}); "
-               f"answers {dict(sorted(codes.items()))}")
+               f"answers {dict(sorted(codes.items()))}{engine}")
     return t
 
 
@@ -475,6 +483,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=int, default=1, help="attempts are this many times the test's")
     ap.add_argument("--only", default="", help="run the attacks whose name contains this")
+    ap.add_argument("--engine-memory-mb", type=int, default=None,
+                    help="the served engine's memory budget (railcall serve --engine-memory-mb; default its own)")
     ap.add_argument("--server", action="store_true",
                     help="also start the embedded model's server here and run the hostile-client attacks")
     a = ap.parse_args(argv)
@@ -483,8 +493,10 @@ def main(argv=None) -> int:
     if a.server:
         from railcall.server.app import start_in_thread
 
-        run = start_in_thread(api_key=API_KEY)
-        for name, attack in (("fresh schemas (server memory)", lambda: schema_soak(run.url, 100 * a.scale)),
+        mb = a.engine_memory_mb
+        run = start_in_thread(api_key=API_KEY, engine_bytes=mb << 20 if mb else None)
+        vocab = run.app.state.served.vocab
+        for name, attack in (("fresh schemas (server memory)", lambda: schema_soak(run.url, 100 * a.scale, vocab)),
                              ("held connections", lambda: held_connections(run.url, 30 * a.scale))):
             if a.only and a.only not in name:
                 continue

@@ -610,6 +610,10 @@ def serve(
     threads: Optional[int] = typer.Option(None, "--threads", help="llama.cpp's or torch's threads (default: every core; on a machine "
                                           "other processes keep busy, fewer threads than cores avoids OpenMP "
                                           "spin-waits: one row beside one busy process took 68 ms per step with 1 thread, 720 ms with 2)."),
+    engine_memory_mb: int = typer.Option(64, "--engine-memory-mb",
+                                         help="Memory for the grammar engine's state shared by every request's "
+                                              "grammar (automaton states, masks); past it, older state is dropped "
+                                              "and rebuilt on use (masks unchanged)."),
     call_format: Optional[str] = typer.Option(None, "--format", help="The call format where a request names none "
                                               "(call_format): json, openai, hermes or pythonic (default: an embedded "
                                               "model's own, as for --format elsewhere; for a model given by path, hermes "
@@ -637,6 +641,8 @@ def serve(
         _fail(ValueError("--max-pending, --max-body, --max-string and --max-rows must be at least 1"))
     if prefix_cache_mb < 0:
         _fail(ValueError("--prefix-cache-mb must be 0 (off) or more"))
+    if engine_memory_mb < 1:
+        _fail(ValueError("--engine-memory-mb must be at least 1"))
     _at_least_1(threads=threads)
     _check_format_and_routing(call_format, None)
     names = [n.strip() for given in served_model_name or () for n in given.split(",") if n.strip()]
@@ -658,7 +664,7 @@ def serve(
     try:
         run_server(model, host=host, port=port, api_key=api_key or None, max_pending=max_pending, max_body=max_body,
                    max_string=max_string, max_rows=max_rows, prefix_cache_bytes=prefix_cache_mb << 20,
-                   call_format=call_format, names=names or None)
+                   call_format=call_format, names=names or None, engine_bytes=engine_memory_mb << 20)
     except RailcallError as e:
         _fail(e)
 

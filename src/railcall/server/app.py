@@ -532,13 +532,25 @@ def _openapi(app: FastAPI) -> dict:
     return doc
 
 
+# The engine's state shared by every request's grammar (automaton states, masks), per served
+# vocabulary: past it, the next grammar starts a fresh store and older state is dropped (masks
+# unchanged; docs/engine.md). A server takes schemas from any client: 1,000 requests with fresh
+# schemas grew its resident memory by 35% (493 -> 666 MiB) under the engine's 512 MiB default,
+# 26% under 128 MiB and 16% under 64 MiB (tests/hostile.py). A 128-tool table peaks at 8-20 MB
+# (docs/benchmarks.md).
+ENGINE_BYTES = 64 << 20
+
+
 def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY, max_string: int = MAX_STRING,
           max_rows: int = 16, prefix_cache_bytes: int = 256 << 20, log_level: str = "info",
-          call_format: str | None = None, names: list[str] | None = None) -> None:
+          call_format: str | None = None, names: list[str] | None = None,
+          engine_bytes: int | None = ENGINE_BYTES) -> None:
     """Load `model` and serve it until interrupted (what `railcall serve` runs). `max_string`:
     the most characters a generated string whose schema gives no maxLength may have; `max_rows`:
     requests decoded together; `prefix_cache_bytes`: the prefix cache's budget (0: off);
+    `engine_bytes`: the budget of the engine's state shared by every request's grammar
+    (`matcher.set_memory_budget`; `ENGINE_BYTES`; None: the engine's own 512 MiB);
     `call_format`: the calls' format where a request names none (default: the model's own);
     `names`: the model names requests may use (default: `model_names`)."""
     import uvicorn
@@ -551,6 +563,10 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
         log.addHandler(handler)
         log.setLevel(getattr(logging, log_level.upper(), logging.INFO))
     served = ServedModel.load(model)
+    if engine_bytes is not None:
+        from railcall.matcher import set_memory_budget
+
+        set_memory_budget(served.vocab, engine_bytes)
     if call_format is not None:
         served.use_format(call_format)
     served.max_string = max_string
@@ -581,14 +597,19 @@ class Running:
 
 def start_in_thread(model: str | None = None, *, served: ServedModel | None = None, host: str = "127.0.0.1",
                     port: int = 0, api_key: str | None = None, max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY,
-                    log_level: str = "warning", names: list[str] | None = None) -> Running:
+                    log_level: str = "warning", names: list[str] | None = None,
+                    engine_bytes: int | None = ENGINE_BYTES) -> Running:
     """Serve in a background thread of this process (tests, notebooks); returns once it listens.
-    `port=0` picks a free port; `names` as for `serve`."""
+    `port=0` picks a free port; `names` and `engine_bytes` as for `serve`."""
     import socket
 
     import uvicorn
 
     served = served or ServedModel.load(model)
+    if engine_bytes is not None:
+        from railcall.matcher import set_memory_budget
+
+        set_memory_budget(served.vocab, engine_bytes)
     app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body, names=names)
     if port == 0:
         with socket.socket() as s:
