@@ -472,3 +472,19 @@ def test_scored_values_route_an_enumerated_argument_in_the_loop(tmp_path):
     b = make(tmp_path / "b", [call("read_file", path="docs/plan.md")], max_steps=1, helps=Helps.off("scored_values"))
     ep = b.run("read the plan")
     assert ep.calls[0]["args"]["path"] == "docs/plan.md" and ep.steps[0]["routed"] == 1
+
+
+def test_a_read_only_episode_asked_for_a_change_offers_an_answer_that_says_nothing_changed(tmp_path):
+    """Under a read-only policy, a request that asks for a change gets, as its ready answer, the
+    refusal first and then what was found; a request that asks for no change gets none."""
+    from railcall.agent.progress import REFUSAL
+
+    (tmp_path / "todo.md").write_text("- buy bread\n")
+    for task, refused in (("Add 'call the plumber' to todo.md.", True), ("What is in todo.md?", False)):
+        renders = []
+        a = make(tmp_path, [call("read_file", path="todo.md"), call("answer", text="x")], renders,
+                 policy=Policy(read_only=True))
+        a.run(task)
+        last = renders[1][-1]["content"]
+        offered = last[last.index("reply with: "):]
+        assert (REFUSAL in offered) == refused and "todo.md says: - buy bread" in offered, offered

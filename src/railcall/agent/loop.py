@@ -40,8 +40,9 @@ from typing import Callable, Sequence
 from railcall.agent.builtins import ANSWER, MemoryStore, workspace_tools
 from railcall.agent.files import StateFolder, StateRefused, Workspace, sweep_temp
 from railcall.agent.policy import Approver, Decision, Policy, View, view
-from railcall.agent.progress import (FACTS_SHOWN, Helps, episode_scoped, facts_turn, numbers_seen, observation,
-                                     reading_named, task_files, tool_examples, unwritten, with_seen_numbers, without_repeats)
+from railcall.agent.progress import (FACTS_SHOWN, REFUSAL, Helps, asks_for_change, episode_scoped, facts_turn,
+                                     numbers_seen, observation, reading_named, task_files, tool_examples, unwritten,
+                                     with_seen_numbers, without_repeats)
 from railcall.agent.skills import RUN, SkillError, SkillStore
 from railcall.agent.table import ToolTable
 from railcall.atomic import append_line
@@ -316,8 +317,10 @@ class Agent:
                 pending += [json.dumps(q, ensure_ascii=False) for q in unwritten(task, st.written)]
             facts = [f for _, f in st.found]
             listed = numbers if "calc" in v.names and not st.computed and len(numbers) >= 2 else ()
-            turn = facts_turn(task, facts, st.offer(self.helps.task_files), fmt, pending, fits=self._fits,
-                              numbers=listed)
+            offer = st.offer(self.helps.task_files)
+            if self.policy.read_only and asks_for_change(task):
+                offer = REFUSAL + (f" {offer}" if offer else "")
+            turn = facts_turn(task, facts, offer, fmt, pending, fits=self._fits, numbers=listed)
             messages[-1] = {"role": "user", "content": messages[-1]["content"] + "\n\n" + turn}
         router = None
         if self.routing == "scored":

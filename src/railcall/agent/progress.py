@@ -6,7 +6,9 @@ measured on the agent task suite (`railcall eval agent`; docs/agent.md, "Measure
     short_results  each observation is written for a small model: what the call found, first,
                    in a sentence ("notes.txt says: ..."), cut to SHORT_LIMIT characters
     facts          the last turn restates the task, lists what the episode found so far and
-                   offers `answer` ("If that is enough, call answer ...")
+                   offers `answer` ("If that is enough, call answer ..."); under a read-only
+                   policy, for a request that asks for a change (`asks_for_change`), the
+                   answer offered first says that nothing was changed (`REFUSAL`)
     examples       the system prompt shows one request and its call for each tool of the view
                    but `answer`, built from the tool table (`tool_examples`; on since it won
                    three computations on the suite, 31 of 39 against 28)
@@ -56,6 +58,10 @@ from typing import Sequence
 
 from railcall.grammar.tools import Tool
 
+# What the ready answer says first where a read-only episode was asked for a change: the answer
+# is the outcome, and an answer that only restates what was read ("todo.md says: ...", every
+# refusal of the suite's dev set before this) left the user to guess whether the change was made.
+REFUSAL = "Nothing was changed: this workspace is read-only, so I cannot make that change."
 SHORT_LIMIT = 500  # characters of an observation with short_results: SmolLM2 loses the task past ~1k
 FACT_LIMIT = 200  # characters of each fact in the facts turn
 FACTS_SHOWN = 4  # the latest facts; older ones are still in the history above
