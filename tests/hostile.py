@@ -57,7 +57,9 @@ def cleanup() -> None:
         shutil.rmtree(_MADE.pop(), ignore_errors=True)
 
 
-def _workspace(top: Path) -> tuple[Path, Path, Path]:
+def victim_workspace(top: Path) -> tuple[Path, Path, Path]:
+    """`top`/ws with `.railcall/skills/` and notes.txt, and beside it a file ("keep") and a
+    folder (empty) for planted links to aim at; returns (ws, the file, the folder)."""
     root = top / "ws"
     (root / ".railcall" / "skills").mkdir(parents=True)
     (root / "notes.txt").write_text("hi")
@@ -109,7 +111,7 @@ def state_links(scale: int = 1) -> Tally:
             for read_only in (True, False):
                 for when in ("before", "after"):
                     top = _scratch()
-                    root, victim, outdir = _workspace(top)
+                    root, victim, outdir = victim_workspace(top)
                     name = rel.replace("SKILL", skill_name([READ]))
                     link = root / ".railcall" / name
 
@@ -286,28 +288,13 @@ def policy_race(scale: int = 1) -> Tally:
     """The file a policy narrowing admitted (`docs/*`, `out.txt`) re-linked to one it does not
     between the view and the call, four tools x 5 x scale: the call is refused at the resolved
     path; the file it now leads to is neither read nor written."""
-    from railcall.agent.loop import Agent
-    from railcall.agent.policy import Policy
+    from test_agent_policy import RELINKS, _docs_workspace
 
-    cases = [({"tool": "read_file", "args": {"path": "docs/a.md"}}, "docs/a.md", "../private/secret.txt"),
-             ({"tool": "write_file", "args": {"path": "out.txt", "text": "x"}}, "out.txt", "notes.txt"),
-             ({"tool": "append_file", "args": {"path": "out.txt", "text": "x"}}, "out.txt", "notes.txt"),
-             ({"tool": "list_dir", "args": {"path": "docs"}}, "docs", "private")]
-    policy = Policy("docs-reader", approve="auto", args={"read_file": {"path": {"glob": "docs/*"}},
-                                                         "write_file": {"path": ["out.txt"]},
-                                                         "append_file": {"path": ["out.txt"]},
-                                                         "list_dir": {"path": {"glob": "docs*"}}})
     t = Tally()
     for _ in range(5 * scale):
-        for call, link, target in cases:
+        for call, (link, target) in RELINKS:
             top = _scratch()
-            (top / "docs").mkdir()
-            (top / "docs" / "a.md").write_text("public")
-            (top / "private").mkdir()
-            (top / "private" / "secret.txt").write_text("SECRET")
-            (top / "out.txt").write_text("out")
-            (top / "notes.txt").write_text("notes")
-            agent = Agent.for_workspace(top, None, policy=policy)
+            agent = _docs_workspace(top)
             v = agent.view()
             (top / link).rename(top / (link + ".moved"))
             (top / link).symlink_to(target)
@@ -355,17 +342,12 @@ def deep_tree(scale: int = 1, depth: int = 1000) -> Tally:
 def swap_race(scale: int = 1) -> Tally:
     """A folder swapped for a link to outside while read_file, write_file and append_file run
     on it, 2 x scale seconds: no read returns the outside file, nothing lands outside."""
-    from test_agent_sandbox import SWAPPER
+    from test_agent_sandbox import SWAPPER, swap_workspace
 
     from railcall.agent.files import PathRefused
     from railcall.agent.loop import Agent
 
-    top = _scratch()
-    root, outside = top / "ws", top / "outside"
-    (root / "d").mkdir(parents=True)
-    (root / "d" / "f.txt").write_text("inside")
-    outside.mkdir()
-    (outside / "f.txt").write_text("SECRET")
+    root, outside = swap_workspace(_scratch())
     a = Agent.for_workspace(root, None)
     tools = [(a.table.entry("read_file"), {"path": "d/f.txt"}), (a.table.entry("write_file"),
              {"path": "d/new.txt", "text": "written"}), (a.table.entry("append_file"), {"path": "d/f.txt", "text": "a"})]

@@ -208,12 +208,17 @@ def _docs_workspace(tmp_path):
     return Agent.for_workspace(tmp_path, None, policy=policy)
 
 
-@pytest.mark.parametrize("call, relink", [
+# A call the docs-reader view admits, and the (link, target) that re-links its path to a file
+# the narrowing does not admit (tests/hostile.py's re-link race repeats these)
+RELINKS = [
     ({"tool": "read_file", "args": {"path": "docs/a.md"}}, ("docs/a.md", "../private/secret.txt")),
     ({"tool": "write_file", "args": {"path": "out.txt", "text": "x"}}, ("out.txt", "notes.txt")),
     ({"tool": "append_file", "args": {"path": "out.txt", "text": "x"}}, ("out.txt", "notes.txt")),
     ({"tool": "list_dir", "args": {"path": "docs"}}, ("docs", "private")),
-])
+]
+
+
+@pytest.mark.parametrize("call, relink", RELINKS)
 def test_the_policy_is_checked_again_at_call_time_against_the_resolved_path(tmp_path, call, relink):
     """A path the view admitted, re-linked to a file outside the policy's narrowing before the
     call runs: the tool refuses it, and the file it now leads to is neither read nor written."""

@@ -37,12 +37,19 @@ print(n)
 """
 
 
-def test_a_folder_swapped_for_a_symlink_mid_call_never_leaks_or_lands_outside(tmp_path):
-    root, outside = tmp_path / "ws", tmp_path / "outside"
+def swap_workspace(top):
+    """`top`/ws with the folder d/ (f.txt: "inside") the swapper moves, and `top`/outside (f.txt:
+    "SECRET") that its link points at; returns (ws, outside)."""
+    root, outside = top / "ws", top / "outside"
     (root / "d").mkdir(parents=True)
     (root / "d" / "f.txt").write_text("inside")
     outside.mkdir()
     (outside / "f.txt").write_text("SECRET")
+    return root, outside
+
+
+def test_a_folder_swapped_for_a_symlink_mid_call_never_leaks_or_lands_outside(tmp_path):
+    root, outside = swap_workspace(tmp_path)
     a = Agent.for_workspace(root, None)
     read, write, append = a.table.entry("read_file"), a.table.entry("write_file"), a.table.entry("append_file")
     swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(root), str(outside), str(time.time() + 4)],

@@ -10,6 +10,7 @@ import os
 
 import pytest
 from agentkit import scripted_model
+from hostile import victim_workspace
 from typer.testing import CliRunner
 
 import railcall.cli as cli
@@ -24,12 +25,7 @@ STEPS = [READ]
 @pytest.fixture
 def ws(tmp_path):
     """A workspace with `.railcall/skills/`, and outside it a file and a folder to aim links at."""
-    root = tmp_path / "ws"
-    (root / ".railcall" / "skills").mkdir(parents=True)
-    (root / "notes.txt").write_text("hi")
-    (tmp_path / "victim").write_text("keep")
-    (tmp_path / "outdir").mkdir()
-    return root, tmp_path / "victim", tmp_path / "outdir"
+    return victim_workspace(tmp_path)
 
 
 def _outside_untouched(victim, outdir):

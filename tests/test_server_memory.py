@@ -2,7 +2,7 @@
 (enums of new words, patterns, nesting; every 100th a 2.9 MB enum the server refuses), through
 the live server on the embedded model (tests/hostile.py's soak): no 5xx, and the resident memory
 at the end within 20% of where the first 100 requests left it, under the server's default engine
-budget (`server.app.ENGINE_BYTES`). Under the engine's own 512 MiB the same soak grew it 35%."""
+budget (`server.model.ENGINE_BYTES`). Under the engine's own 512 MiB the same soak grew it 35%."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.model
 
 def test_a_thousand_fresh_schemas_leave_the_server_where_a_hundred_did(srv):
     from railcall.matcher.entries import vocab_cache
-    from railcall.server.app import ENGINE_BYTES
+    from railcall.server.model import ENGINE_BYTES
 
     vocab = srv.served.vocab
     assert vocab_cache(vocab).budget == ENGINE_BYTES

@@ -31,11 +31,15 @@ from typing import Callable, Sequence
 from railcall.agent.progress import Helps
 from railcall.eval.agent_held_out import HELD_OUT
 from railcall.eval.agent_tasks import KINDS, TASKS, AgentTask, check, make_workspace, state
+from railcall.eval.results import fields_problem
 
 RECORD_FIELDS = {"id": str, "kind": str, "ok": bool, "steps": int, "seconds": (int, float)}
 
 
-def task_set(which: str = "dev") -> list[AgentTask]:
+SETS = ("dev", "held-out")
+
+
+def tasks_of(which: str = "dev") -> list[AgentTask]:
     """The dev set (`TASKS`, the helps tuned on it) or the held-out set (`agent_held_out`)."""
     if which == "dev":
         return TASKS
@@ -44,13 +48,10 @@ def task_set(which: str = "dev") -> list[AgentTask]:
     raise ValueError(f"unknown task set {which!r}; use {' or '.join(SETS)}")
 
 
-SETS = ("dev", "held-out")
-
-
 def by_id(ids: Sequence[str] | None = None, limit: int | None = None, which: str = "dev") -> list[AgentTask]:
     """The tasks of set `which` named by `ids` (all when None), in suite order, then the first
     `limit`."""
-    tasks = task_set(which)
+    tasks = tasks_of(which)
     if ids:
         known = {t.id: t for t in tasks}
         bad = [i for i in ids if i not in known]
@@ -64,7 +65,7 @@ def by_id(ids: Sequence[str] | None = None, limit: int | None = None, which: str
 
 def describe(which: str = "dev") -> str:
     """One line per task of set `which` (for `railcall eval agent --list`)."""
-    return "\n".join(f"{t.id:18} {t.kind:8} {t.steps} steps  {json.dumps(t.task)}" for t in task_set(which))
+    return "\n".join(f"{t.id:18} {t.kind:8} {t.steps} steps  {json.dumps(t.task)}" for t in tasks_of(which))
 
 
 @contextmanager
@@ -112,8 +113,6 @@ def run_task(model, task: AgentTask, folder: Path, trace: Path, *, helps: Helps,
 
 def record_problem(r) -> str:
     """"" when `r` is a usable record of this suite, else what is wrong with it."""
-    from railcall.eval.results import fields_problem
-
     return fields_problem(r, RECORD_FIELDS)
 
 
@@ -127,8 +126,8 @@ def run(out: Path, *, model=None, tasks: Sequence[str] | None = None, limit: int
         helps: Helps | None = None, max_steps: int = 6, max_tokens: int = 64, resume: bool = False,
         call_format: str = "json", routing: str = "scored", task_set: str = "dev",
         progress: Callable[[int, int, dict | None], None] | None = None, log=None) -> dict:
-    """Run the suite's `task_set` ("dev" or "held-out"; or its `tasks`, the first `limit`) on `model` (an AgentModel, or a model name
-    or None for the embedded one, loaded here); results.jsonl is appended as each task ends, so
+    """Run the suite's `task_set` ("dev" or "held-out"; or its `tasks`, the first `limit`) on
+    `model` (an AgentModel, or a model name or None for the embedded one, loaded here); results.jsonl is appended as each task ends, so
     `resume` skips what is done. Returns and writes the summary and report.md."""
     from railcall.agent.loop import AgentModel
     from railcall.atomic import atomic_write

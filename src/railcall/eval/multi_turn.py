@@ -34,6 +34,7 @@ from typing import Sequence
 from railcall.agent.builtins import ANSWER
 from railcall.agent.table import ToolTable
 from railcall.eval.bfcl_dialect import bfcl_tools
+from railcall.eval.results import fields_problem
 from railcall.grammar.tools import Tool
 
 # The multi-turn categories whose tasks need no functions added mid-task (BFCL's miss_func and
@@ -214,8 +215,6 @@ RECORD_FIELDS = {"category": str, "id": str, "ok": bool, "turns": int, "turns_an
 
 def record_problem(r) -> str:
     """"" when `r` is a usable multi-turn record, else what is wrong with it."""
-    from railcall.eval.results import fields_problem
-
     return fields_problem(r, RECORD_FIELDS)
 
 

@@ -42,7 +42,7 @@ from railcall.errors import RequestError
 from railcall.matcher import MAX_STRING
 from railcall.server import responses, sse
 from railcall.server.engine import Engine
-from railcall.server.model import ServedModel
+from railcall.server.model import ENGINE_BYTES, ServedModel
 from railcall.server.assemble import Assembler, finish_reason, generation_failed, grammar_failure
 from railcall.server.plan import Plan, build_completion_plan, build_plan
 from railcall.server.schemas import IGNORED, ChatCompletionRequest, CompletionRequest, error_body
@@ -532,13 +532,6 @@ def _openapi(app: FastAPI) -> dict:
     return doc
 
 
-# The engine's state shared by every request's grammar (automaton states, masks), per served
-# vocabulary: past it, the next grammar starts a fresh store and older state is dropped (masks
-# unchanged; docs/engine.md). A server takes schemas from any client: 1,000 requests with fresh
-# schemas grew its resident memory by 35% (493 -> 666 MiB) under the engine's 512 MiB default,
-# 26% under 128 MiB and 16% under 64 MiB (tests/hostile.py). A 128-tool table peaks at 8-20 MB
-# (docs/benchmarks.md).
-ENGINE_BYTES = 64 << 20
 
 
 def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
@@ -562,11 +555,7 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
         handler.setFormatter(logging.Formatter("%(asctime)s railcall: %(message)s"))
         log.addHandler(handler)
         log.setLevel(getattr(logging, log_level.upper(), logging.INFO))
-    served = ServedModel.load(model)
-    if engine_bytes is not None:
-        from railcall.matcher import set_memory_budget
-
-        set_memory_budget(served.vocab, engine_bytes)
+    served = ServedModel.load(model, engine_bytes=engine_bytes)
     if call_format is not None:
         served.use_format(call_format)
     served.max_string = max_string
@@ -600,16 +589,13 @@ def start_in_thread(model: str | None = None, *, served: ServedModel | None = No
                     log_level: str = "warning", names: list[str] | None = None,
                     engine_bytes: int | None = ENGINE_BYTES) -> Running:
     """Serve in a background thread of this process (tests, notebooks); returns once it listens.
-    `port=0` picks a free port; `names` and `engine_bytes` as for `serve`."""
+    `port=0` picks a free port; `names` and `engine_bytes` as for `serve` (`engine_bytes` applies
+    to a model loaded here, not to a `served` one given)."""
     import socket
 
     import uvicorn
 
-    served = served or ServedModel.load(model)
-    if engine_bytes is not None:
-        from railcall.matcher import set_memory_budget
-
-        set_memory_budget(served.vocab, engine_bytes)
+    served = served or ServedModel.load(model, engine_bytes=engine_bytes)
     app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body, names=names)
     if port == 0:
         with socket.socket() as s:
