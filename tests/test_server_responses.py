@@ -42,26 +42,34 @@ def test_a_call_parses_as_the_clients_types(called):
     assert r.tools[0].name == "get_weather" and r.tool_choice == "required"
 
 
+def by_value_input(call, result) -> list:
+    return [{"role": "user", "content": ASK},
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}, result]
+
+
 def test_tool_round_trip_by_value_and_by_previous_response_id(client, called):
     call = called.output[0]
     result = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}
-    by_value = client.responses.create(
-        model=MODEL, input=[{"role": "user", "content": ASK},
-                            {"type": "function_call", "call_id": call.call_id, "name": call.name,
-                             "arguments": call.arguments}, result],
-        tools=[TOOL], temperature=0, max_output_tokens=24)
+    by_value = client.responses.create(model=MODEL, input=by_value_input(call, result), tools=[TOOL], temperature=0,
+                                       max_output_tokens=24)
     chained = client.responses.create(model=MODEL, previous_response_id=called.id, input=[result], tools=[TOOL],
                                       temperature=0, max_output_tokens=24)
+    again = client.responses.create(  # by value once more: now, like `chained`, its whole prompt is cached
+        model=MODEL, input=by_value_input(call, result), tools=[TOOL], temperature=0, max_output_tokens=24)
     assert chained.previous_response_id == called.id
     for r in (by_value, chained):
         message = r.output[0]
         assert isinstance(message, ResponseOutputMessage) and r.output_text and message.content[0].type == "output_text"
-    assert chained.output_text == by_value.output_text  # the same conversation, kept or sent
+    # The same conversation, kept or sent: the same prompt, and the same greedy reply where the
+    # cache stands the same (a cold and a warm prompt may part at a near-tie: docs/server.md).
+    assert chained.usage.input_tokens == by_value.usage.input_tokens == again.usage.input_tokens
+    assert chained.output_text == again.output_text
 
 
 def test_streamed_call_events_parse_and_add_up(client, called):
-    events = list(client.responses.create(model=MODEL, input=ASK, tools=[TOOL], tool_choice="required",
-                                          temperature=0, max_output_tokens=24, stream=True))
+    kw = dict(model=MODEL, input=ASK, tools=[TOOL], tool_choice="required", temperature=0, max_output_tokens=24)
+    events = list(client.responses.create(**kw, stream=True))  # `called` cached the prompt
+    plain = client.responses.create(**kw)  # and so it finds the cache as the stream did
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert isinstance(events[0], ResponseCreatedEvent) and events[0].response.status == "in_progress"
     assert isinstance(events[1], ResponseInProgressEvent) and isinstance(events[-1], ResponseCompletedEvent)
@@ -71,15 +79,15 @@ def test_streamed_call_events_parse_and_add_up(client, called):
     [done] = [e for e in events if isinstance(e, ResponseFunctionCallArgumentsDoneEvent)]
     [item_done] = [e for e in events if isinstance(e, ResponseOutputItemDoneEvent)]
     final = events[-1].response.output[0]
-    assert pieces == done.arguments == item_done.item.arguments == final.arguments == called.output[0].arguments
+    assert pieces == done.arguments == item_done.item.arguments == final.arguments == plain.output[0].arguments
     assert item_done.item.call_id == final.call_id == added[0].item.call_id
 
 
 def test_streamed_text_events_parse_and_add_up(client):
-    plain = client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=6, temperature=0,
-                                    instructions="Be brief.")
-    events = list(client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=6, temperature=0,
-                                          instructions="Be brief.", stream=True))
+    kw = dict(model=MODEL, input="Say hello.", max_output_tokens=6, temperature=0, instructions="Be brief.")
+    client.responses.create(**kw)  # caches the prompt: the streamed and the plain request below both find it
+    events = list(client.responses.create(**kw, stream=True))
+    plain = client.responses.create(**kw)
     kinds = [e.type for e in events]
     assert kinds[:5] == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.content_part.added", "response.output_text.delta"]
