@@ -10,8 +10,8 @@ def test_all_is_pinned():
     assert railcall.__all__ == [
         "CompiledGrammar", "Delimiters", "GrammarError", "Matcher", "MatcherError", "ModelError",
         "OutputParser", "RailcallError", "SchemaError", "SchemaOptions", "Tool", "Vocabulary",
-        "VocabularyError", "__version__", "allocate_bitmask", "answer_matcher", "apply_bitmask", "compiled_grammar", "read_only_view", "schema_grammar",
-        "tool_grammar",
+        "VocabularyError", "__version__", "allocate_bitmask", "answer_matcher", "apply_bitmask", "compiled_grammar", "gbnf_grammar", "lark_grammar",
+        "read_only_view", "regex_grammar", "schema_grammar", "tool_grammar",
     ]
     for name in railcall.__all__:
         assert hasattr(railcall, name)

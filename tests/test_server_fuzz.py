@@ -58,7 +58,9 @@ tools = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["function", "ot
 tool_choice = st.one_of(st.sampled_from(["none", "auto", "required", "any"]), json_values,
                         st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
                             {"name": st.sampled_from(["f", "g", "zzz"])})}))
-response_format = st.one_of(json_values, st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema", "xml"])}),
+response_format = st.one_of(json_values, st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema", "xml", "grammar"])}),
+                            st.fixed_dictionaries({"type": st.just("grammar"), "syntax": st.sampled_from(["lark", "gbnf", "regex", "x"]),
+                                                   "definition": st.one_of(json_values, st.text(max_size=12))}),
                             st.fixed_dictionaries({"type": st.just("json_schema"), "json_schema": st.fixed_dictionaries(
                                 {"name": st.text(max_size=5), "strict": st.booleans(), "schema": st.one_of(schemas, json_values)})}))
 FIELDS = {
@@ -71,7 +73,8 @@ FIELDS = {
     "repetition_penalty": json_values, "min_tokens": json_values, "on_length": st.one_of(json_values, st.sampled_from(["fit", "cut", "close"])),
     "distinct_calls": json_values,
     "guided_json": st.one_of(schemas, json_values), "guided_choice": st.one_of(json_values, st.lists(st.text(max_size=4), max_size=3)),
-    "structured_outputs": json_values,
+    "structured_outputs": json_values, "guided_regex": st.one_of(json_values, st.text(max_size=6)),
+    "guided_grammar": st.one_of(json_values, st.text(max_size=12), st.just('start: "a"+')),
 }
 
 

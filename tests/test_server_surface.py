@@ -5,6 +5,7 @@ the metrics endpoint, and the image-part and unknown-field refusals."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import openai
@@ -152,6 +153,34 @@ def test_guided_choice_and_guided_json(client):
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Pick a number."}],
                                        max_tokens=12, temperature=0, extra_body={"structured_outputs": {"json": schema}})
     assert 1 <= json.loads(r.choices[0].message.content)["n"] <= 9
+
+
+DATE = r"20[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+YES_NO_LARK = 'start: ANSWER ", because " REASON "."\nANSWER: "yes" | "no"\nREASON: /[a-z ]{3,40}/\n'
+COUNT_GBNF = 'root ::= "Count: " num ("," " "? num){2,4}\nnum ::= [1-9] [0-9]?\n'
+
+
+@pytest.mark.parametrize("extra, full", [
+    ({"guided_regex": DATE}, DATE),
+    ({"structured_outputs": {"regex": DATE}}, DATE),
+    ({"guided_grammar": YES_NO_LARK}, r"(yes|no), because [a-z ]{3,40}\."),
+    ({"structured_outputs": {"grammar": COUNT_GBNF}}, r"Count: [1-9][0-9]?(, ?[1-9][0-9]?){2,4}"),
+    ({"response_format": {"type": "grammar", "syntax": "gbnf", "definition": COUNT_GBNF}},
+     r"Count: [1-9][0-9]?(, ?[1-9][0-9]?){2,4}"),
+    ({"response_format": {"type": "grammar", "syntax": "lark", "definition": YES_NO_LARK}},
+     r"(yes|no), because [a-z ]{3,40}\."),
+    ({"response_format": {"type": "grammar", "syntax": "regex", "definition": DATE}}, DATE),
+])
+def test_regex_and_grammar_answers(client, extra, full):
+    """The answer is in the grammar's language, whole, streamed or not (max_tokens leaves room:
+    a cut answer would be finish_reason "length")."""
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "When did it happen, and why? Answer briefly."}],
+              max_tokens=60, temperature=0, extra_body=extra)
+    r = client.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "stop" and re.fullmatch(full, r.choices[0].message.content), r
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**kw, stream=True)
+                       if c.choices)
+    assert re.fullmatch(full, streamed), streamed
 
 
 def test_logit_bias_is_honoured(client, srv):

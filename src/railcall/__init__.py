@@ -7,6 +7,7 @@ model supplies the semantics.
 
     vocab = Vocabulary.from_hf(tokenizer)                        # once per tokenizer
     compiled = compiled_grammar(tool_grammar(tools), vocab)      # once per tool table (cached)
+    # or schema_grammar(schema), lark_grammar(text), gbnf_grammar(text), regex_grammar(pattern)
     matcher = Matcher(compiled)                                  # once per request
     bitmask = allocate_bitmask(vocab.logits_width)
     matcher.fill_bitmask(bitmask); apply_bitmask(logits, bitmask)  # each step, then sample
@@ -21,6 +22,9 @@ _speedups.guard()  # before the engine's modules load: a compiled one is used on
 
 from railcall.bitmask import allocate_bitmask, apply_bitmask
 from railcall.errors import GrammarError, MatcherError, ModelError, RailcallError, SchemaError, VocabularyError
+from railcall.grammar.cfg import regex_grammar
+from railcall.grammar.gbnf import gbnf_grammar
+from railcall.grammar.lark import lark_grammar
 from railcall.grammar.schema import SchemaOptions, schema_grammar
 from railcall.grammar.tools import Tool, read_only_view, tool_grammar
 from railcall.matcher import CompiledGrammar, Matcher, compiled_grammar
@@ -47,7 +51,10 @@ __all__ = [
     "answer_matcher",
     "apply_bitmask",
     "compiled_grammar",
+    "gbnf_grammar",
+    "lark_grammar",
     "read_only_view",
+    "regex_grammar",
     "schema_grammar",
     "tool_grammar",
 ]

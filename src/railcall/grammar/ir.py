@@ -43,6 +43,12 @@ Nodes (all immutable):
                                    value node): additionalProperties, patternProperties
     Ws(max)                        up to `max` JSON whitespace bytes (the flexible-whitespace
                                    option; never unbounded)
+    Text(pattern, max_len)         raw text (UTF-8, no quotes, no escapes) whose characters match
+                                   `pattern` as a whole (the regex dialect of JsonPattern, anchored
+                                   at both ends); at most `max_len` characters (None: the string
+                                   cap). The terminals of general grammars (railcall.grammar.cfg)
+    Repeat(item, min, max)         `item` from `min` to `max` times (None: no upper bound), nothing
+                                   between; `item` must not match the empty text where `max` is None
 
 A `Grammar` is a start node plus named rules (for `Ref`), and its `key` is a stable content hash
 used to cache compiled forms.
@@ -154,8 +160,21 @@ class Ws:
     max: int
 
 
+@dataclass(frozen=True)
+class Text:
+    pattern: str  # anchored at both ends: the whole text matches
+    max_len: int | None = None
+
+
+@dataclass(frozen=True)
+class Repeat:
+    item: "Node"
+    min: int = 0
+    max: int | None = None
+
+
 Node = Union[Lit, Seq, Alt, Select, Special, Ref, JsonString, JsonInteger, JsonNumber, JsonPattern, JsonArray,
-             JsonObject, Ws]
+             JsonObject, Ws, Text, Repeat]
 
 
 def json_literal(value) -> bytes:

@@ -9,7 +9,7 @@ from railcall.errors import GrammarError
 from railcall.grammar import ir
 from railcall.grammar.instructions import MAX_DEPTH, RET, Accept, Call, Forward, Guard, Instr, Lit, Repeat, Select, Special, Split, Ws
 from railcall.grammar.numbers import MAX_NUMBER_CHARS, JDec, JInt, JNum, clamp_int
-from railcall.grammar.strings import _PY_ESCAPES, _SIMPLE_ESCAPES, PATTERN_MAX_LEN, JPat, JStr, char_dfa
+from railcall.grammar.strings import _PY_ESCAPES, _SIMPLE_ESCAPES, PATTERN_MAX_LEN, JPat, JStr, Text, char_dfa
 
 # ---------------------------------------------------------------------------------------------
 # The compiler
@@ -167,6 +167,37 @@ def _array_bounds(node: ir.JsonArray) -> None:
         raise GrammarError(f"minItems {lo} needs more items than the {k} prefix items allow")
 
 
+_NULLABLE_REPEAT = ("an unbounded repetition of something that can be empty (such as (a?)* or (b*)+) would "
+                    "loop without writing anything: repeat the non-empty part instead")
+
+
+def _nullable(node, rules: set) -> bool:
+    """Can `node` match the empty text, given the rules known to (`rules`)?"""
+    t = type(node)
+    if t is ir.Lit:
+        return not node.data
+    if t is ir.Seq:
+        return all(_nullable(x, rules) for x in node.items)
+    if t is ir.Alt:
+        return any(_nullable(x, rules) for x in node.items)
+    if t is ir.Select:
+        return any(not k and _nullable(v, rules) for k, v in node.choices)
+    if t is ir.Ref:
+        return node.name in rules
+    if t is ir.Ws:
+        return True
+    if t is ir.Repeat:
+        return node.min == 0 or _nullable(node.item, rules)
+    if t is ir.Text:
+        return char_dfa("regex", f"^(?:{node.pattern})$", 1).accepting[0]
+    return False
+
+
+def _repeat_bounds(node: ir.Repeat) -> None:
+    if node.min < 0 or (node.max is not None and node.min > node.max):
+        raise GrammarError(f"repetition range is empty: {node.min} to {node.max} times")
+
+
 def _ref_depth(node, depth: dict) -> float:
     """How many `Ref`s deep the shortest value of `node` nests, given each rule's in `depth`
     (absent: not known to have a finite value yet); inf where it has none. Only references can
@@ -187,6 +218,8 @@ def _ref_depth(node, depth: dict) -> float:
         return max(parts, default=0)
     if t is ir.JsonObject:
         return max((_ref_depth(v, depth) for _, v, required in node.properties if required), default=0)
+    if t is ir.Repeat:
+        return _ref_depth(node.item, depth) if node.min > 0 else 0
     return 0
 
 
@@ -200,6 +233,8 @@ def _children(node):
         return [*node.prefix, *([node.item] if node.item is not None else [])]
     if t is ir.JsonObject:
         return [v for _, v, _ in node.properties] + [x for pair in node.extras for x in pair]
+    if t is ir.Repeat:
+        return (node.item,)
     return ()
 
 
@@ -329,6 +364,7 @@ class _Compiler:
         self.shared = fragments
         self.memo: dict[tuple[int, int], tuple] = {}
         self._nesting = 0  # compile() calls open on the stack (bounded by MAX_IR_NESTING)
+        self._empty_rules: set | None = None  # the rules that can match the empty text (see _nullable)
         self.rules: dict[str, Forward] = {}
         self._pending: list[Forward] = []  # rules met, not yet handed their compiler
         self._names: dict[int, str] = {}  # id(Forward) -> its rule (the Forwards live in self.rules)
@@ -394,6 +430,12 @@ class _Compiler:
                     self._bounded_number(node, RET)
             elif t is ir.JsonArray:
                 _array_bounds(node)
+            elif t is ir.Text:
+                self._text(node)
+            elif t is ir.Repeat:
+                _repeat_bounds(node)
+                if node.max is None and self._nullable(node.item):
+                    raise GrammarError(_NULLABLE_REPEAT)
             elif t is ir.JsonObject:
                 todo.extend(key for key, _ in node.extras)
             todo.extend(_children(node))
@@ -486,6 +528,18 @@ class _Compiler:
             return self._bounded_number(node, nxt)
         if isinstance(node, ir.Ws):
             return Ws(node.max, nxt) if node.max > 0 else nxt
+        if isinstance(node, ir.Text):
+            dfa, hi = self._text(node)
+            body = Text(dfa, 0, hi, nxt)
+            body.margin = self.shared.token_margin
+            return body
+        if isinstance(node, ir.Repeat):
+            _repeat_bounds(node)
+            if node.max is None and self._nullable(node.item):
+                raise GrammarError(_NULLABLE_REPEAT)
+            if node.max == 0:
+                return nxt
+            return self._repeat(Repeat(self.compile(node.item, RET), None, node.min, node.max, nxt))
         if isinstance(node, ir.JsonArray):
             return self._array(node, nxt)
         if isinstance(node, ir.JsonObject):
@@ -515,6 +569,37 @@ class _Compiler:
                 self._count_pattern(dfa)
         if not dfa.can_end_within(node.min_len, hi):
             raise GrammarError(f"no string matching {node.arg!r} has a length in [{node.min_len}, {hi}]")
+        return dfa, hi
+
+    def _nullable(self, node) -> bool:
+        """Can `node` match the empty text? (Rules by a least fixpoint, once per grammar.)"""
+        if self._empty_rules is None:
+            rules = dict(self.g.rules)
+            known: set[str] = set()
+            changed = True
+            while changed:
+                changed = False
+                for name, body in rules.items():
+                    if name not in known and _nullable(body, known):
+                        known.add(name)
+                        changed = True
+            self._empty_rules = known
+        return _nullable(node, self._empty_rules)
+
+    def _text(self, node: ir.Text):
+        """(CharDFA, maximum length) of raw text; GrammarError if no text matching the pattern has
+        an allowed length."""
+        hi = min(node.max_len if node.max_len is not None else self.max_string, PATTERN_MAX_LEN)
+        anchored = f"^(?:{node.pattern})$"
+        dfa = char_dfa("regex", anchored, hi)
+        self._count_pattern(dfa)
+        if not dfa.can_end_within(0, hi):
+            shortest = char_dfa("regex", anchored, PATTERN_MAX_LEN).shortest()
+            if shortest is None:
+                raise GrammarError(f"no text matches {node.pattern!r} within {PATTERN_MAX_LEN} characters")
+            hi = shortest  # the cap is below the shortest match: raised to it, as a string's is
+            dfa = char_dfa("regex", anchored, hi)
+            self._count_pattern(dfa)
         return dfa, hi
 
     def _split(self, targets: list[Instr]) -> Instr:

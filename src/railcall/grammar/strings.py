@@ -273,3 +273,105 @@ class JPat(Instr):
         if n >= self.min and n + self.margin + self.dfa.max_dist <= self.max:
             return (k, -1, sub, x, v)
         return local
+
+
+class Text(Instr):
+    """Raw text whose characters a regex.CharDFA matches as a whole (a general grammar's
+    terminal, ir.Text): UTF-8 as is, no quotes and no escapes, so any character the pattern
+    allows is written as itself (a newline is the byte 0x0A).
+
+    local = (dfa state, characters written, x, v) where x is 0 between characters, or a UTF-8
+    character's bytes still owed | its length << 4, and v its bits so far. Leaving is an epsilon
+    move, taken wherever the automaton accepts (and at least `min` characters are written); a
+    character, or part of one, is offered only if some completion of it can still be accepted
+    within [min, max] characters: no dead ends.
+    """
+
+    __slots__ = ("dfa", "min", "max", "margin", "_amask", "_live")
+
+    def __init__(self, dfa, min_len: int, max_len: int, nxt: Instr):
+        self._need = -1
+        self.dfa = dfa
+        self.min = min_len
+        self.max = max_len
+        self.next = nxt
+        self.margin = 0  # set by the compiler: the vocabulary's longest token in bytes
+        self._amask: dict = {}
+        self._live: dict = {}  # (state, count) -> may another character follow
+
+    def arrive(self, local, stack, out):
+        if local == 0:
+            local = (0, 0, 0, 0)
+        k, n, x, _ = local
+        if x == 0:
+            if self.dfa.accepting[k] and n >= self.min:
+                self.next.arrive(0, stack, out)
+            live = self._live.get((k, n))
+            if live is None:
+                live = self._some(k, n, 0, 0x10FFFF)
+                if len(self._live) < 65536:
+                    self._live[(k, n)] = live
+            if not live:
+                return
+        out.add((self, local, stack))
+
+    def _some(self, k: int, n: int, lo: int, hi: int) -> bool:
+        if n >= self.max:
+            return False
+        for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), min(hi, 0x10FFFF))):
+            if a <= b and any(self.dfa.fits(t, n + 1, self.min, self.max) for t in self.dfa.targets_in(k, a, b)):
+                return True
+        return False
+
+    def _char(self, k: int, n: int, cp: int):
+        if n >= self.max:
+            return None
+        t = self.dfa.step(k, cp)
+        if t >= 0 and self.dfa.fits(t, n + 1, self.min, self.max):
+            return (t, n + 1, 0, 0)
+        return None
+
+    def _next(self, local, b: int):
+        """The local after byte b; None if illegal."""
+        k, n, x, v = local
+        if x == 0:
+            if b < 0x80:
+                return self._char(k, n, b)
+            for lead, need, mask, top in ((0xC2, 1, 0x1F, 0xDF), (0xE0, 2, 0x0F, 0xEF), (0xF0, 3, 0x07, 0xF4)):
+                if lead <= b <= top:
+                    bits = b & mask
+                    lo, hi = JPat._utf8_range(bits, need, need + 1)
+                    return (k, n, need | (need + 1) << 4, bits) if lo <= hi and self._some(k, n, lo, hi) else None
+            return None
+        if not 0x80 <= b <= 0xBF:
+            return None
+        v = (v << 6) | (b & 0x3F)
+        owed, total = (x & 15) - 1, x >> 4
+        if owed == 0:
+            if v < _UTF8_MIN[total] or 0xD800 <= v <= 0xDFFF or v > 0x10FFFF:
+                return None
+            return self._char(k, n, v)
+        lo, hi = JPat._utf8_range(v, owed, total)
+        return (k, n, owed | total << 4, v) if lo <= hi and self._some(k, n, lo, hi) else None
+
+    def step(self, local, stack, b, out):
+        nl = self._next(local, b)
+        if nl is not None:
+            self.arrive(nl, stack, out)
+
+    def allowed(self, local):
+        m = self._amask.get(local)
+        if m is None:
+            m = _byteset(b for b in range(256) if self._next(local, b) is not None)
+            if len(self._amask) < 8192:
+                self._amask[local] = m
+        return m
+
+    def coarse(self, local):
+        # as JPat's: past the minimum and far from the maximum, the count changes no mask
+        if local == 0:  # not entered yet (a return address on a thread's stack)
+            return 0
+        k, n, x, v = local
+        if n >= self.min and n + self.margin + self.dfa.max_dist <= self.max:
+            return (k, -1, x, v)
+        return local

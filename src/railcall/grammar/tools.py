@@ -362,7 +362,7 @@ class ToolGrammarBuilder:
                                       empty=True) from None
                 raise e.with_context(f"tool {tool.name!r}") from None
             # rule names are made unique per tool so tables can combine them
-            hit = _prefix_rules(node, rules, tool.name)
+            hit = prefix_rules(node, rules, tool.name)
             self._args.put(key, hit)
         return hit
 
@@ -437,11 +437,12 @@ class ToolGrammarBuilder:
         return fmt.call(tuple(choices)), rules
 
 
-def _prefix_rules(node, rules, tool_name: str):
-    """Rename a tool's schema rules to `<tool>:<rule>` so that two tools' $defs never collide."""
+def prefix_rules(node, rules, prefix: str):
+    """Rename a schema's rules to `<prefix>:<rule>` (a tool's name; a grammar's place for the
+    schema) so that two schemas' $defs never collide."""
     if not rules:
         return node, ()
-    mapping = {name: f"{tool_name}:{name}" for name, _ in rules}
+    mapping = {name: f"{prefix}:{name}" for name, _ in rules}
 
     def walk(n):
         if isinstance(n, ir.Ref):
@@ -458,6 +459,8 @@ def _prefix_rules(node, rules, tool_name: str):
         if isinstance(n, ir.JsonObject):
             return ir.JsonObject(tuple((k, walk(v), r) for k, v, r in n.properties),
                                  tuple((key, walk(v)) for key, v in n.extras), n.max_extra, n.ws)
+        if isinstance(n, ir.Repeat):
+            return ir.Repeat(walk(n.item), n.min, n.max)
         return n
 
     return walk(node), tuple((mapping[name], walk(r)) for name, r in rules)

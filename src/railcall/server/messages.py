@@ -90,8 +90,12 @@ def messages_for_template(req: ChatCompletionRequest, tools: list[Tool], choice:
         rf, given = req.response_format, guided(req)
         schema = (given[1] if given and given[0] == "json" else
                   rf.json_schema.schema_ if rf is not None and rf.type == "json_schema" else None)
+        text = (given[1], "regular expression" if given[0] == "regex" else "grammar") if given and given[0] in (
+            "regex", "grammar") else (rf.definition, f"{rf.syntax} grammar") if rf is not None and rf.type == "grammar" else None
         if given and given[0] == "choice":
             extra.append("Answer with exactly one of: " + ", ".join(given[1]))
+        elif text is not None:
+            extra.append(f"Answer with text that this {text[1]} describes:\n{text[0]}")
         elif schema is not None:
             extra.append("Answer with a JSON object that follows this JSON Schema: "
                          + json.dumps(schema, separators=(",", ":")))

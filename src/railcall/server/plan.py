@@ -277,18 +277,34 @@ def _tool_grammar(tools, fmt, parallel: bool, per_call=None) -> ir.Grammar:
         raise RequestError(str(e), param="tools") from None
 
 
+def _text_grammar(syntax: str, text: str, where: str) -> ir.Grammar:
+    """A Lark, GBNF or regex grammar over the whole answer; a 400 naming `where` (and the line
+    and column) where it is not one railcall runs."""
+    from railcall.grammar.cfg import regex_grammar
+    from railcall.grammar.gbnf import gbnf_grammar
+    from railcall.grammar.lark import lark_grammar
+
+    try:
+        return {"lark": lark_grammar, "gbnf": gbnf_grammar, "regex": regex_grammar}[syntax](text)
+    except GrammarError as e:
+        raise RequestError(f"{where}: {e}", param=where, code="invalid_grammar") from None
+
+
 def _response_grammar(req) -> tuple[ir.Grammar | None, str]:
     given = guided(req)
     if given is not None:
-        kind, value = given
+        kind, value, where = given
         if kind == "choice":
             if len(set(value)) != len(value) or not all(value):
-                raise RequestError("guided_choice needs distinct, non-empty strings", param="guided_choice")
+                raise RequestError(f"{where} needs distinct, non-empty strings", param=where)
             return ir.Grammar(ir.Alt(*(ir.Lit(c) for c in value)), name="choice"), "json"
         if kind == "json_object":
             node, rules = schema_to_ir({"type": "object"})
             return ir.Grammar(node, rules, name="json_object"), "json"
-        where = "structured_outputs.json" if req.structured_outputs is not None else "guided_json"
+        if kind in ("regex", "grammar"):
+            # vLLM's grammar field takes Lark or GBNF/EBNF (`::=` rules), as its back ends do
+            syntax = "regex" if kind == "regex" else ("gbnf" if "::=" in value else "lark")
+            return _text_grammar(syntax, value, where), "json"
         try:
             node, rules = schema_to_ir(value)
         except (GrammarError, RecursionError, ValueError, TypeError) as e:
@@ -298,6 +314,8 @@ def _response_grammar(req) -> tuple[ir.Grammar | None, str]:
     rf = req.response_format
     if rf is None or rf.type == "text":
         return None, "text"
+    if rf.type == "grammar":
+        return _text_grammar(rf.syntax, rf.definition, "response_format.definition"), "json"
     if rf.type == "json_object":
         node, rules = schema_to_ir({"type": "object"})  # any object: free keys, any values
         return ir.Grammar(node, rules, name="json_object"), "json"

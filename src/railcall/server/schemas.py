@@ -122,13 +122,21 @@ class JsonSchemaFormat(_Loose):
 
 
 class ResponseFormat(_Loose):
-    type: Literal["text", "json_object", "json_schema"]
+    """OpenAI's formats, and railcall's `grammar` (an extension, shaped as OpenAI's custom tool
+    format): {"type": "grammar", "syntax": "lark" | "gbnf" | "regex", "definition": "..."}."""
+
+    type: Literal["text", "json_object", "json_schema", "grammar"]
     json_schema: JsonSchemaFormat | None = None
+    syntax: Literal["lark", "gbnf", "regex"] | None = None
+    definition: str | None = None
 
     @model_validator(mode="after")
     def _schema_given(self):
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("response_format of type json_schema needs a json_schema object")
+        if self.type == "grammar" and (self.syntax is None or self.definition is None):
+            raise ValueError('response_format of type grammar needs "syntax" ("lark", "gbnf" or "regex") and '
+                             '"definition" (the grammar\'s text)')
         return self
 
 
@@ -328,29 +336,25 @@ class CompletionRequest(_Request):
 
 
 def guided(req):
-    """vLLM's structured_outputs / guided_* fields as (kind, value): kind "json" (a schema),
-    "json_object", "choice" (a list of strings); None when none is given. Regexes and grammars
-    over free text are refused (railcall's regexes constrain JSON strings only)."""
+    """vLLM's structured_outputs / guided_* fields as (kind, value, param): kind "json" (a
+    schema), "json_object", "choice" (a list of strings), "regex" (a pattern), "grammar" (Lark or
+    GBNF text); None when none is given."""
     so = req.structured_outputs
     if so is not None:
         if so.json_ is not None:
-            return "json", so.json_
+            return "json", so.json_, "structured_outputs.json"
         if so.json_object:
-            return "json_object", None
+            return "json_object", None, "structured_outputs.json_object"
         if so.choice is not None:
-            return "choice", so.choice
-        what, param = ("regex", "structured_outputs.regex") if so.regex is not None else ("grammar", "structured_outputs.grammar")
-    elif req.guided_json is not None:
-        return "json", req.guided_json
-    elif req.guided_choice is not None:
-        return "choice", req.guided_choice
-    elif req.guided_regex is not None or req.guided_grammar is not None:
-        what, param = ("regex", "guided_regex") if req.guided_regex is not None else ("grammar", "guided_grammar")
-    else:
-        return None
-    raise RequestError(f"a {what} over the whole answer is not supported: railcall constrains answers with JSON "
-                       "Schema (response_format, guided_json, structured_outputs.json) or a list of choices "
-                       "(guided_choice); a regex can constrain a string inside a schema (\"pattern\")", param=param)
+            return "choice", so.choice, "structured_outputs.choice"
+        if so.regex is not None:
+            return "regex", so.regex, "structured_outputs.regex"
+        return "grammar", so.grammar, "structured_outputs.grammar"
+    for kind in ("json", "choice", "regex", "grammar"):
+        value = getattr(req, f"guided_{kind}")
+        if value is not None:
+            return kind, value, f"guided_{kind}"
+    return None
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,

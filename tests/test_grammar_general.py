@@ -1,0 +1,233 @@
+"""General grammars over text: regex, Lark and GBNF front ends (railcall.grammar.cfg, .lark, .gbnf).
+
+Every text a random walk writes under a grammar is checked by a parser railcall does not share:
+Python's `re.fullmatch` for regexes, the `lark` package (Earley, every tokenization) for Lark,
+and for GBNF the same language written in Lark. Errors name the rule, line and column."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import lark
+import pytest
+
+from railcall import GrammarError, Matcher, compiled_grammar, gbnf_grammar, lark_grammar, regex_grammar
+from railcall.grammar import ir
+
+CALC_LARK = r"""
+start: expr
+expr: term (("+" | "-") term)*
+term: factor (("*" | "/") factor)*
+factor: NUMBER | "(" expr ")" | "-" factor
+%import common.NUMBER
+%import common.WS
+%ignore WS
+"""
+
+SQL_LARK = r"""
+start: select
+select: "SELECT"i columns "FROM"i NAME [where] [";"]
+columns: "*" | NAME ("," NAME)*
+where: "WHERE"i cond (("AND"i | "OR"i) cond)*
+cond: NAME OP value
+OP: "=" | "<" | ">" | "<=" | ">=" | "!="
+value: NUMBER | ESCAPED_STRING
+NAME: /[a-z_][a-z0-9_]*/
+%import common.NUMBER
+%import common.ESCAPED_STRING
+%import common.WS
+%ignore WS
+"""
+
+SHELL_LARK = r"""
+start: command ("|" command)*
+command: PROG (ARG)* (REDIRECT FILE)?
+PROG: "ls" | "grep" | "wc" | "sort" | "head"
+ARG: /-[a-z]/ | /[A-Za-z0-9_.\/]+/ | /'[^']*'/
+REDIRECT: ">" | ">>"
+FILE: /[a-z0-9_.]+/
+%ignore " "
+"""
+
+# The same languages in GBNF and in Lark (the Lark one checks what the GBNF one lets a model write).
+GBNF_PAIRS = {
+    "list": (r'''
+root ::= item+
+item ::= "- " [^\r\n]{1,40} "\n"
+''', r'''
+start: item+
+item: "- " /[^\r\n]{1,40}/ "\n"
+'''),
+    "nested": (r'''
+root  ::= value
+value ::= "[" ws ( value ( "," ws value )* )? "]" | num
+num   ::= "-"? [0-9]+
+ws    ::= [ ]?
+''', r'''
+start: value
+value: "[" WS? (value ("," WS? value)*)? "]" | NUM
+NUM: /-?[0-9]+/
+WS: " "
+'''),
+    "kv": (r'''
+# key=value lines, quoted or bare values
+root   ::= line{1,5}
+line   ::= key "=" (bare | quoted) "\n"
+key    ::= [a-z] [a-z0-9_]*
+bare   ::= [A-Za-z0-9.]+
+quoted ::= "\"" ( [^"\\\n] | "\\" ["\\n] )* "\""
+''', r'''
+start: line ~ 1..5
+line: KEY "=" (BARE | QUOTED) "\n"
+KEY: /[a-z][a-z0-9_]*/
+BARE: /[A-Za-z0-9.]+/
+QUOTED: /"([^"\\\n]|\\["\\n])*"/
+'''),
+}
+
+REGEXES = [r"\d{4}-\d{2}-\d{2}", r"[a-z0-9._%+-]{1,20}@[a-z0-9-]{1,12}\.(com|org|net)",
+           r"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)",
+           r"v?(0|[1-9]\d{0,3})\.(0|[1-9]\d{0,3})\.(0|[1-9]\d{0,3})(-[a-z]{1,8})?",
+           r"\+?1? ?\(?\d{3}\)?[ -]?\d{3}-\d{4}", r"(yes|no|maybe)( because [a-z ]{1,30})?\."]
+
+
+def walk(compiled, vocab, rng: random.Random, steps: int = 40) -> bytes:
+    """A random walk under the grammar, ended by a stop token where one is legal (often) or by
+    the forced finish; the text it wrote."""
+    m = Matcher(compiled)
+    out = bytearray()
+    stops = set(vocab.stop_ids)
+    for _ in range(steps):
+        legal = m.legal_token_ids().tolist()
+        assert legal, f"a dead end after {bytes(out)!r}"
+        if any(t in stops for t in legal) and rng.random() < 0.25:
+            return bytes(out)
+        t = rng.choice([t for t in legal if t not in stops] or legal)
+        if t in stops:
+            return bytes(out)
+        assert m.consume_token(t)
+        out += vocab.token_bytes[t]
+    for t in m.finish():
+        out += vocab.token_bytes[t]
+    assert m.is_accepting()
+    return bytes(out)
+
+
+def texts(grammar, vocab, n: int, seed: int = 0) -> list[str]:
+    compiled = compiled_grammar(grammar, vocab)
+    rng = random.Random(seed)
+    return [walk(compiled, vocab, rng).decode("utf-8") for _ in range(n)]
+
+
+@pytest.mark.parametrize("pattern", REGEXES)
+def test_regex_walks_fullmatch(smollm2_vocab, pattern):
+    for text in texts(regex_grammar(pattern), smollm2_vocab, 12):
+        assert re.fullmatch(pattern, text), (pattern, text)
+
+
+def test_regex_anchors_are_the_whole_text_and_errors_name_the_pattern():
+    assert regex_grammar("^ab$") == regex_grammar("ab")
+    with pytest.raises(GrammarError, match=r"lookaround"):
+        regex_grammar("(?=a)b")
+    with pytest.raises(GrammarError, match="backreference|not supported|unknown"):
+        regex_grammar(r"(a)\1")
+
+
+@pytest.mark.parametrize("source", [CALC_LARK, SQL_LARK, SHELL_LARK], ids=["calc", "sql", "shell"])
+def test_lark_walks_parse_with_lark(smollm2_vocab, source):
+    parser = lark.Lark(source, parser="earley", lexer="dynamic_complete")
+    for text in texts(lark_grammar(source), smollm2_vocab, 12):
+        parser.parse(text)  # raises if lark's own parser rejects it
+
+
+@pytest.mark.parametrize("name", sorted(GBNF_PAIRS))
+def test_gbnf_walks_parse_as_the_same_language_in_lark(smollm2_vocab, name):
+    gbnf, same = GBNF_PAIRS[name]
+    parser = lark.Lark(same, parser="earley", lexer="dynamic_complete")
+    for text in texts(gbnf_grammar(gbnf), smollm2_vocab, 12, seed=1):
+        parser.parse(text)
+
+
+def test_gbnf_and_lark_accept_and_refuse_the_same_texts(smollm2_vocab):
+    """Byte by byte: the matcher accepts a text exactly when lark's parser does."""
+    gbnf, same = GBNF_PAIRS["nested"]
+    compiled = compiled_grammar(gbnf_grammar(gbnf), smollm2_vocab)
+    parser = lark.Lark(same, parser="earley", lexer="dynamic_complete")
+    for text in ["[]", "[1,[2],[ [3]]]", "-12", "[1,]", "[ ]", "[[[[", "1 ", "[-0, 7]", "[7 ,1]"]:
+        m = Matcher(compiled)
+        ours = m.consume_bytes(text.encode()) and m.is_accepting()
+        try:
+            parser.parse(text)
+            theirs = True
+        except lark.exceptions.LarkError:
+            theirs = False
+        assert ours == theirs, text
+
+
+def test_lark_json_embeds_a_schema(smollm2_vocab):
+    source = 'start: "Answer: " %json {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}},' \
+             ' "required": ["n"], "additionalProperties": false}\n'
+    for text in texts(lark_grammar(source), smollm2_vocab, 8):
+        assert re.fullmatch(r'Answer: \{"n":(0|[1-9][0-9]*)\}', text), text
+
+
+def test_recursion_nests_and_repetition_does_not(smollm2_vocab):
+    g = lark_grammar('start: item*\nitem: "(" item* ")" | "x"\n')
+    m = Matcher(compiled_grammar(g, smollm2_vocab))
+    assert m.consume_bytes(b"x" * 500 + b"(((x)))" * 50) and m.is_accepting()
+
+
+@pytest.mark.parametrize("source, where", [
+    ('start: a\na: a "x" | "y"\n', r"line 2, column 1: rule 'a' is left-recursive \(a -> a"),
+    ('start: b\nb: c "x"\nc: b | "y"\n', r"rule 'b' is left-recursive \(b -> c -> b"),
+    ('start: foo\n', r"line 1, column 8: 'foo' is used in rule 'start' but never defined"),
+    ('start: "a"\nstart: "b"\n', r"line 2, column 1: 'start' is defined twice"),
+    ('start: /a/i\n', r"line 1, column 11: regex flags \(i\)"),
+    ('start: x{1}\n', r"templates"),
+    ('%import other.X\nstart: "a"\n', r"line 1, column 9: .*only Lark's common terminals"),
+    ('%declare X\nstart: "a"\n', r"%declare is not supported"),
+    ('start: "a\n', r"line 1, column 8: a literal without its closing"),
+    ('start: ("a"\n', r"line 1, column 8: a `\(` without its `\)`"),
+    ('start: (x?)*\nx: "(" x ")" | "y"\n', r"unbounded repetition of something that can be empty, in the part "
+                                               r"using 'x'"),
+    ('nostart: "a"\n', r"no 'start' rule"),
+])
+def test_lark_errors_name_the_place(source, where):
+    with pytest.raises(GrammarError, match=where):
+        lark_grammar(source)
+
+
+@pytest.mark.parametrize("source, where", [
+    ('root ::= x\nx ::= x "a" | "b"\n', r"GBNF grammar, line 2, column 1: rule 'x' is left-recursive"),
+    ('root ::= [z-a]\n', r"line 1, column 10: a range from 'z' down to 'a'"),
+    ('root ::= "a" <[123]>\n', r"line 1, column 14: token references"),
+    ('root ::= "\\q"\n', r"line 1, column 11: unknown escape"),
+    ('root ::= "a"{3,1}\n', r"at least 3 and at most 1"),
+    ('root ::= item\n', r"'item' is used in rule 'root' but never defined"),
+    ('item ::= "a"\n', r"no 'root' rule"),
+    ('root ::= ("a"\n', r"line 1, column 10: a `\(` without its `\)`"),
+    ('root = "a"\n', r"line 1, column 1: expected a rule"),
+])
+def test_gbnf_errors_name_the_place(source, where):
+    with pytest.raises(GrammarError, match=where):
+        gbnf_grammar(source)
+
+
+def test_ir_text_and_repeat_directly(smollm2_vocab):
+    g = ir.Grammar(ir.Seq(ir.Lit("ids:"), ir.Repeat(ir.Seq(ir.Lit(" "), ir.Text("[A-Z]{2}[0-9]{2,3}")), 1, 3),
+                          ir.Lit(".")))
+    for text in texts(g, smollm2_vocab, 10):
+        assert re.fullmatch(r"ids:( [A-Z]{2}[0-9]{2,3}){1,3}\.", text), text
+    with pytest.raises(GrammarError, match="empty"):
+        compiled_grammar(ir.Grammar(ir.Repeat(ir.Text("a?"))), smollm2_vocab)
+
+
+def test_terminals_are_capped_and_the_cap_is_said(smollm2_vocab):
+    """A regular stretch is at most cfg.TEXT_MAX characters: the walk is finished inside it."""
+    from railcall.grammar.cfg import TEXT_MAX
+
+    m = Matcher(compiled_grammar(regex_grammar("a+b"), smollm2_vocab))
+    assert m.consume_bytes(b"a" * (TEXT_MAX - 1)) and not m.consume_bytes(b"a")
+    m2 = Matcher(compiled_grammar(regex_grammar("a+b"), smollm2_vocab))
+    assert m2.consume_bytes(b"a" * (TEXT_MAX - 1) + b"b") and m2.is_accepting()
