@@ -13,42 +13,8 @@ import lark
 import pytest
 
 from railcall import GrammarError, Matcher, compiled_grammar, gbnf_grammar, lark_grammar, regex_grammar
+from railcall.bench.grammars import CALC_LARK, REGEXES, SHELL_LARK, SQL_LARK
 from railcall.grammar import ir
-
-CALC_LARK = r"""
-start: expr
-expr: term (("+" | "-") term)*
-term: factor (("*" | "/") factor)*
-factor: NUMBER | "(" expr ")" | "-" factor
-%import common.NUMBER
-%import common.WS
-%ignore WS
-"""
-
-SQL_LARK = r"""
-start: select
-select: "SELECT"i columns "FROM"i NAME [where] [";"]
-columns: "*" | NAME ("," NAME)*
-where: "WHERE"i cond (("AND"i | "OR"i) cond)*
-cond: NAME OP value
-OP: "=" | "<" | ">" | "<=" | ">=" | "!="
-value: NUMBER | ESCAPED_STRING
-NAME: /[a-z_][a-z0-9_]*/
-%import common.NUMBER
-%import common.ESCAPED_STRING
-%import common.WS
-%ignore WS
-"""
-
-SHELL_LARK = r"""
-start: command ("|" command)*
-command: PROG (ARG)* (REDIRECT FILE)?
-PROG: "ls" | "grep" | "wc" | "sort" | "head"
-ARG: /-[a-z]/ | /[A-Za-z0-9_.\/]+/ | /'[^']*'/
-REDIRECT: ">" | ">>"
-FILE: /[a-z0-9_.]+/
-%ignore " "
-"""
 
 # The same languages in GBNF and in Lark (the Lark one checks what the GBNF one lets a model write).
 GBNF_PAIRS = {
@@ -86,10 +52,8 @@ QUOTED: /"([^"\\\n]|\\["\\n])*"/
 '''),
 }
 
-REGEXES = [r"\d{4}-\d{2}-\d{2}", r"[a-z0-9._%+-]{1,20}@[a-z0-9-]{1,12}\.(com|org|net)",
-           r"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)",
-           r"v?(0|[1-9]\d{0,3})\.(0|[1-9]\d{0,3})\.(0|[1-9]\d{0,3})(-[a-z]{1,8})?",
-           r"\+?1? ?\(?\d{3}\)?[ -]?\d{3}-\d{4}", r"(yes|no|maybe)( because [a-z ]{1,30})?\."]
+# with \d and \w: ASCII in railcall's dialect, Unicode in Python's `re`, so every text fits both
+PATTERNS = [*REGEXES.values(), r"\d{4}-\d{2}", r"(yes|no|maybe)( because [a-z ]{1,30})?\.", r"\w+@\w+\.com"]
 
 
 def walk(compiled, vocab, rng: random.Random, steps: int = 40) -> bytes:
@@ -120,7 +84,7 @@ def texts(grammar, vocab, n: int, seed: int = 0) -> list[str]:
     return [walk(compiled, vocab, rng).decode("utf-8") for _ in range(n)]
 
 
-@pytest.mark.parametrize("pattern", REGEXES)
+@pytest.mark.parametrize("pattern", PATTERNS)
 def test_regex_walks_fullmatch(smollm2_vocab, pattern):
     for text in texts(regex_grammar(pattern), smollm2_vocab, 12):
         assert re.fullmatch(pattern, text), (pattern, text)
@@ -173,9 +137,18 @@ def test_lark_json_embeds_a_schema(smollm2_vocab):
 
 
 def test_recursion_nests_and_repetition_does_not(smollm2_vocab):
-    g = lark_grammar('start: item*\nitem: "(" item* ")" | "x"\n')
-    m = Matcher(compiled_grammar(g, smollm2_vocab))
-    assert m.consume_bytes(b"x" * 500 + b"(((x)))" * 50) and m.is_accepting()
+    """A rule entered inside itself and returned from nests (MAX_DEPTH levels); repetition and
+    a rule that ends in a rule do not."""
+    from railcall.grammar.instructions import MAX_DEPTH
+
+    g = compiled_grammar(lark_grammar('start: item*\nitem: "(" item* ")" | "x"\n'), smollm2_vocab)
+    assert Matcher(g).consume_bytes(b"x" * 500 + b"(((x)))" * 50)
+    deep = Matcher(g)
+    assert deep.consume_bytes(b"(" * MAX_DEPTH) and not deep.consume_bytes(b"(")
+    whole = Matcher(g)
+    assert whole.consume_bytes(b"(" * MAX_DEPTH + b")" * MAX_DEPTH) and whole.is_accepting()
+    right = Matcher(compiled_grammar(lark_grammar('start: a\na: "-" a | "x"\n'), smollm2_vocab))
+    assert right.consume_bytes(b"-" * 500 + b"x") and right.is_accepting()
 
 
 @pytest.mark.parametrize("source, where", [
@@ -223,11 +196,41 @@ def test_ir_text_and_repeat_directly(smollm2_vocab):
         compiled_grammar(ir.Grammar(ir.Repeat(ir.Text("a?"))), smollm2_vocab)
 
 
-def test_terminals_are_capped_and_the_cap_is_said(smollm2_vocab):
-    """A regular stretch is at most cfg.TEXT_MAX characters: the walk is finished inside it."""
-    from railcall.grammar.cfg import TEXT_MAX
-
+def test_text_is_not_capped_unless_asked(smollm2_vocab):
+    """A regular stretch has no length cap (the reply's token budget bounds it); regex_grammar's
+    max_len caps it, and the walk is then finished inside it."""
     m = Matcher(compiled_grammar(regex_grammar("a+b"), smollm2_vocab))
-    assert m.consume_bytes(b"a" * (TEXT_MAX - 1)) and not m.consume_bytes(b"a")
-    m2 = Matcher(compiled_grammar(regex_grammar("a+b"), smollm2_vocab))
-    assert m2.consume_bytes(b"a" * (TEXT_MAX - 1) + b"b") and m2.is_accepting()
+    assert m.consume_bytes(b"a" * 20_000 + b"b") and m.is_accepting()
+    capped = compiled_grammar(regex_grammar("a+b", max_len=10), smollm2_vocab)
+    m = Matcher(capped)
+    assert m.consume_bytes(b"a" * 9) and not m.consume_bytes(b"a")
+    m = Matcher(capped)
+    assert m.consume_bytes(b"a" * 9 + b"b") and m.is_accepting()
+
+
+def test_masks_agree_with_llguidance(smollm2_vocab):
+    """Step by step on random walks, railcall's mask against llguidance's over grammars both
+    read: where llguidance allows a token, so does railcall; where railcall alone allows one,
+    the text it leads to (completed under railcall) parses with an independent parser.
+    (railcall allows more at the very start of Lark grammars with %ignore, as Lark does, and
+    inside a forced literal, where llguidance keeps one tokenization; `railcall bench grammars`
+    counts them on llama.cpp's grammars.)"""
+    from railcall.bench.grammars import Differential, Grammar, _LLGuidance, _Railcall, walks
+    from railcall.models.store import tokenizer_folder
+
+    tok_json = (tokenizer_folder("smollm2") / "tokenizer.json").read_text()
+    stops = sorted(smollm2_vocab.stop_ids)
+    ours = _Railcall(smollm2_vocab, tok_json, stops)
+    peer = _LLGuidance(smollm2_vocab, tok_json, stops)
+    grammars = [Grammar(k, "gbnf", g) for k, (g, _) in GBNF_PAIRS.items()]
+    grammars += [Grammar(k, "regex", p) for k, p in REGEXES.items()]
+    grammars += [Grammar("sql", "lark", SQL_LARK), Grammar("shell", "lark", SHELL_LARK)]
+    total = Differential()
+    for g in grammars:
+        d = Differential()
+        walks(g, ours, peer, smollm2_vocab, stops, 4, 30, random.Random(3), d)
+        assert d.theirs_only_steps == 0, (g.name, d.examples)
+        assert d.ours_only_valid == d.ours_only_checked, (g.name, d.examples)
+        total.steps += d.steps
+        total.same += d.same
+    assert total.steps > 600 and total.same > 0.9 * total.steps

@@ -313,6 +313,38 @@ def bench_steps(
     console.print(markdown(r), markup=False, highlight=False)
 
 
+@bench_app.command("grammars")
+def bench_grammars(
+    out: str = typer.Option("bench-out/grammars", "--out", help="The folder for grammars.json and grammars.md."),
+    vocab: str = typer.Option("smollm2", "--vocab", help="smollm2, gemma3 or qwen2."),
+    walks: int = typer.Option(30, "--walks", help="Random walks per grammar (each engine times the same paths)."),
+    steps: int = typer.Option(60, "--steps", help="Tokens per walk, at the most."),
+    engine: list[str] = typer.Option(None, "--engine", help="railcall, llguidance, xgrammar (default: all three)."),
+    llama_src: str = typer.Option("build/llama.cpp", "--llama-src",
+                                  help="Where llama.cpp's grammars/*.gbnf are (the llama-cpp-python sdist, fetched from PyPI if absent)."),
+) -> None:
+    """General grammars (llama.cpp's GBNF files, Lark, regexes): railcall beside llguidance and XGrammar
+    (compile, first mask, mask and consume latencies), and railcall's masks against llguidance's, step by step."""
+    from pathlib import Path
+
+    from railcall.bench.grammars import ENGINES, run
+    from railcall.bench.run import VOCABS
+
+    _at_least_1(walks=walks, steps=steps)
+    if vocab not in VOCABS:
+        _fail(ValueError(f"unknown vocabulary {vocab!r}; use {', '.join(VOCABS)}"))
+    unknown = sorted(set(engine or ()) - set(ENGINES))
+    if unknown:
+        _fail(ValueError(f"unknown engine {', '.join(unknown)}; use {', '.join(ENGINES)}"))
+    _require("railcall bench grammars (its independent parser for Lark grammars)", "lark", extra="dev")
+    r = run(Path(out), vocab_name=vocab, n_walks=walks, max_steps=steps, engines=engine or None,
+            folder=Path(llama_src), log=lambda m: console.print(m, style="dim", markup=False, highlight=False))
+    from railcall.bench.grammars import markdown
+
+    console.print(markdown(r), markup=False, highlight=False)
+    console.print(f"wrote {out}/grammars.json and {out}/grammars.md in {r['seconds']:.0f} s")
+
+
 @bench_app.command("serve")
 def bench_serve(
     out: str = typer.Option("bench-out/serve", "--out", help="The folder for serve.json, serve.md and serve.png."),

@@ -22,9 +22,10 @@ choices do not remove any). Regular parts become character automata:
   other rules) is refused with an error that names it: the byte machine expands rules depth
   first and would never write a byte. `expr: expr "+" term | term` is written
   `expr: term ("+" term)*`.
-- Each regular stretch (a `Text`) is at most TEXT_MAX characters, and rules nest at most
-  grammar.instructions.MAX_DEPTH deep (a recursive rule entered inside itself); repetition does
-  not nest, so `statement*` has no such limit.
+- A regular stretch (a `Text`) has no length cap (a reply's token budget bounds it), and rules
+  nest at most grammar.instructions.MAX_DEPTH deep (a recursive rule entered inside itself and returned from,
+  as in `"(" expr ")"`). Neither repetition nor a rule that ends in a rule (`a: "-" a`) nests, so
+  `statement*` and right recursion have no such limit.
 """
 
 from __future__ import annotations
@@ -32,10 +33,7 @@ from __future__ import annotations
 from railcall.errors import GrammarError
 from railcall.grammar import ir
 from railcall.grammar.regex import MAX_UNICODE, RegexError
-from railcall.grammar.strings import PATTERN_MAX_LEN
-
-# The most characters of one regular stretch of a general grammar (an ir.Text).
-TEXT_MAX = PATTERN_MAX_LEN
+from railcall.grammar.strings import PATTERN_MAX_LEN, char_dfa
 
 _META = set("\\^$.|?*+()[]{}/")
 
@@ -130,8 +128,6 @@ def _nullable(tree, empty: set) -> bool:
 
 
 def _regex_nullable(pattern: str) -> bool:
-    from railcall.grammar.strings import char_dfa
-
     return bool(char_dfa("regex", f"^(?:{pattern})$", 1).accepting[0])
 
 
@@ -294,7 +290,7 @@ class _Builder:
         if plain is not None:
             return ir.Lit(plain)
         pattern = self.regex(tree)
-        return ir.Text(pattern, TEXT_MAX)
+        return ir.Text(pattern)
 
     # -- everything else to IR ----------------------------------------------------------------
 
@@ -338,8 +334,8 @@ class _Builder:
         self.check()
         try:
             rules = [(n, self.node(t)) for n, t in self.r.defs.items() if n not in self.regular]
-            start = self.node(self.r.defs[self.start]) if self.start in self.regular else ir.Ref(self.start)
-            grammar = ir.Grammar(start, tuple(rules) + tuple(self.extra_rules), name=name)
+            start = self.node(self.r.defs[self.start])  # its body (the rule stays, for references)
+            grammar = ir.Grammar(start, tuple(rules) + tuple(self.extra_rules), name=name, tail_calls=True)
         except RegexError as e:
             raise GrammarError(f"{self.r.kind} grammar: {e}") from None
         return grammar
@@ -369,17 +365,19 @@ def build(rules: Rules, start: str, name: str) -> ir.Grammar:
     return _Builder(rules, start).build(name)
 
 
-def regex_grammar(pattern: str, max_len: int = TEXT_MAX) -> ir.Grammar:
+def regex_grammar(pattern: str, max_len: int | None = None) -> ir.Grammar:
     """Text that matches `pattern` as a whole (railcall's regex dialect, grammar.regex: the
-    subset of ECMA-262 / Python `re` a regular language holds), at most `max_len` characters.
-    A GrammarError (a RegexError) names what is outside the dialect."""
+    subset of ECMA-262 / Python `re` a regular language holds), of any length or at most
+    `max_len` characters (up to grammar.strings.PATTERN_MAX_LEN). A GrammarError (a RegexError)
+    names what is outside the dialect."""
     if not isinstance(pattern, str):
         raise GrammarError(f"a regex grammar takes a pattern string, not {type(pattern).__name__}")
-    from railcall.grammar.strings import char_dfa
-
     if pattern.startswith("^"):
         pattern = pattern[1:]  # anchored already: the whole text matches
     if pattern.endswith("$") and not pattern.endswith("\\$"):
         pattern = pattern[:-1]
-    char_dfa("regex", f"^(?:{pattern})$", min(max_len, TEXT_MAX))  # errors now, naming the pattern
-    return ir.Grammar(ir.Text(pattern, min(max_len, TEXT_MAX)), name="regex")
+    if max_len is not None and not 0 < max_len <= PATTERN_MAX_LEN:
+        raise GrammarError(f"max_len must be 1 to {PATTERN_MAX_LEN}, not {max_len}")
+    if char_dfa("regex", f"^(?:{pattern})$", PATTERN_MAX_LEN).shortest() is None:  # errors name the pattern
+        raise GrammarError(f"no text matches {pattern!r}")
+    return ir.Grammar(ir.Text(pattern, max_len), name="regex")

@@ -298,6 +298,26 @@ class Call(Instr):
         return max(1 + self.target._need, self.next._need)
 
 
+class Jump(Instr):
+    """A call in tail position (a general grammar's rule ending in a rule): the target returns
+    where this rule would have, so the thread's stack does not grow. `a: "-" a | "x"` then
+    writes any number of dashes, not MAX_DEPTH of them."""
+
+    __slots__ = ("target",)
+    consumes = False
+
+    def __init__(self, target: Instr):
+        self._need = -1
+        self.target = target
+        self.next = None
+
+    def arrive(self, local, stack, out):
+        self.target.arrive(0, stack, out)
+
+    def need_parts(self):
+        return (self.target,)
+
+
 class Guard(Instr):
     """Enters `target` only where what it needs fits under the depth limit: a thread at depth d
     may take a branch that needs `need` more levels (see need_of) only if d + need <= MAX_DEPTH.

@@ -45,8 +45,8 @@ Nodes (all immutable):
                                    option; never unbounded)
     Text(pattern, max_len)         raw text (UTF-8, no quotes, no escapes) whose characters match
                                    `pattern` as a whole (the regex dialect of JsonPattern, anchored
-                                   at both ends); at most `max_len` characters (None: the string
-                                   cap). The terminals of general grammars (railcall.grammar.cfg)
+                                   at both ends); at most `max_len` characters (None: any length,
+                                   not counted). The terminals of general grammars (grammar.cfg)
     Repeat(item, min, max)         `item` from `min` to `max` times (None: no upper bound), nothing
                                    between; `item` must not match the empty text where `max` is None
 
@@ -213,11 +213,15 @@ class Grammar:
     rules: tuple = ()  # ((name, node), ...)
     name: str = "grammar"
     key: str = field(default="", compare=False)
+    # A rule that ends in a reference continues into it without nesting (general grammars,
+    # railcall.grammar.cfg); JSON Schema grammars count every reference as a level.
+    tail_calls: bool = False
 
     def __post_init__(self):
         if not self.key:
             try:
-                object.__setattr__(self, "key", _digest((self.start, self.rules)))
+                object.__setattr__(self, "key", _digest((self.start, self.rules, "tail") if self.tail_calls else
+                                                        (self.start, self.rules)))
             except RecursionError:  # the repr recurses (a Python frame per level), so this bounds the nesting
                 raise GrammarError("the grammar nests too deeply (about a thousand levels); "
                                    "flatten it, or use Ref rules for recursion") from None

@@ -348,10 +348,17 @@ class _Parser:
         return ("node", node, tuple(rules))
 
 
+# Characters that Python's `re` (Lark's parsers) and Rust's regex match case-insensitively with
+# an ASCII letter beyond its other case: the dotted and dotless i, the long s, the Kelvin sign.
+_FOLD_EXTRA = (0x130, 0x131, 0x17F, 0x212A)
+
+
 def _fold(ch: str) -> tuple:
-    """The ranges of one character of a case-insensitive literal: itself and its other case."""
-    forms = {ord(ch), ord(ch.lower()) if len(ch.lower()) == 1 else ord(ch),
-             ord(ch.upper()) if len(ch.upper()) == 1 else ord(ch)}
+    """The ranges of one character of a case-insensitive literal: every character Python's `re`
+    matches it with under IGNORECASE (`"s"i` takes s, S and U+017F, as Lark does)."""
+    candidates = {ord(ch)} | {ord(c) for form in (ch.lower(), ch.upper(), ch.casefold()) if len(form) == 1
+                              for c in form} | set(_FOLD_EXTRA)
+    forms = {c for c in candidates if re.fullmatch(re.escape(ch), chr(c), re.IGNORECASE)}
     return tuple((c, c) for c in sorted(forms))
 
 

@@ -7,7 +7,7 @@ import threading
 
 from railcall.errors import GrammarError
 from railcall.grammar import ir
-from railcall.grammar.instructions import MAX_DEPTH, RET, Accept, Call, Forward, Guard, Instr, Lit, Repeat, Select, Special, Split, Ws
+from railcall.grammar.instructions import MAX_DEPTH, RET, Accept, Call, Forward, Guard, Instr, Jump, Lit, Repeat, Select, Special, Split, Ws
 from railcall.grammar.numbers import MAX_NUMBER_CHARS, JDec, JInt, JNum, clamp_int
 from railcall.grammar.strings import _PY_ESCAPES, _SIMPLE_ESCAPES, PATTERN_MAX_LEN, JPat, JStr, Text, char_dfa
 
@@ -365,6 +365,9 @@ class _Compiler:
         self.memo: dict[tuple[int, int], tuple] = {}
         self._nesting = 0  # compile() calls open on the stack (bounded by MAX_IR_NESTING)
         self._empty_rules: set | None = None  # the rules that can match the empty text (see _nullable)
+        # whether a reference followed by RET may jump (a rule body's end in a grammar with
+        # tail_calls), not call: False in a repetition's item, whose RET returns to the repetition
+        self._tail = False
         self.rules: dict[str, Forward] = {}
         self._pending: list[Forward] = []  # rules met, not yet handed their compiler
         self._names: dict[int, str] = {}  # id(Forward) -> its rule (the Forwards live in self.rules)
@@ -391,6 +394,7 @@ class _Compiler:
         with self._lock:
             if fwd.target is None:
                 self.guarded = bool(self.depths)
+                self._tail = self.g.tail_calls  # a rule's own end: a reference there may jump
                 fwd.target = self.compile(self.g.rule(self._names[id(fwd)]), RET)
                 for f in self._pending:
                     f.compiler = self
@@ -461,7 +465,7 @@ class _Compiler:
     def compile(self, node, nxt: Instr) -> Instr:
         # Literals are keyed by value, so the punctuation after a tool's arguments is the same
         # instruction in every grammar and the arguments compiled against it can be shared.
-        key = (node.data, id(nxt)) if isinstance(node, ir.Lit) else (id(node), id(nxt))
+        key = (node.data, id(nxt)) if isinstance(node, ir.Lit) else (id(node), id(nxt), self._tail)
         hit = self.memo.get(key) or self.shared.memo.get(key)
         if hit is not None:
             return hit[2]
@@ -507,6 +511,8 @@ class _Compiler:
                 fwd = self.rules[node.name] = Forward(self.depths.get(node.name, 0))
                 self._names[id(fwd)] = node.name
                 self._pending.append(fwd)
+            if nxt is RET and self._tail:
+                return Jump(fwd)
             return Call(fwd, nxt)
         if isinstance(node, ir.JsonString):
             hi = self._string_max(node)
@@ -539,7 +545,7 @@ class _Compiler:
                 raise GrammarError(_NULLABLE_REPEAT)
             if node.max == 0:
                 return nxt
-            return self._repeat(Repeat(self.compile(node.item, RET), None, node.min, node.max, nxt))
+            return self._repeat(Repeat(self._item(node.item), None, node.min, node.max, nxt))
         if isinstance(node, ir.JsonArray):
             return self._array(node, nxt)
         if isinstance(node, ir.JsonObject):
@@ -571,6 +577,15 @@ class _Compiler:
             raise GrammarError(f"no string matching {node.arg!r} has a length in [{node.min_len}, {hi}]")
         return dfa, hi
 
+    def _item(self, node) -> Instr:
+        """`node` compiled as a repetition's item: ending in RET, which returns to the repetition's
+        frame, so a reference at its end is a call (a jump would leave the frame uncounted)."""
+        tail, self._tail = self._tail, False
+        try:
+            return self.compile(node, RET)
+        finally:
+            self._tail = tail
+
     def _nullable(self, node) -> bool:
         """Can `node` match the empty text? (Rules by a least fixpoint, once per grammar.)"""
         if self._empty_rules is None:
@@ -587,10 +602,16 @@ class _Compiler:
         return _nullable(node, self._empty_rules)
 
     def _text(self, node: ir.Text):
-        """(CharDFA, maximum length) of raw text; GrammarError if no text matching the pattern has
-        an allowed length."""
-        hi = min(node.max_len if node.max_len is not None else self.max_string, PATTERN_MAX_LEN)
+        """(CharDFA, maximum length: None where not capped) of raw text; GrammarError if no text
+        matching the pattern has an allowed length."""
         anchored = f"^(?:{node.pattern})$"
+        if node.max_len is None:
+            dfa = char_dfa("regex", anchored, PATTERN_MAX_LEN)
+            self._count_pattern(dfa)
+            if dfa.shortest() is None:
+                raise GrammarError(f"no text matches {node.pattern!r}")
+            return dfa, None
+        hi = min(node.max_len, PATTERN_MAX_LEN)
         dfa = char_dfa("regex", anchored, hi)
         self._count_pattern(dfa)
         if not dfa.can_end_within(0, hi):
@@ -663,7 +684,7 @@ class _Compiler:
         if hi is not None:
             k = min(k, hi)
         if node.item is not None and (hi is None or hi > k):
-            item = self.compile(node.item, RET)
+            item = self._item(node.item)
             sep = self._punct(b",", ws, item, before=True)
             rmin = max(lo - k, 0)
             rmax = None if hi is None else hi - k
@@ -700,7 +721,7 @@ class _Compiler:
                 return close
             hit = extras.get(first)
             if hit is None:
-                members = [self.compile(key, self._punct(b":", ws, self.compile(value, RET), before=True))
+                members = [self.compile(key, self._punct(b":", ws, self._item(value), before=True))
                            for key, value in node.extras]
                 member = self._split(members)
                 sep = self._punct(b",", ws, member, before=True)

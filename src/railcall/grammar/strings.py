@@ -5,6 +5,7 @@ additional properties, run by a character automaton from `regex`)."""
 from __future__ import annotations
 
 import functools
+from bisect import bisect_right
 
 import numpy as np
 
@@ -275,6 +276,12 @@ class JPat(Instr):
         return local
 
 
+# UTF-8 leads whose next byte has a narrower range than 80-BF (no overlong forms, no surrogates,
+# nothing past U+10FFFF): their characters are followed by value until that byte is checked.
+_NARROW_LEADS = frozenset((0xE0, 0xED, 0xF0, 0xF4))
+_CONTINUATION = _frozen(_byteset(range(0x80, 0xC0)))
+
+
 class Text(Instr):
     """Raw text whose characters a regex.CharDFA matches as a whole (a general grammar's
     terminal, ir.Text): UTF-8 as is, no quotes and no escapes, so any character the pattern
@@ -284,16 +291,18 @@ class Text(Instr):
     character's bytes still owed | its length << 4, and v its bits so far. Leaving is an epsilon
     move, taken wherever the automaton accepts (and at least `min` characters are written); a
     character, or part of one, is offered only if some completion of it can still be accepted
-    within [min, max] characters: no dead ends.
+    within [min, max] characters: no dead ends. With `max` None the text is not counted (the
+    count stays 0): any length, and a state per automaton state, so masks are shared along it
+    (the automaton has no transition that cannot finish, so no dead ends either).
     """
 
     __slots__ = ("dfa", "min", "max", "margin", "_amask", "_live")
 
-    def __init__(self, dfa, min_len: int, max_len: int, nxt: Instr):
+    def __init__(self, dfa, min_len: int, max_len: int | None, nxt: Instr):
         self._need = -1
         self.dfa = dfa
         self.min = min_len
-        self.max = max_len
+        self.max = max_len  # None: not counted
         self.next = nxt
         self.margin = 0  # set by the compiler: the vocabulary's longest token in bytes
         self._amask: dict = {}
@@ -316,6 +325,9 @@ class Text(Instr):
         out.add((self, local, stack))
 
     def _some(self, k: int, n: int, lo: int, hi: int) -> bool:
+        if self.max is None:
+            return any(a <= b and self.dfa.targets_in(k, a, b)
+                       for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), min(hi, 0x10FFFF))))
         if n >= self.max:
             return False
         for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), min(hi, 0x10FFFF))):
@@ -324,6 +336,9 @@ class Text(Instr):
         return False
 
     def _char(self, k: int, n: int, cp: int):
+        if self.max is None:
+            t = self.dfa.step(k, cp)
+            return (t, 0, 0, 0) if t >= 0 else None
         if n >= self.max:
             return None
         t = self.dfa.step(k, cp)
@@ -341,18 +356,51 @@ class Text(Instr):
                 if lead <= b <= top:
                     bits = b & mask
                     lo, hi = JPat._utf8_range(bits, need, need + 1)
-                    return (k, n, need | (need + 1) << 4, bits) if lo <= hi and self._some(k, n, lo, hi) else None
+                    if not (lo <= hi and self._some(k, n, lo, hi)):
+                        return None
+                    if b in _NARROW_LEADS:  # its next byte has a narrower range: checked by value
+                        return (k, n, need | (need + 1) << 4, bits)
+                    return (k, n, need | (need + 1) << 4, self._same(k, lo, hi, bits))
             return None
         if not 0x80 <= b <= 0xBF:
             return None
-        v = (v << 6) | (b & 0x3F)
         owed, total = (x & 15) - 1, x >> 4
+        if v < 0:  # every character this one can still be steps to the same state (see _same)
+            return self._land(-1 - v, n) if owed == 0 else (k, n, owed | total << 4, v)
+        v = (v << 6) | (b & 0x3F)
         if owed == 0:
             if v < _UTF8_MIN[total] or 0xD800 <= v <= 0xDFFF or v > 0x10FFFF:
                 return None
             return self._char(k, n, v)
         lo, hi = JPat._utf8_range(v, owed, total)
-        return (k, n, owed | total << 4, v) if lo <= hi and self._some(k, n, lo, hi) else None
+        if not (lo <= hi and self._some(k, n, lo, hi)):
+            return None
+        return (k, n, owed | total << 4, self._same(k, lo, hi, v))
+
+    def _same(self, k: int, lo: int, hi: int, v: int) -> int:
+        """-1 - t where every code point in [lo, hi] (surrogates aside) steps from state k to the
+        same state t, else the bits v: the bytes still owed then cannot change where the
+        character lands, so the partial characters share one local (and the masks after it),
+        not one per prefix (a `[^\\n]` class is one state, not thousands)."""
+        st, tg = self.dfa.row(k)
+        i = max(bisect_right(st, lo) - 1, 0)
+        target = None
+        while i < len(st) and st[i] <= hi:
+            end = st[i + 1] - 1 if i + 1 < len(st) else 0x10FFFF
+            if end >= lo and not (st[i] >= 0xD800 and end <= 0xDFFF):
+                if tg[i] < 0 or (target is not None and tg[i] != target):
+                    return v
+                target = tg[i]
+            i += 1
+        return v if target is None else -1 - target
+
+    def _land(self, t: int, n: int):
+        """The local after a character that steps to state t."""
+        if self.max is None:
+            return (t, 0, 0, 0)
+        if n >= self.max or not self.dfa.fits(t, n + 1, self.min, self.max):
+            return None
+        return (t, n + 1, 0, 0)
 
     def step(self, local, stack, b, out):
         nl = self._next(local, b)
@@ -362,15 +410,43 @@ class Text(Instr):
     def allowed(self, local):
         m = self._amask.get(local)
         if m is None:
-            m = _byteset(b for b in range(256) if self._next(local, b) is not None)
+            k, _, x, v = local
+            if self.max is None and x == 0:
+                m = _frozen(self._starts(k))
+            elif self.max is None and v < 0:
+                m = _CONTINUATION
+            else:
+                m = _byteset(b for b in range(256) if self._next(local, b) is not None)
             if len(self._amask) < 8192:
                 self._amask[local] = m
         return m
 
+    def _starts(self, k: int) -> np.ndarray:
+        """The bytes that start a character stepping anywhere from state k (not counted): ASCII
+        bytes themselves, and the UTF-8 lead bytes of the code points (surrogates aside) that
+        step somewhere; read off the row's intervals, not byte by byte."""
+        m = np.zeros(256, dtype=bool)
+        st, tg = self.dfa.row(k)
+        for i, t in enumerate(tg):
+            if t < 0:
+                continue
+            a, b = st[i], (st[i + 1] - 1 if i + 1 < len(st) else 0x10FFFF)
+            for lo, hi in ((a, min(b, 0xD7FF)), (max(a, 0xE000), b)):
+                if lo > hi:
+                    continue
+                if lo < 0x80:
+                    m[lo : min(hi, 0x7F) + 1] = True
+                for first, last, shift, lead in ((0x80, 0x7FF, 6, 0xC0), (0x800, 0xFFFF, 12, 0xE0),
+                                                 (0x10000, 0x10FFFF, 18, 0xF0)):
+                    p, q = max(lo, first), min(hi, last)
+                    if p <= q:
+                        m[lead | (p >> shift) : (lead | (q >> shift)) + 1] = True
+        return m
+
     def coarse(self, local):
         # as JPat's: past the minimum and far from the maximum, the count changes no mask
-        if local == 0:  # not entered yet (a return address on a thread's stack)
-            return 0
+        if local == 0 or self.max is None:  # not entered yet (a return address), or not counted
+            return local
         k, n, x, v = local
         if n >= self.min and n + self.margin + self.dfa.max_dist <= self.max:
             return (k, -1, x, v)
