@@ -195,3 +195,16 @@ def test_openai_agents_round_trip_plain_and_streamed(srv):
         kinds = [item.type for item in r.new_items]
         assert kinds == ["tool_call_item", "tool_call_output_item", "message_output_item"], kinds
         assert isinstance(r.final_output, str) and r.final_output
+
+
+def test_grammar_text_format(client):
+    import re
+
+    lark = 'start: "Paris is in " COUNTRY "."\nCOUNTRY: "France" | "Italy" | "Spain"\n'
+    r = client.responses.create(model=MODEL, input="Where is Paris?", temperature=0, max_output_tokens=20,
+                                text={"format": {"type": "grammar", "syntax": "lark", "definition": lark}})
+    assert re.fullmatch(r"Paris is in (France|Italy|Spain)\.", r.output_text), r.output_text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL, input="x", max_output_tokens=4,
+                                text={"format": {"type": "grammar", "syntax": "gbnf", "definition": "root ::= [z-a]"}})
+    assert e.value.body["param"] == "text.format.definition" and "line 1, column 10" in e.value.body["message"]

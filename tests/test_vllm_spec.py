@@ -58,6 +58,10 @@ def tool(schema):
                                                              "required": ["c"]}}})]}, "no finite value"),
     ({"schema": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e-30}}, "lies within the bounds"),
     ({"schema": {"type": "string", "pattern": "^\ud800$"}}, "no string matching"),
+    ({"grammar": {"syntax": "lark", "definition": 'start: start "a" | "b"'}}, "left-recursive"),
+    ({"grammar": {"syntax": "gbnf", "definition": 'root ::= [b-a]'}}, "line 1, column 10"),
+    ({"grammar": {"syntax": "sql", "definition": "x"}}, "grammar must be"),
+    ({"grammar": {"syntax": "regex", "definition": "a"}, "schema": {}}, "give one of"),
 ])
 def test_the_front_end_refuses_what_would_fail_in_the_engine_step(plugin, spec, says):
     plugin._SPECS.clear()
@@ -167,3 +171,14 @@ def test_reasoning_then_the_answer_on_qwen2_ids(plugin, qwen2_tokenizer, qwen2_f
         assert (r.content, [(c.name, c.arguments) for c in r.tool_calls]) == ("Sure.", [("f", '{"city":"Paris"}')])
     else:
         assert (r.content, r.tool_calls) == ('{"city":"Paris </think>"}', [])  # the token, as text
+
+
+def test_a_grammar_spec_constrains_the_answer(plugin, smollm2_vocab):
+    """A Lark grammar in the spec: the request's matcher takes its text and nothing else."""
+    plugin._SPECS.clear()
+    spec = plugin.request_spec(params({"grammar": {"syntax": "lark", "definition": 'start: "n=" /[0-9]{1,3}/'}}))
+    from railcall import Matcher, compiled_grammar
+
+    m = Matcher(compiled_grammar(spec.grammar, smollm2_vocab))
+    assert m.consume_bytes(b"n=42") and m.is_accepting() and not Matcher(compiled_grammar(
+        spec.grammar, smollm2_vocab)).consume_bytes(b"n=x")

@@ -358,6 +358,11 @@ def _classify(diff: Differential, oracle: _Oracle, m, vocab, text: bytes, ours_o
 # -- timing ---------------------------------------------------------------------------------------
 
 
+# The most seconds one engine's walks of one grammar take: an engine at hundreds of ms a mask
+# (XGrammar on the shell grammar) is timed on the paths that fit, and says how many steps it ran.
+BUDGET_S = 30.0
+
+
 def time_engine(eng, g: Grammar, paths: list[list[int]], width: int) -> dict:
     words = (width + 31) // 32
     bm = np.zeros(words, np.int32)
@@ -371,7 +376,10 @@ def time_engine(eng, g: Grammar, paths: list[list[int]], width: int) -> dict:
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"}
     ttfm = time.perf_counter() - t0
     masks, consumes, refused, steps = [], [], 0, 0
+    deadline = time.perf_counter() + BUDGET_S
     for path in paths:
+        if time.perf_counter() > deadline:
+            break
         m = eng.matcher(c)
         for t in path:
             t0 = time.perf_counter()
@@ -463,8 +471,9 @@ def markdown(r: dict) -> str:
              f"{r['machine']['processor']}, {r['machine']['cpu_count']} cores, load average {r['load'][0]:.2f} before "
              f"and {r['load'][1]:.2f} after; {r['seconds']:.0f} s. Versions: "
              + ", ".join(f"{k} {v}" for k, v in r["versions"].items()) + ".", "",
-             "TTFM (compile + first mask) in ms; mask p50 / p99 / max and consume p50 in µs; `refused` counts "
-             "paths (written under railcall and llguidance) the engine refused a token of.", "",
+             "TTFM (compile + first mask) in ms; mask p50 / p99 / max and consume p50 in µs, over the steps "
+             f"shown (an engine stops after {BUDGET_S:.0f} s a grammar); `refused` counts paths (written under "
+             "railcall and llguidance) the engine refused a token of.", "",
              "| grammar | " + " | ".join(f"{n} TTFM | {n} mask p50/p99/max | {n} consume" for n in names) + " |",
              "|---|" + "---|---|---|" * len(names)]
     for row in r["rows"]:
@@ -477,8 +486,8 @@ def markdown(r: dict) -> str:
                 cells += ["refused", e["error"][:60].replace("|", "/"), "-"]
             else:
                 ref = f" (refused {e['refused_paths']})" if e["refused_paths"] else ""
-                cells += [_f(e["ttfm_ms"]), f"{_f(e['mask_p50_us'])} / {_f(e['mask_p99_us'])} / {_f(e['mask_max_us'], 0)}{ref}",
-                          _f(e["consume_p50_us"])]
+                cells += [_f(e["ttfm_ms"]), f"{_f(e['mask_p50_us'])} / {_f(e['mask_p99_us'])} / "
+                          f"{_f(e['mask_max_us'], 0)} ({e['steps']} steps){ref}", _f(e["consume_p50_us"])]
         lines.append(f"| {row['syntax']} {row['grammar']} | " + " | ".join(cells) + " |")
     if r["differential"]:
         lines += ["", "## Masks beside llguidance's", "",

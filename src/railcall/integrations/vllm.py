@@ -12,6 +12,8 @@ args hold only strings and numbers). A request without them is untouched. The sp
     read_only  build the grammar from the tools that do not mutate (read_only_view): a mutating
                tool's name is unspellable, not refused
     schema     a JSON Schema answer instead of tools (a response_format)
+    grammar    a text answer of a general grammar instead: {"syntax": "lark" | "gbnf" | "regex",
+               "definition": "..."} (docs/grammars.md)
     format     "json" ({"tool":…,"args":…}, the default), "openai" ({"name":…,"arguments":…}),
                "hermes" (<tool_call>{"name":…}) or "pythonic" ([get_weather(city="Paris")])
     parallel   several calls in one turn (an array, or several Hermes blocks)
@@ -79,6 +81,9 @@ from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 from railcall.bitmask import allocate_bitmask, apply_bitmask, pack_ids
 from railcall.errors import RailcallError
 from railcall.grammar import ir
+from railcall.grammar.cfg import regex_grammar
+from railcall.grammar.gbnf import gbnf_grammar
+from railcall.grammar.lark import lark_grammar
 from railcall.grammar.schema import schema_grammar
 from railcall.grammar.tools import Tool, read_only_view, tool_grammar
 from railcall.grammar.program import compile_grammar
@@ -89,7 +94,7 @@ log = logging.getLogger("railcall.integrations.vllm")
 
 EXTRA_ARGS_KEY = "railcall"
 MODES = ("required", "auto", "none")
-_SPEC_KEYS = {"tools", "read_only", "schema", "format", "parallel", "mode", "reasoning", "reasoning_budget", "precompute",
+_SPEC_KEYS = {"tools", "read_only", "schema", "grammar", "format", "parallel", "mode", "reasoning", "reasoning_budget", "precompute",
               "prewarm"}
 
 
@@ -155,7 +160,7 @@ def _parse_spec(text: str) -> RequestSpec:
     except ValueError as e:
         raise _bad(f"is not valid JSON: {e}") from None
     if not isinstance(d, dict):
-        raise _bad(f"must be an object with 'tools' or 'schema', not {type(d).__name__}")
+        raise _bad(f"must be an object with 'tools', 'schema' or 'grammar', not {type(d).__name__}")
     unknown = set(d) - _SPEC_KEYS
     if unknown:
         raise _bad(f"unknown field(s) {sorted(unknown)}; known: {sorted(_SPEC_KEYS)}")
@@ -170,9 +175,9 @@ def _parse_spec(text: str) -> RequestSpec:
         raise _bad(f"precompute must be true or false, not {precompute!r}")
     if not isinstance(prewarm, bool):
         raise _bad(f"prewarm must be true or false, not {prewarm!r}")
-    tools, schema = d.get("tools"), d.get("schema")
-    if tools is not None and schema is not None:
-        raise _bad("give 'tools' or 'schema', not both")
+    tools, schema, text = d.get("tools"), d.get("schema"), d.get("grammar")
+    if sum(x is not None for x in (tools, schema, text)) > 1:
+        raise _bad("give one of 'tools', 'schema' and 'grammar'")
     try:
         if tools is not None:
             if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
@@ -185,10 +190,15 @@ def _parse_spec(text: str) -> RequestSpec:
             if not isinstance(schema, dict):
                 raise _bad("schema must be a JSON Schema object")
             grammar = schema_grammar(schema)
+        elif text is not None:
+            front = {"lark": lark_grammar, "gbnf": gbnf_grammar, "regex": regex_grammar}
+            if not isinstance(text, dict) or text.get("syntax") not in front or not isinstance(text.get("definition"), str):
+                raise _bad('grammar must be {"syntax": "lark" | "gbnf" | "regex", "definition": "..."}')
+            grammar = front[text["syntax"]](text["definition"])
         elif mode == "none":
             grammar = None
         else:
-            raise _bad(f"mode {mode!r} needs 'tools' or 'schema'")
+            raise _bad(f"mode {mode!r} needs 'tools', 'schema' or 'grammar'")
         if grammar is not None:
             # what does not depend on the vocabulary (a value with no finite form, a string length
             # range, a pattern, number bounds) fails here, as a 400, not in the engine step

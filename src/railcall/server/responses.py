@@ -135,11 +135,13 @@ class NamedFunction(_Loose):
 
 
 class TextFormat(_Loose):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "grammar"]
     name: str = "response"
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
+    syntax: str | None = None  # type "grammar" (railcall's extension, as response_format's)
+    definition: str | None = None
 
 
 class TextConfig(_Loose):
@@ -266,6 +268,8 @@ def to_chat(req: ResponsesRequest, earlier: list[dict]) -> tuple[ChatCompletionR
             raise RequestError("text.format of type json_schema needs its schema", param="text.format.schema")
         body["response_format"] = {"type": "json_schema", "json_schema": {
             "name": fmt.name, "description": fmt.description, "schema": fmt.schema_, "strict": fmt.strict}}
+    elif fmt is not None and fmt.type == "grammar":
+        body["response_format"] = {"type": "grammar", "syntax": fmt.syntax, "definition": fmt.definition}
     elif fmt is not None:
         body["response_format"] = {"type": fmt.type}
     try:
@@ -277,7 +281,8 @@ def to_chat(req: ResponsesRequest, earlier: list[dict]) -> tuple[ChatCompletionR
 
 # Chat request fields and the Responses fields they came from, for a 400 raised while planning.
 _PARAMS = (("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"),
-           ("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"))
+           ("response_format.json_schema.schema", "text.format.schema"),
+           ("response_format.definition", "text.format.definition"), ("response_format", "text.format"))
 
 
 def in_responses_terms(e: RequestError, where: list[str]) -> RequestError:
