@@ -13,7 +13,7 @@ Per grammar and engine, in one process, engines interleaved grammar by grammar:
 - *differential*: at every step of those walks railcall's mask is compared with llguidance's.
   A step where they differ is classified: tokens only railcall allows are checked by completing
   the text under railcall and parsing it with a parser railcall does not share (Python's `re`
-  for regexes, the `lark` package for Lark, llguidance's own byte-level parser for GBNF);
+  for regexes, the `lark` package for Lark, llama.cpp's own grammar engine for GBNF);
   tokens only llguidance allows are counted and shown.
 """
 
@@ -159,18 +159,16 @@ class _LLGuidance:
 
     def compile(self, g: Grammar):
         ll = self.ll
-        text = {"gbnf": lambda t: ll.grammar_from("gbnf", t), "lark": lambda t: ll.grammar_from("lark", t),
-                "regex": lambda t: ll.grammar_from("regex", t)}[g.syntax](g.text)
-        m = ll.LLMatcher(self.tok, text)
-        if m.is_error():
-            raise RuntimeError(m.get_error())
-        return text
+        return ll.grammar_from(g.syntax, g.text)  # compiled by the matcher (each LLMatcher compiles)
 
     def fresh(self):
         pass  # a matcher is built from the grammar's text: nothing carries over
 
     def matcher(self, c):
-        return self.ll.LLMatcher(self.tok, c)
+        m = self.ll.LLMatcher(self.tok, c)
+        if m.is_error():
+            raise RuntimeError(m.get_error())
+        return m
 
     def fill(self, m, bm):
         m.unsafe_compute_mask_ptr(bm.ctypes.data, bm.nbytes)
@@ -256,22 +254,68 @@ class _Oracle:
                     return False
 
             self.parse = parse
-        else:  # llguidance, fed the text byte by byte (a byte vocabulary: no tokenization choices)
-            import llguidance
+        else:  # llama.cpp's own GBNF engine, the format's reference (through llama-cpp-python)
+            self.parse = _LlamaGBNF.get().checker(g.text)
 
-            from railcall.bench.coverage import byte_tokenizer_json
 
-            tok = llguidance.LLTokenizer(byte_tokenizer_json(), n_vocab=257, eos_token=256)
-            grammar = llguidance.grammar_from("gbnf", g.text)
+class _LlamaGBNF:
+    """llama.cpp's grammar sampler on the embedded model's vocabulary (loaded vocab-only): a text
+    is accepted if each of its tokens keeps a finite logit under the grammar and the end token
+    does at the end."""
 
-            def parse(s):
-                m = llguidance.LLMatcher(tok, grammar)
-                for b in s.encode():
-                    if not m.consume_token(b) or m.is_error():
+    _one = None
+
+    @classmethod
+    def get(cls) -> "_LlamaGBNF":
+        if cls._one is None:
+            cls._one = cls()
+        return cls._one
+
+    def __init__(self):
+        import llama_cpp as L
+
+        from railcall.models.llama import _quiet_logs
+        from railcall.models.store import embedded_gguf_path
+
+        self.L = L
+        _quiet_logs()  # and the backend initialised once, as railcall's own llama.cpp models do
+        mp = L.llama_model_default_params()
+        mp.vocab_only = True
+        self.model = L.llama_model_load_from_file(str(embedded_gguf_path("smollm2")).encode(), mp)
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.eos = L.llama_vocab_eos(self.vocab)
+
+    def tokens(self, text: str) -> list[int]:
+        L, b = self.L, text.encode()
+        buf = (L.llama_token * (len(b) + 8))()
+        n = L.llama_tokenize(self.vocab, b, len(b), buf, len(buf), False, False)
+        return list(buf[:n])
+
+    def checker(self, gbnf: str):
+        import ctypes
+
+        L = self.L
+
+        def parse(text: str) -> bool:
+            smpl = L.llama_sampler_init_grammar(self.vocab, gbnf.encode(), b"root")
+            if not smpl:
+                return False
+            try:
+                def allowed(tok: int) -> bool:
+                    data = (L.llama_token_data * 1)(L.llama_token_data(tok, 0.0, 0.0))
+                    arr = L.llama_token_data_array(data, 1, -1, False)
+                    L.llama_sampler_apply(smpl, ctypes.byref(arr))
+                    return data[0].logit != float("-inf")
+
+                for t in self.tokens(text):
+                    if not allowed(t):
                         return False
-                return m.is_accepting()
+                    L.llama_sampler_accept(smpl, t)
+                return allowed(self.eos)
+            finally:
+                L.llama_sampler_free(smpl)
 
-            self.parse = parse
+        return parse
 
 
 def walks(g: Grammar, ours: _Railcall, peer: _LLGuidance | None, vocab, stops, n: int, max_steps: int,
@@ -345,8 +389,9 @@ def _classify(diff: Differential, oracle: _Oracle, m, vocab, text: bytes, ours_o
         diff.ours_only_checked += 1
         diff.ours_only_valid += bool(ok)
         if not ok or len(diff.examples) < 3:
+            shown = candidate if not ok else candidate[-60:]  # an invalid one whole: it is a finding
             diff.examples.append({"kind": "railcall only", "after": text[-30:].decode("utf-8", "replace"),
-                                  "completed": candidate[-60:].decode("utf-8", "replace"), "valid": bool(ok)})
+                                  "completed": shown.decode("utf-8", "replace"), "valid": bool(ok)})
     if theirs_only or theirs_stop:
         diff.theirs_only_steps += 1
         if len(diff.examples) < 6:
