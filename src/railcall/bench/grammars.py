@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from railcall.bench import engines
+
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 
 CALC_LARK = r"""
@@ -117,51 +119,34 @@ def corpus(folder: Path, log=print) -> list[Grammar]:
 # -- engines ------------------------------------------------------------------------------------
 
 
-class _Railcall:
-    name = "railcall"
-
+class _Railcall(engines.Railcall):
     def __init__(self, vocab, tokenizer_json, stops):
-        from railcall import Matcher, compiled_grammar, gbnf_grammar, lark_grammar, regex_grammar
-        from railcall.matcher import prepare_vocabulary
+        from railcall.grammar.cfg import regex_grammar
+        from railcall.grammar.gbnf import gbnf_grammar
+        from railcall.grammar.lark import lark_grammar
 
-        self.vocab, self.Matcher, self.compiled = vocab, Matcher, compiled_grammar
+        self.setup(vocab, tokenizer_json, stops)
         self.front = {"gbnf": gbnf_grammar, "lark": lark_grammar, "regex": regex_grammar}
-        prepare_vocabulary(vocab)
 
     def compile(self, g: Grammar):
-        return self.compiled(self.front[g.syntax](g.text), self.vocab)
+        return self._compiled(self.front[g.syntax](g.text), self.vocab)
 
-    def fresh(self):
-        """Cold again: the masks and states the walks cached are dropped (the vocabulary's
-        indexes stay, as a peer's tokenizer tables do)."""
+    def cold(self):
+        """The masks and states the walks cached dropped (the vocabulary's indexes stay, as a
+        peer's tokenizer tables do)."""
         from railcall.matcher import clear_caches
 
         clear_caches(self.vocab)
 
-    def matcher(self, c):
-        return self.Matcher(c)
 
-    def fill(self, m, bm):
-        m.fill_bitmask(bm)
-
-    def consume(self, m, t):
-        return m.consume_token(t)
-
-
-class _LLGuidance:
-    name = "llguidance"
-
+class _LLGuidance(engines.LLGuidance):
     def __init__(self, vocab, tokenizer_json, stops):
-        import llguidance
-
-        self.ll = llguidance
-        self.tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab.logits_width, eos_token=stops)
+        self.setup(vocab, tokenizer_json, stops)
 
     def compile(self, g: Grammar):
-        ll = self.ll
-        return ll.grammar_from(g.syntax, g.text)  # compiled by the matcher (each LLMatcher compiles)
+        return self.ll.grammar_from(g.syntax, g.text)  # compiled by the matcher (each LLMatcher compiles)
 
-    def fresh(self):
+    def cold(self):
         pass  # a matcher is built from the grammar's text: nothing carries over
 
     def matcher(self, c):
@@ -170,44 +155,20 @@ class _LLGuidance:
             raise RuntimeError(m.get_error())
         return m
 
-    def fill(self, m, bm):
-        m.unsafe_compute_mask_ptr(bm.ctypes.data, bm.nbytes)
-
     def consume(self, m, t):
         return bool(m.consume_token(t)) and not m.is_error()
 
 
-class _XGrammar:
-    name = "xgrammar"
-
+class _XGrammar(engines.XGrammar):
     def __init__(self, vocab, tokenizer_json, stops):
-        import torch
-        import xgrammar as xgr
-
-        self.xgr, self.torch = xgr, torch
-        encoded = [b if not vocab.special[i] else vocab.special_text.get(i, "").encode()
-                   for i, b in enumerate(vocab.token_bytes)]
-        info = xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab.logits_width, stop_token_ids=stops)
-        self.compiler = xgr.GrammarCompiler(info, cache_enabled=False)
-        self.tbm = None
+        self.setup(vocab, tokenizer_json, stops)
 
     def compile(self, g: Grammar):
         c = self.compiler
         return {"gbnf": c.compile_grammar, "lark": c.compile_lark, "regex": c.compile_regex}[g.syntax](g.text)
 
-    def fresh(self):
-        pass  # compiled with cache_enabled=False: each compile starts cold
-
-    def matcher(self, c):
-        return self.xgr.GrammarMatcher(c)
-
-    def fill(self, m, bm):
-        if self.tbm is None or self.tbm.data_ptr() != bm.ctypes.data:
-            self.tbm = self.torch.from_numpy(bm).view(1, -1)
-        m.fill_next_token_bitmask(self.tbm, 0)
-
-    def consume(self, m, t):
-        return m.accept_token(t)
+    def cold(self):
+        self.compiler.clear_cache()  # each grammar compiled afresh
 
 
 ENGINES = {"railcall": _Railcall, "llguidance": _LLGuidance, "xgrammar": _XGrammar}
@@ -411,7 +372,7 @@ BUDGET_S = 30.0
 def time_engine(eng, g: Grammar, paths: list[list[int]], width: int) -> dict:
     words = (width + 31) // 32
     bm = np.zeros(words, np.int32)
-    eng.fresh()
+    eng.cold()
     t0 = time.perf_counter()
     try:
         c = eng.compile(g)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from railcall.errors import GrammarError
 from railcall.grammar import ir
+from railcall.grammar.program import least_fixpoint
 from railcall.grammar.regex import MAX_UNICODE, RegexError
 from railcall.grammar.strings import PATTERN_MAX_LEN, char_dfa
 
@@ -63,16 +64,83 @@ def class_regex(ranges) -> str:
     return "[" + "".join(parts) + "]"
 
 
-def negate(ranges) -> tuple:
-    """The code points (surrogates excluded) outside the ranges."""
-    out, nxt = [], 0
-    for lo, hi in sorted(ranges):
-        if lo > nxt:
-            out.append((nxt, lo - 1))
-        nxt = max(nxt, hi + 1)
-    if nxt <= MAX_UNICODE:
-        out.append((nxt, MAX_UNICODE))
-    return tuple(out)
+# Groups inside groups, at the most, in a Lark or GBNF text (each is a frame of the parsers).
+MAX_NESTING = 64
+_QUANTIFIERS = {"*": (0, None), "+": (1, None), "?": (0, 1)}
+_HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
+
+
+class Reader:
+    """What the Lark and GBNF parsers share: the text and a position in it, errors that name the
+    line and column, alternatives, groups, quantifiers and hex escapes. A parser gives
+    `sequence(top)` (one alternative) and `at_bar(top)` (is a `|` next, the position on it)."""
+
+    kind = "grammar"
+
+    def __init__(self, text: str):
+        self.t = text
+        self.i = 0
+        self.depth = 0  # groups open around the current item
+
+    def pos(self, i: int | None = None) -> tuple[int, int]:
+        i = self.i if i is None else i
+        return self.t.count("\n", 0, i) + 1, i - (self.t.rfind("\n", 0, i) + 1) + 1
+
+    def error(self, what: str, i: int | None = None) -> GrammarError:
+        line, col = self.pos(i)
+        return GrammarError(f"{self.kind} grammar, line {line}, column {col}: {what}")
+
+    def sequence(self, top: bool):  # pragma: no cover - each parser has its own
+        raise NotImplementedError
+
+    def at_bar(self, top: bool) -> bool:  # pragma: no cover - each parser has its own
+        raise NotImplementedError
+
+    def alternatives(self, top: bool):
+        alts = [self.sequence(top)]
+        while self.at_bar(top):
+            self.i += 1
+            alts.append(self.sequence(top))
+        return alts[0] if len(alts) == 1 else ("alt", alts)
+
+    def group(self, close: str):
+        """The alternatives between the opening character at the position and `close`."""
+        start = self.i
+        self.i += 1
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.error(f"groups nested more than {MAX_NESTING} deep")
+        inner = self.alternatives(top=False)
+        self.skip()
+        if not self.t.startswith(close, self.i):
+            raise self.error(f"a `{self.t[start]}` without its `{close}`", start)
+        self.i += 1
+        self.depth -= 1
+        return inner
+
+    def skip(self) -> None:  # pragma: no cover - each parser has its own
+        raise NotImplementedError
+
+    def quantifier(self, item):
+        """`item` under the `*`, `+` or `?` at the position (the position past it), or None."""
+        q = _QUANTIFIERS.get(self.t[self.i : self.i + 1])
+        if q is None:
+            return None
+        self.i += 1
+        return ("rep", item, *q)
+
+    def hex_escape(self, start: int) -> int:
+        """The code point of the `\\x`, `\\u` or `\\U` escape at `start`; the position past it."""
+        e = self.t[start + 1]
+        n = _HEX_DIGITS[e]
+        digits = self.t[start + 2 : start + 2 + n]
+        if len(digits) != n or any(d not in "0123456789abcdefABCDEF" for d in digits):
+            raise self.error(f"`\\{e}` needs {n} hex digits", start)
+        cp = int(digits, 16)
+        if cp > MAX_UNICODE or 0xD800 <= cp <= 0xDFFF:
+            raise self.error(f"`\\{e}{digits}` is not a character", start)
+        self.i = start + 2 + n
+        return cp
 
 
 class Rules:
@@ -171,15 +239,7 @@ class _Builder:
                     line, col = ref[2]
                     raise GrammarError(f"{self.r.kind} grammar, line {line}, column {col}: {ref[1]!r} is used in "
                                        f"rule {name!r} but never defined")
-        empty: set[str] = set()
-        changed = True
-        while changed:
-            changed = False
-            for name, tree in defs.items():
-                if name not in empty and _nullable(tree, empty):
-                    empty.add(name)
-                    changed = True
-        self.empty = empty
+        self.empty = empty = least_fixpoint(defs, _nullable)
         # recursion: the rules each rule reaches
         graph = {name: {ref[1] for ref in _refs(tree, [])} for name, tree in defs.items()}
         reach: dict[str, set] = {}

@@ -14,30 +14,19 @@ from __future__ import annotations
 
 from railcall.errors import GrammarError
 from railcall.grammar import cfg, ir
-from railcall.grammar.regex import MAX_UNICODE
+from railcall.grammar.regex import MAX_UNICODE, negate_ranges, norm_ranges
 
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 _ESCAPES = {"n": 0x0A, "r": 0x0D, "t": 0x09, "\\": 0x5C, '"': 0x22, "[": 0x5B, "]": 0x5D, "-": 0x2D,
             "'": 0x27, "/": 0x2F, "0": 0x00, "f": 0x0C, "v": 0x0B, "a": 0x07, "b": 0x08, "e": 0x1B}
-_HEX_LEN = {"x": 2, "u": 4, "U": 8}
-MAX_NESTING = 64  # groups inside groups
 
 
-class _Parser:
+class _Parser(cfg.Reader):
+    kind = "GBNF"
+
     def __init__(self, text: str):
-        self.t = text
-        self.i = 0
+        super().__init__(text)
         self.rules = cfg.Rules("GBNF")
-        self.depth = 0
-
-    def pos(self, i: int | None = None) -> tuple[int, int]:
-        i = self.i if i is None else i
-        line = self.t.count("\n", 0, i) + 1
-        return line, i - (self.t.rfind("\n", 0, i) + 1) + 1
-
-    def error(self, what: str, i: int | None = None) -> GrammarError:
-        line, col = self.pos(i)
-        return GrammarError(f"GBNF grammar, line {line}, column {col}: {what}")
 
     def skip(self) -> None:
         t = self.t
@@ -82,27 +71,15 @@ class _Parser:
             self.skip()
         return self.rules
 
-    def alternatives(self, top: bool):
-        alts = [self.sequence(top)]
-        while True:
-            self.skip()
-            if self.i < len(self.t) and self.t[self.i] == "|":
-                self.i += 1
-                alts.append(self.sequence(top))
-            else:
-                break
-        return alts[0] if len(alts) == 1 else ("alt", alts)
+    def at_bar(self, top: bool) -> bool:
+        self.skip()
+        return self.t.startswith("|", self.i)
 
     def sequence(self, top: bool):
         items = []
         while True:
             self.skip()
-            if self.i >= len(self.t):
-                break
-            c = self.t[self.i]
-            if c in "|)":
-                break
-            if top and self.at_rule_start():
+            if self.i >= len(self.t) or self.t[self.i] in "|)" or (top and self.at_rule_start()):
                 break
             items.append(self.quantified())
         return items[0] if len(items) == 1 else ("seq", items)
@@ -110,19 +87,13 @@ class _Parser:
     def quantified(self):
         item = self.atom()
         while self.i < len(self.t):
-            c = self.t[self.i]
-            if c == "*":
-                item = ("rep", item, 0, None)
-            elif c == "+":
-                item = ("rep", item, 1, None)
-            elif c == "?":
-                item = ("rep", item, 0, 1)
-            elif c == "{":
+            if self.t[self.i] == "{":
                 item = ("rep", item, *self.braces())
                 continue
-            else:
+            rep = self.quantifier(item)
+            if rep is None:
                 break
-            self.i += 1
+            item = rep
         return item
 
     def braces(self) -> tuple[int, int | None]:
@@ -156,17 +127,7 @@ class _Parser:
             self.i += 1
             return ("set", ((0, MAX_UNICODE),))
         if c == "(":
-            self.i += 1
-            self.depth += 1
-            if self.depth > MAX_NESTING:
-                raise self.error(f"groups nested more than {MAX_NESTING} deep")
-            inner = self.alternatives(top=False)
-            self.skip()
-            if self.i >= len(t) or t[self.i] != ")":
-                raise self.error("a `(` without its `)`", i)
-            self.i += 1
-            self.depth -= 1
-            return inner
+            return self.group(")")
         if c in "<!":
             raise self.error("token references (`<[id]>`, `!<...>`) name one model's token ids; railcall's "
                              "grammars constrain text: write the token's text as a literal")
@@ -189,16 +150,8 @@ class _Parser:
         if self.i + 1 >= len(t):
             raise self.error("an escape at the end of the text")
         e = t[self.i + 1]
-        if e in _HEX_LEN:
-            n = _HEX_LEN[e]
-            digits = t[self.i + 2 : self.i + 2 + n]
-            if len(digits) != n or any(d not in "0123456789abcdefABCDEF" for d in digits):
-                raise self.error(f"`\\{e}` needs {n} hex digits", start)
-            self.i += 2 + n
-            cp = int(digits, 16)
-            if cp > MAX_UNICODE or 0xD800 <= cp <= 0xDFFF:
-                raise self.error(f"`\\{e}{digits}` is not a character", start)
-            return cp
+        if e in "xuU":
+            return self.hex_escape(start)
         if e in _ESCAPES:
             self.i += 2
             return _ESCAPES[e]
@@ -237,22 +190,10 @@ class _Parser:
                 if hi < lo:
                     raise self.error(f"a range from {chr(lo)!r} down to {chr(hi)!r}", start)
             ranges.append((lo, hi))
-        ranges = _norm(ranges)
-        if neg:
-            ranges = cfg.negate(ranges)
+        ranges = negate_ranges(ranges) if neg else norm_ranges(ranges)
         if not ranges:
             raise self.error("this character class matches no character", start)
         return ranges
-
-
-def _norm(ranges) -> tuple:
-    out: list[list[int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1] + 1:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return tuple((a, b) for a, b in out)
 
 
 def gbnf_grammar(text: str, start: str = "root") -> ir.Grammar:

@@ -26,7 +26,6 @@ import re
 
 from railcall.errors import GrammarError
 from railcall.grammar import cfg, ir
-from railcall.grammar.regex import MAX_UNICODE
 
 # Lark's common terminals (common.lark), spelled in the subset read here. Lark writes
 # ESCAPED_STRING with a lookbehind, which a character automaton has no use for: the same strings
@@ -62,28 +61,20 @@ SQL_COMMENT: /--[^\n]*/
 
 _DEF = re.compile(r"[?!]?([A-Za-z_][A-Za-z_0-9]*)(\.-?\d+)?[ \t]*:(?!:)")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+_REPEAT = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?")
 _STR_ESC = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "'": "'", "f": "\f", "v": "\v", "0": "\0",
             "a": "\a", "b": "\b"}
-MAX_NESTING = 64
 
 
-class _Parser:
+class _Parser(cfg.Reader):
+    kind = "Lark"
+
     def __init__(self, text: str, rules: cfg.Rules):
-        self.t = text
-        self.i = 0
+        super().__init__(text)
         self.rules = rules
         self.ignore: list = []
         self.imports: list[tuple[str, str, tuple]] = []  # (name, alias, pos)
         self.json_count = 0
-        self.depth = 0
-
-    def pos(self, i: int | None = None) -> tuple[int, int]:
-        i = self.i if i is None else i
-        return self.t.count("\n", 0, i) + 1, i - (self.t.rfind("\n", 0, i) + 1) + 1
-
-    def error(self, what: str, i: int | None = None) -> GrammarError:
-        line, col = self.pos(i)
-        return GrammarError(f"Lark grammar, line {line}, column {col}: {what}")
 
     def skip(self, newlines: bool = True) -> None:
         t = self.t
@@ -149,25 +140,18 @@ class _Parser:
             return
         raise self.error(f"`%import {line}`: only Lark's common terminals can be imported (`%import common.WS`)", start)
 
-    def alternatives(self, top: bool):
-        alts = [self.expansion(top)]
-        while True:
-            self.skip(newlines=not top)
-            if top and self.t.startswith("\n", self.i):
-                # a definition goes on where the next line starts with `|`
-                j = self.i
-                while j < len(self.t) and self.t[j] in " \t\r\n":
-                    j += 1
-                if self.t.startswith("|", j):
-                    self.i = j
-            if self.t.startswith("|", self.i):
-                self.i += 1
-                alts.append(self.expansion(top))
-            else:
-                break
-        return alts[0] if len(alts) == 1 else ("alt", alts)
+    def at_bar(self, top: bool) -> bool:
+        self.skip(newlines=not top)
+        if top and self.t.startswith("\n", self.i):
+            # a definition goes on where the next line starts with `|`
+            j = self.i
+            while j < len(self.t) and self.t[j] in " \t\r\n":
+                j += 1
+            if self.t.startswith("|", j):
+                self.i = j
+        return self.t.startswith("|", self.i)
 
-    def expansion(self, top: bool):
+    def sequence(self, top: bool):
         items = []
         while True:
             self.skip(newlines=not top)
@@ -191,18 +175,9 @@ class _Parser:
         item = self.atom()
         while True:
             self.skip(newlines=False)
-            if self.i >= len(self.t):
-                return item
-            c = self.t[self.i]
-            if c == "*":
-                item = ("rep", item, 0, None)
-            elif c == "+":
-                item = ("rep", item, 1, None)
-            elif c == "?":
-                item = ("rep", item, 0, 1)
-            elif c == "~":
+            if self.t.startswith("~", self.i):
                 start = self.i
-                m = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?").match(self.t, self.i)
+                m = _REPEAT.match(self.t, self.i)
                 if not m:
                     raise self.error("`~` needs a count: `~ 3` or `~ 2..5`")
                 lo = int(m.group(1))
@@ -212,23 +187,10 @@ class _Parser:
                 item = ("rep", item, lo, hi)
                 self.i = m.end()
                 continue
-            else:
+            rep = self.quantifier(item)
+            if rep is None:
                 return item
-            self.i += 1
-
-    def group(self, close: str):
-        start = self.i
-        self.i += 1
-        self.depth += 1
-        if self.depth > MAX_NESTING:
-            raise self.error(f"groups nested more than {MAX_NESTING} deep")
-        inner = self.alternatives(top=False)
-        self.skip()
-        if not self.t.startswith(close, self.i):
-            raise self.error(f"a `{self.t[start]}` without its `{close}`", start)
-        self.i += 1
-        self.depth -= 1
-        return inner
+            item = rep
 
     def atom(self):
         t, i = self.t, self.i
@@ -279,15 +241,7 @@ class _Parser:
             if c == "\\":
                 e = t[self.i + 1 : self.i + 2]
                 if e in ("x", "u", "U"):
-                    n = {"x": 2, "u": 4, "U": 8}[e]
-                    digits = t[self.i + 2 : self.i + 2 + n]
-                    if len(digits) != n or not re.fullmatch(r"[0-9a-fA-F]+", digits):
-                        raise self.error(f"`\\{e}` needs {n} hex digits")
-                    cp = int(digits, 16)
-                    if cp > MAX_UNICODE or 0xD800 <= cp <= 0xDFFF:
-                        raise self.error(f"`\\{e}{digits}` is not a character")
-                    out.append(chr(cp))
-                    self.i += 2 + n
+                    out.append(chr(self.hex_escape(self.i)))
                     continue
                 if e in _STR_ESC:
                     out.append(_STR_ESC[e])

@@ -171,6 +171,20 @@ _NULLABLE_REPEAT = ("an unbounded repetition of something that can be empty (suc
                     "loop without writing anything: repeat the non-empty part instead")
 
 
+def least_fixpoint(rules: dict, holds) -> set:
+    """The names of the rules whose body `holds(body, known)` once the rules in `known` are known
+    to (can this rule match the empty text, given those that can?), grown until nothing changes."""
+    known: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, body in rules.items():
+            if name not in known and holds(body, known):
+                known.add(name)
+                changed = True
+    return known
+
+
 def _nullable(node, rules: set) -> bool:
     """Can `node` match the empty text, given the rules known to (`rules`)?"""
     t = type(node)
@@ -589,16 +603,7 @@ class _Compiler:
     def _nullable(self, node) -> bool:
         """Can `node` match the empty text? (Rules by a least fixpoint, once per grammar.)"""
         if self._empty_rules is None:
-            rules = dict(self.g.rules)
-            known: set[str] = set()
-            changed = True
-            while changed:
-                changed = False
-                for name, body in rules.items():
-                    if name not in known and _nullable(body, known):
-                        known.add(name)
-                        changed = True
-            self._empty_rules = known
+            self._empty_rules = least_fixpoint(dict(self.g.rules), _nullable)
         return _nullable(node, self._empty_rules)
 
     def _text(self, node: ir.Text):

@@ -51,7 +51,7 @@ class RegexError(GrammarError):
 # -- character sets as sorted, disjoint, inclusive (lo, hi) intervals -------------------------
 
 
-def _norm(ranges) -> tuple:
+def norm_ranges(ranges) -> tuple:
     out: list[list[int]] = []
     for lo, hi in sorted(ranges):
         if out and lo <= out[-1][1] + 1:
@@ -61,9 +61,9 @@ def _norm(ranges) -> tuple:
     return tuple((a, b) for a, b in out)
 
 
-def _negate(ranges) -> tuple:
+def negate_ranges(ranges) -> tuple:
     out, nxt = [], 0
-    for lo, hi in _norm(ranges):
+    for lo, hi in norm_ranges(ranges):
         if lo > nxt:
             out.append((nxt, lo - 1))
         nxt = hi + 1
@@ -73,19 +73,19 @@ def _negate(ranges) -> tuple:
 
 
 DIGIT = ((0x30, 0x39),)
-WORD = _norm([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
+WORD = norm_ranges([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
 # `\s` is ECMA-262's white space and line terminators less U+FEFF, and `\S` leaves out U+FEFF,
 # U+001C-U+001F and U+0085 too: validators in Python (jsonschema) read `\s` as Python's `re` does,
 # which lacks U+FEFF and adds those five, and a string either reading rejects must not be written.
 # (Random walks over cfn-lint's schemas wrote "q\ufeff" for `^[\w\s+=,.@-]+$`.)
-SPACE = _norm([(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+SPACE = norm_ranges([(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
                (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000)])
 _PYTHON_ONLY_SPACE = ((0x1C, 0x1F), (0x85, 0x85), (0xFEFF, 0xFEFF))
 LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
 ANY = ((0, MAX_UNICODE),)
-DOT = _negate(LINE_TERMINATORS)
-_CLASS_ESCAPES = {"d": DIGIT, "D": _negate(DIGIT), "w": WORD, "W": _negate(WORD), "s": SPACE,
-                  "S": _negate(list(SPACE) + list(_PYTHON_ONLY_SPACE))}
+DOT = negate_ranges(LINE_TERMINATORS)
+_CLASS_ESCAPES = {"d": DIGIT, "D": negate_ranges(DIGIT), "w": WORD, "W": negate_ranges(WORD), "s": SPACE,
+                  "S": negate_ranges(list(SPACE) + list(_PYTHON_ONLY_SPACE))}
 _CHAR_ESCAPES = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "0": 0x00}
 
 
@@ -282,8 +282,8 @@ class _Parser:
                 ranges.append((lo[0][0], hi[0][0]))
             else:
                 ranges.extend(lo)
-        ranges = _norm(ranges)
-        return _negate(ranges) if neg else ranges
+        ranges = norm_ranges(ranges)
+        return negate_ranges(ranges) if neg else ranges
 
     def _class_atom(self) -> tuple:
         c = self.p[self.i]

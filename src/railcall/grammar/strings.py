@@ -282,7 +282,7 @@ _NARROW_LEADS = frozenset((0xE0, 0xED, 0xF0, 0xF4))
 _CONTINUATION = _frozen(_byteset(range(0x80, 0xC0)))
 
 
-class Text(Instr):
+class Text(JPat):
     """Raw text whose characters a regex.CharDFA matches as a whole (a general grammar's
     terminal, ir.Text): UTF-8 as is, no quotes and no escapes, so any character the pattern
     allows is written as itself (a newline is the byte 0x0A).
@@ -296,16 +296,10 @@ class Text(Instr):
     (the automaton has no transition that cannot finish, so no dead ends either).
     """
 
-    __slots__ = ("dfa", "min", "max", "margin", "_amask", "_live")
+    __slots__ = ("_live",)
 
     def __init__(self, dfa, min_len: int, max_len: int | None, nxt: Instr):
-        self._need = -1
-        self.dfa = dfa
-        self.min = min_len
-        self.max = max_len  # None: not counted
-        self.next = nxt
-        self.margin = 0  # set by the compiler: the vocabulary's longest token in bytes
-        self._amask: dict = {}
+        JPat.__init__(self, dfa, min_len, max_len, nxt)  # max None: not counted (JPat's escapes unused)
         self._live: dict = {}  # (state, count) -> may another character follow
 
     def arrive(self, local, stack, out):
@@ -325,26 +319,14 @@ class Text(Instr):
         out.add((self, local, stack))
 
     def _some(self, k: int, n: int, lo: int, hi: int) -> bool:
-        if self.max is None:
+        if self.max is None:  # not counted: any transition will do (none leads to a dead end)
             return any(a <= b and self.dfa.targets_in(k, a, b)
                        for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), min(hi, 0x10FFFF))))
-        if n >= self.max:
-            return False
-        for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), min(hi, 0x10FFFF))):
-            if a <= b and any(self.dfa.fits(t, n + 1, self.min, self.max) for t in self.dfa.targets_in(k, a, b)):
-                return True
-        return False
+        return JPat._some(self, k, n, lo, hi)
 
     def _char(self, k: int, n: int, cp: int):
-        if self.max is None:
-            t = self.dfa.step(k, cp)
-            return (t, 0, 0, 0) if t >= 0 else None
-        if n >= self.max:
-            return None
         t = self.dfa.step(k, cp)
-        if t >= 0 and self.dfa.fits(t, n + 1, self.min, self.max):
-            return (t, n + 1, 0, 0)
-        return None
+        return self._land(t, n) if t >= 0 else None
 
     def _next(self, local, b: int):
         """The local after byte b; None if illegal."""
@@ -355,7 +337,7 @@ class Text(Instr):
             for lead, need, mask, top in ((0xC2, 1, 0x1F, 0xDF), (0xE0, 2, 0x0F, 0xEF), (0xF0, 3, 0x07, 0xF4)):
                 if lead <= b <= top:
                     bits = b & mask
-                    lo, hi = JPat._utf8_range(bits, need, need + 1)
+                    lo, hi = self._utf8_range(bits, need, need + 1)
                     if not (lo <= hi and self._some(k, n, lo, hi)):
                         return None
                     if b in _NARROW_LEADS:  # its next byte has a narrower range: checked by value
@@ -372,7 +354,7 @@ class Text(Instr):
             if v < _UTF8_MIN[total] or 0xD800 <= v <= 0xDFFF or v > 0x10FFFF:
                 return None
             return self._char(k, n, v)
-        lo, hi = JPat._utf8_range(v, owed, total)
+        lo, hi = self._utf8_range(v, owed, total)
         if not (lo <= hi and self._some(k, n, lo, hi)):
             return None
         return (k, n, owed | total << 4, self._same(k, lo, hi, v))
@@ -409,17 +391,12 @@ class Text(Instr):
 
     def allowed(self, local):
         m = self._amask.get(local)
-        if m is None:
-            k, _, x, v = local
-            if self.max is None and x == 0:
-                m = _frozen(self._starts(k))
-            elif self.max is None and v < 0:
-                m = _CONTINUATION
-            else:
-                m = _byteset(b for b in range(256) if self._next(local, b) is not None)
-            if len(self._amask) < 8192:
+        if m is None and self.max is None:  # read off the automaton, not byte by byte (JPat's way)
+            _, _, x, v = local
+            m = _frozen(self._starts(local[0])) if x == 0 else _CONTINUATION if v < 0 else None
+            if m is not None and len(self._amask) < 8192:
                 self._amask[local] = m
-        return m
+        return m if m is not None else JPat.allowed(self, local)
 
     def _starts(self, k: int) -> np.ndarray:
         """The bytes that start a character stepping anywhere from state k (not counted): ASCII
