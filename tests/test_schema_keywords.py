@@ -413,3 +413,25 @@ def test_not_of_other_values_stays_an_error():
         with pytest.raises(SchemaError) as e:
             schema_grammar({"type": "string", "not": body})
         assert e.value.keyword == "not" and "enum or const of strings" in str(e.value)
+
+
+def test_a_branch_that_cannot_hold_a_required_name_is_dropped_not_the_schema(smollm2_vocab):
+    """`required: [a]` beside an anyOf whose second branch forbids `a`: that branch holds no value,
+    so only the first is offered; with every branch impossible (or at the top) it is still an
+    error naming the keyword. An object-or-string schema keeps its strings."""
+    from railcall import Matcher, compiled_grammar, schema_grammar
+    from railcall.errors import SchemaError
+
+    schema = {"type": "object", "required": ["a"], "anyOf": [
+        {"properties": {"a": {"type": "string", "maxLength": 3}}, "additionalProperties": False},
+        {"properties": {"b": {"type": "string"}}, "additionalProperties": False}]}
+    g = compiled_grammar(schema_grammar(schema), smollm2_vocab)
+    assert Matcher(g).consume_bytes(b'{"a":"xy"}')
+    assert not Matcher(g).consume_bytes(b'{"b"')
+    with pytest.raises(SchemaError, match="required 'a' is neither declared"):
+        schema_grammar({**schema, "anyOf": [schema["anyOf"][1]]})
+    either = {"type": ["object", "string"], "required": ["a"], "properties": {}, "additionalProperties": False,
+              "maxLength": 4}
+    m = Matcher(compiled_grammar(schema_grammar(either), smollm2_vocab))
+    assert m.consume_bytes(b'"abc"') and m.is_accepting()
+    assert not Matcher(compiled_grammar(schema_grammar(either), smollm2_vocab)).consume_bytes(b"{")

@@ -442,7 +442,16 @@ def _node(ctx: _Ctx, schema, pointer: str, required: bool, depth: int) -> ir.Nod
     types = _types(ctx, schema, pointer)
     if types is None:
         types = list(_ALL_TYPES) if ctx.options.standard else _infer_types(schema)
-    alts = [_typed(ctx, schema, t, pointer, required, depth) for t in types]
+    alts, empty = [], None
+    for t in types:
+        try:
+            alts.append(_typed(ctx, schema, t, pointer, required, depth))
+        except SchemaError as e:  # no value of this type fits: the other types stand
+            if not e.empty or len(types) == 1:
+                raise
+            empty = empty or e
+    if not alts:
+        raise empty
     return alts[0] if len(alts) == 1 else ir.Alt(*alts)
 
 
@@ -888,7 +897,7 @@ def _object(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
             hits = [pprops[p] for p in pprops if matchers[p].matches(r)]
             if not hits and ap is False:
                 raise SchemaError(f"required {r!r} is neither declared nor allowed as an additional property",
-                                  pointer=pointer + "/required", keyword="required")
+                                  pointer=pointer + "/required", keyword="required", empty=True)
         # A required name without its own schema must still be written, with the schema that
         # applies to it as an undeclared key.
         props = {**props, **{r: True for r in missing}}
