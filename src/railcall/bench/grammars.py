@@ -149,13 +149,7 @@ class _LLGuidance(engines.LLGuidance):
     def cold(self):
         pass  # a matcher is built from the grammar's text: nothing carries over
 
-    def matcher(self, c):
-        m = self.ll.LLMatcher(self.tok, c)
-        if m.is_error():
-            raise RuntimeError(m.get_error())
-        return m
-
-    def consume(self, m, t):
+    def consume(self, m, t):  # engines.LLGuidance's matcher() raises on a grammar it refuses
         return bool(m.consume_token(t)) and not m.is_error()
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from railcall.errors import GrammarError
 from railcall.grammar import ir
-from railcall.grammar.program import least_fixpoint
+from railcall.grammar.program import least_fixpoint, matches_empty
 from railcall.grammar.regex import MAX_UNICODE, RegexError
 from railcall.grammar.strings import PATTERN_MAX_LEN, char_dfa
 
@@ -183,7 +183,7 @@ def _nullable(tree, empty: set) -> bool:
     if k == "set":
         return False
     if k == "regex":
-        return _regex_nullable(tree[1])
+        return matches_empty(tree[1])
     if k == "ref":
         return tree[1] in empty
     if k == "seq":
@@ -193,10 +193,6 @@ def _nullable(tree, empty: set) -> bool:
     if k == "rep":
         return tree[2] == 0 or _nullable(tree[1], empty)
     return False  # "node": a JSON value is never empty
-
-
-def _regex_nullable(pattern: str) -> bool:
-    return bool(char_dfa("regex", f"^(?:{pattern})$", 1).accepting[0])
 
 
 def _first_refs(tree, empty: set, out: set) -> bool:
@@ -224,9 +220,7 @@ class _Builder:
     def __init__(self, rules: Rules, start: str):
         self.r = rules
         self.start = start
-        self.rules_out: list[tuple[str, ir.Node]] = []
         self.extra_rules: list = []  # rules of embedded IR nodes (%json)
-        self.done: set[str] = set()
         self._regex_memo: dict[str, str] = {}
 
     def check(self) -> None:
@@ -391,8 +385,8 @@ class _Builder:
         return f"the part using {refs[0][1]!r}" if refs else "a group"
 
     def build(self, name: str) -> ir.Grammar:
-        self.check()
         try:
+            self.check()  # reads each regex leaf (can it be empty?): a bad one is a RegexError
             rules = [(n, self.node(t)) for n, t in self.r.defs.items() if n not in self.regular]
             start = self.node(self.r.defs[self.start])  # its body (the rule stays, for references)
             grammar = ir.Grammar(start, tuple(rules) + tuple(self.extra_rules), name=name, tail_calls=True)

@@ -43,7 +43,7 @@ class Fragments:
         self.token_margin = token_margin
         self.number_margin = number_margin
         self.accept = Accept()
-        self.memo: dict[tuple[int, int], tuple] = {}  # (id(node), id(next)) -> (node, next, instr)
+        self.memo: dict[tuple, tuple] = {}  # (node or literal, next, tail) -> (node, next, instruction)  # (id(node), id(next)) -> (node, next, instr)
         self.limit = limit
         self.program_bytes = 0  # grammar_nbytes of every grammar compiled here
         self.patterns: dict[int, object] = {}  # id -> each pattern automaton (regex._Subsets) used
@@ -203,8 +203,13 @@ def _nullable(node, rules: set) -> bool:
     if t is ir.Repeat:
         return node.min == 0 or _nullable(node.item, rules)
     if t is ir.Text:
-        return char_dfa("regex", f"^(?:{node.pattern})$", 1).accepting[0]
+        return matches_empty(node.pattern)
     return False
+
+
+def matches_empty(pattern: str) -> bool:
+    """Does the regex `pattern`, read as a whole text (ir.Text), match the empty text?"""
+    return bool(char_dfa("regex", f"^(?:{pattern})$", 1).accepting[0])
 
 
 def _repeat_bounds(node: ir.Repeat) -> None:
@@ -376,7 +381,7 @@ class _Compiler:
         self.special_ids = special_ids
         self.max_string = max_string
         self.shared = fragments
-        self.memo: dict[tuple[int, int], tuple] = {}
+        self.memo: dict[tuple, tuple] = {}  # (node or literal, next, tail) -> (node, next, instruction)
         self._nesting = 0  # compile() calls open on the stack (bounded by MAX_IR_NESTING)
         self._empty_rules: set | None = None  # the rules that can match the empty text (see _nullable)
         # whether a reference followed by RET may jump (a rule body's end in a grammar with

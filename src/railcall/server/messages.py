@@ -90,8 +90,11 @@ def messages_for_template(req: ChatCompletionRequest, tools: list[Tool], choice:
         rf, given = req.response_format, guided(req)
         schema = (given[1] if given and given[0] == "json" else
                   rf.json_schema.schema_ if rf is not None and rf.type == "json_schema" else None)
-        text = (given[1], "regular expression" if given[0] == "regex" else "grammar") if given and given[0] in (
-            "regex", "grammar") else (rf.definition, f"{rf.syntax} grammar") if rf is not None and rf.type == "grammar" else None
+        text = None  # (a grammar over the whole answer, what to call it)
+        if given and given[0] in ("regex", "grammar"):
+            text = given[1], "regular expression" if given[0] == "regex" else "grammar"
+        elif rf is not None and rf.type == "grammar":
+            text = rf.definition, f"{rf.syntax} grammar"
         if given and given[0] == "choice":
             extra.append("Answer with exactly one of: " + ", ".join(given[1]))
         elif text is not None:
