@@ -311,8 +311,8 @@ def test_an_any_of_branch_no_value_fits_is_dropped(bytes_vocab):
     with pytest.raises(SchemaError) as e:
         schema_grammar({"type": "object", "anyOf": [{"type": "string"}, {"type": "array"}]})
     assert e.value.empty
-    with pytest.raises(SchemaError, match="multipleOf"):  # any other error still stands
-        schema_grammar({"anyOf": [{"type": "string"}, {"type": "integer", "multipleOf": 3}]})
+    with pytest.raises(SchemaError, match="contains"):  # any other error still stands
+        schema_grammar({"anyOf": [{"type": "string"}, {"type": "array", "contains": {"type": "integer"}}]})
 
 
 def test_the_reference_index_is_built_only_for_a_schema_that_refers(monkeypatch):
@@ -435,3 +435,72 @@ def test_a_branch_that_cannot_hold_a_required_name_is_dropped_not_the_schema(smo
     m = Matcher(compiled_grammar(schema_grammar(either), smollm2_vocab))
     assert m.consume_bytes(b'"abc"') and m.is_accepting()
     assert not Matcher(compiled_grammar(schema_grammar(either), smollm2_vocab)).consume_bytes(b"{")
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    ({"type": "number", "multipleOf": 0.01}, ["0", "12.34", "-0.5", "7.10", "19.99"], ["12.345", "0.001", "1e2"]),
+    ({"type": "number", "multipleOf": 0.01, "minimum": 0, "maximum": 5}, ["0.01", "5", "4.99"], ["5.01", "-0.01", "2.005"]),
+    ({"type": "number", "multipleOf": 0.25}, ["0.75", "-3.5", "2"], ["0.3", "1.2"]),
+    ({"type": "integer", "multipleOf": 5, "minimum": -20, "maximum": 100}, ["-20", "0", "95"], ["3", "105", "-25", "5.0"]),
+    ({"type": "number", "multipleOf": 3, "exclusiveMinimum": 10, "maximum": 13}, ["12", "12.0"], ["9", "15", "10"]),
+    ({"allOf": [{"type": "integer", "multipleOf": 4}, {"multipleOf": 6}]}, ["0", "12", "-36"], ["4", "6", "18"]),
+])
+def test_multiple_of_is_enforced_exactly(bytes_vocab, schema, good, bad):
+    """multipleOf with any positive step, exact in decimal (0.01 is not the float's binary
+    fraction), beside the bounds; two under allOf meet at their least common multiple."""
+    g = schema_grammar(schema)
+    for text in good:
+        assert accepts(bytes_vocab, g, text), text
+    for text in bad:
+        assert not accepts(bytes_vocab, g, text), text
+
+
+def test_multiple_of_offers_no_digit_that_cannot_end_on_a_multiple(bytes_vocab):
+    """Byte by byte: after `1.` under multipleOf 0.25, only 1.0, 1.25, 1.5 and 1.75 lie ahead;
+    after `1.7`, only `5`; and with maximum 1.6, `7` is gone too."""
+    quarter = {"type": "number", "multipleOf": 0.25}
+    m = Matcher(CompiledGrammar(schema_grammar(quarter), bytes_vocab))
+    assert m.consume_bytes(b"1.")
+    assert [chr(b) for b in b"0123456789" if m.copy().consume_bytes(bytes([b]))] == ["0", "2", "5", "7"]
+    assert m.consume_bytes(b"7") and not m.is_accepting()
+    assert [chr(b) for b in b"0123456789" if m.copy().consume_bytes(bytes([b]))] == ["5"]
+    m = Matcher(CompiledGrammar(schema_grammar({**quarter, "maximum": 1.6}), bytes_vocab))
+    assert m.consume_bytes(b"1.")
+    assert [chr(b) for b in b"0123456789" if m.copy().consume_bytes(bytes([b]))] == ["0", "2", "5"]
+    with pytest.raises(GrammarError, match="multipleOf 0.5"):
+        CompiledGrammar(schema_grammar({"type": "number", "multipleOf": 0.5, "minimum": 0.1, "maximum": 0.4}), bytes_vocab)
+    with pytest.raises(SchemaError, match="multipleOf must be a number above 0"):
+        schema_grammar({"type": "number", "multipleOf": 0})
+
+
+_FIVE = {k: {"type": "integer"} for k in "abcde"}
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    ({"type": "object", "properties": _FIVE, "additionalProperties": False, "minProperties": 1},
+     ['{"a":1}', '{"e":1}', '{"b":1,"d":2}'], ["{}"]),
+    ({"type": "object", "properties": _FIVE, "additionalProperties": False, "minProperties": 2, "maxProperties": 3},
+     ['{"a":1,"b":2}', '{"c":1,"d":2,"e":3}'], ['{"a":1}', '{"a":1,"b":2,"c":3,"d":4}', "{}"]),
+    ({"type": "object", "properties": _FIVE, "additionalProperties": False, "maxProperties": 1},
+     ["{}", '{"d":4}'], ['{"a":1,"b":2}']),
+    ({"type": "object", "properties": _FIVE, "required": ["c"], "additionalProperties": False, "minProperties": 2},
+     ['{"a":1,"c":2}', '{"c":1,"e":2}'], ['{"c":1}']),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True, "maxProperties": 2},
+     ['{"a":1,"x":2}', '{"x":1,"y":2}'], ['{"a":1,"x":2,"y":3}']),
+])
+def test_property_counts_with_optional_declared_properties(bytes_vocab, schema, good, bad):
+    """min/maxProperties over optional declared properties: the object counts its members as it
+    writes them (these were refused as "property counts with optional declared properties")."""
+    g = schema_grammar(schema)
+    for text in good:
+        assert accepts(bytes_vocab, g, text), text
+    for text in bad:
+        assert not accepts(bytes_vocab, g, text), text
+
+
+def test_property_counts_no_object_meets_are_empty():
+    with pytest.raises(SchemaError, match="minProperties 6 > the 5 properties allowed") as e:
+        schema_grammar({"type": "object", "properties": _FIVE, "additionalProperties": False, "minProperties": 6})
+    assert e.value.empty
+    with pytest.raises(SchemaError, match="a minimum above the required properties"):
+        schema_grammar({"type": "object", "properties": {"a": {}}, "additionalProperties": True, "minProperties": 2})

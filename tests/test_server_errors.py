@@ -31,14 +31,14 @@ def error_of(r, status):
 
 def test_broken_tool_schema_names_keyword_and_pointer(client):
     tools = [TOOLS[0], {"type": "function", "function": {"name": "bad", "parameters": {
-        "type": "object", "properties": {"n": {"type": "number", "multipleOf": 3}}}}}]
+        "type": "object", "properties": {"n": {"type": "array", "contains": {"type": "integer"}}}}}}]
     t0 = time.monotonic()
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=ASK, tools=tools, max_tokens=4)
     assert time.monotonic() - t0 < 5  # answered at validation, not after generating
     err = e.value.body
     assert e.value.status_code == 400 and err["param"] == "tools[1].function.parameters" and err["code"] == "invalid_schema"
-    assert "'multipleOf'" in err["message"] and "/properties/n" in err["message"]
+    assert "'contains'" in err["message"] and "/properties/n" in err["message"]
 
 
 def test_broken_response_schema_names_keyword_and_pointer(client):

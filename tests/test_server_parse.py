@@ -122,12 +122,12 @@ def test_json_nested_too_deeply_is_not_called_invalid():
 def test_schema_errors_say_once_where_and_what_an_http_client_can_do():
     from railcall.server.plan import _response_grammar, _tools
 
-    bad = {"type": "object", "properties": {"a": {"type": "string", "multipleOf": 3}}}
+    bad = {"type": "object", "properties": {"a": {"type": "array", "contains": {"type": "integer"}}}}
     req = parse({"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": bad}}]})
     with pytest.raises(RequestError) as e:
         _tools(req)
     msg = str(e.value)
-    assert msg.count("multipleOf") == 1 and "tool 'f': keyword 'multipleOf' at /properties/a" in msg
+    assert msg.count("contains") == 1 and "tool 'f': keyword 'contains' at /properties/a" in msg
     assert "lenient" not in msg and "remove it from the schema" in msg
     req = parse({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "strict": True, "schema": {"type": "array", "minItems": 9999, "items": bad}}}})

@@ -213,6 +213,15 @@ class ToolCall:
     arguments: str
     complete: bool = True
 
+    @property
+    def input(self) -> str:
+        """A custom tool's input text: its arguments are one JSON string (`OutputParser`'s
+        `text_tools`). ValueError for a call whose arguments are not one."""
+        value = json.loads(self.arguments)
+        if not isinstance(value, str):
+            raise ValueError(f"the call of {self.name!r} has arguments, not an input text")
+        return value
+
 
 @dataclass(frozen=True)
 class Delta:
@@ -237,8 +246,9 @@ class _CallScanner:
     (`OutputParser(stream_calls=True)`), and the parser validates the whole at the call's end.
     """
 
-    def __init__(self, keys: tuple[str, str], first: int):
+    def __init__(self, keys: tuple[str, str], first: int, text_tools: frozenset[str] = frozenset()):
         self.name_key, self.args_key = keys
+        self.text_tools = text_tools  # custom tools: their arguments are one string, streamed as written
         self.first = first  # the turn's index of the body's first call
         self.calls: list[list] = []  # [name or None, args text, args complete]
         self.depth = 0
@@ -264,7 +274,10 @@ class _CallScanner:
                 self.text += c
             elif c == '"':
                 self.in_str = False
-                if top and self.expect_key:
+                if self.args_from is not None and self.args_from == self.depth and self.args_string:
+                    self.calls[-1][2] = True  # a custom tool's input string closed
+                    self.args_from = None
+                elif top and self.expect_key:
                     self.key, self.expect_key = _str(self.text), False
                 elif top and self.key == self.name_key and self.calls and self.calls[-1][0] is None:
                     name = _str(self.text)
@@ -284,6 +297,8 @@ class _CallScanner:
             self.in_str, self.text = True, ""
             if top and self.key == self.args_key and self.args_from is None and not self.expect_key:
                 self.args_string = True
+                if self.calls and self.calls[-1][0] is not None and self.calls[-1][0] in self.text_tools:
+                    self.args_from = self.depth  # the input's JSON string, streamed quotes and all
             self._arg(c)
         elif c in "{[":
             if top and self.key == self.args_key and self.args_from is None:
@@ -357,6 +372,9 @@ class OutputParser:
       reasoning_opened the prompt already opened reasoning (some templates end the prompt with
                        `<think>`), so the output starts inside it.
       stop_ids         end-of-turn tokens; their text is never output.
+      text_tools       the names of custom tools: a call of one carries one JSON string (its
+                       input text) where others carry an arguments object; it is kept as that
+                       string (`ToolCall.input` decodes it) and, with stream_calls, streamed.
       stream_calls     also hand out a call in pieces as it is written ("call_name", then
                        "call_args" deltas), before its "tool_call" delta; for output a grammar
                        holds to the call format (the pieces are not validated until the end).
@@ -372,7 +390,7 @@ class OutputParser:
 
     def __init__(self, delimiters: Delimiters, *, call_format: str | None = "hermes",
                  tool_choice: str = "auto", reasoning_opened: bool = False, stop_ids: Iterable[int] = (),
-                 stream_calls: bool = False):
+                 stream_calls: bool = False, text_tools: Iterable[str] = ()):
         if call_format not in CALL_FORMATS + (None,):
             raise RailcallError(f"unknown call format {call_format!r}; use one of {', '.join(CALL_FORMATS)} or None")
         if tool_choice not in ("auto", "required", "none"):
@@ -404,6 +422,7 @@ class OutputParser:
         self._esc = False
         self._out: list[Delta] = []
         self.stream_calls = stream_calls
+        self.text_tools = frozenset(text_tools)
         self._scanner: _CallScanner | None = None
         trigger = '{"%s":"' % self._keys[0]
         self._json_trigger = TextTrigger(trigger, json_gaps(trigger))
@@ -681,7 +700,7 @@ class OutputParser:
         self._at_start = False
         self._quote = ""  # pythonic: the quote of the string being read ("" outside strings)
         keys = ("name", "arguments") if mode == "hermes" else self._keys
-        self._scanner = None if mode == "pythonic" else _CallScanner(keys, len(self._result.tool_calls))
+        self._scanner = None if mode == "pythonic" else _CallScanner(keys, len(self._result.tool_calls), self.text_tools)
 
     def _scan(self, text: str) -> None:
         sc = self._scanner
@@ -742,7 +761,7 @@ class OutputParser:
 
     def _end_call(self, body: str, closer: str) -> None:
         pythonic = self._mode == "pythonic"
-        calls = parse_pythonic(body) if pythonic else _parse_calls(body, self._mode, self._keys)
+        calls = parse_pythonic(body) if pythonic else _parse_calls(body, self._mode, self._keys, self.text_tools)
         raw = self._opener + body + closer
         self._mode, self._body, self._opener = "content", "", ""
         if calls is None:
@@ -796,7 +815,8 @@ def _compact(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _parse_calls(body: str, fmt: str, keys: tuple[str, str] = ("tool", "args")) -> list[ToolCall] | None:
+def _parse_calls(body: str, fmt: str, keys: tuple[str, str] = ("tool", "args"),
+                 text_tools: frozenset[str] = frozenset()) -> list[ToolCall] | None:
     try:
         value = _loads(body)
     except ValueError:
@@ -808,6 +828,11 @@ def _parse_calls(body: str, fmt: str, keys: tuple[str, str] = ("tool", "args")) 
         if not isinstance(item, dict) or not _is_text(item.get(name_key)):
             return None
         args = item.get(args_key, {})
+        if item[name_key] in text_tools:  # a custom tool: one input text
+            if not _is_text(args):
+                return None
+            calls.append(ToolCall(item[name_key], json.dumps(args, ensure_ascii=False)))
+            continue
         if _is_text(args):  # some templates write arguments as a JSON string
             try:
                 args = _loads(args)

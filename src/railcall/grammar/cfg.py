@@ -435,3 +435,53 @@ def regex_grammar(pattern: str, max_len: int | None = None) -> ir.Grammar:
     if char_dfa("regex", f"^(?:{pattern})$", PATTERN_MAX_LEN).shortest() is None:  # errors name the pattern
         raise GrammarError(f"no text matches {pattern!r}")
     return ir.Grammar(ir.Text(pattern, max_len), name="regex")
+
+
+def json_escaped(text: bytes) -> bytes:
+    """`text` as the inside of a JSON string, as the matcher's JSON strings take it: a quote, a
+    backslash and control characters (DEL too) escaped, everything else as itself."""
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError:
+        raise GrammarError(f"the literal {text!r} is not whole UTF-8 text, so no JSON string can hold it") from None
+    out = []
+    for c in decoded:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c < " " or c == "\x7f":
+            out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r", "\b": "\\b", "\f": "\\f"}.get(c, f"\\u{ord(c):04x}"))
+        else:
+            out.append(c)
+    return "".join(out).encode("utf-8")
+
+
+def inside_json_string(grammar: ir.Grammar, where: str = "the grammar") -> ir.Grammar:
+    """The same language written as the inside of a JSON string: what a call's string holds when
+    its decoded value is a text of `grammar` (an OpenAI custom tool's input). Literals are
+    escaped once (the machine writes them); a terminal's characters may be written as
+    themselves or as any JSON escape (`ir.Text` with `json`). A JSON value inside the grammar
+    (Lark's `%json`) or a special token has no spelling inside a string: a GrammarError naming
+    `where`."""
+
+    def walk(n):
+        t = type(n)
+        if t is ir.Lit:
+            return ir.Lit(json_escaped(n.data))
+        if t is ir.Text:
+            return ir.Text(n.pattern, n.max_len, json=True)
+        if t is ir.Seq:
+            return ir.Seq(*[walk(x) for x in n.items])
+        if t is ir.Alt:
+            return ir.Alt(*[walk(x) for x in n.items])
+        if t is ir.Select:
+            return ir.Select(tuple((json_escaped(k), walk(v)) for k, v in n.choices))
+        if t is ir.Repeat:
+            return ir.Repeat(walk(n.item), n.min, n.max)
+        if t is ir.Ref:
+            return n
+        what = "a special token" if t is ir.Special else "an embedded JSON value (%json)"
+        raise GrammarError(f"{where} holds {what}, which cannot be written inside the call's JSON string; "
+                           "write that part as rules and terminals")
+
+    return ir.Grammar(walk(grammar.start), tuple((name, walk(r)) for name, r in grammar.rules),
+                      name=f"json-string:{grammar.name}", tail_calls=grammar.tail_calls)

@@ -18,10 +18,13 @@ Nodes (all immutable):
     Ref(name)                      the rule `name` of the enclosing Grammar (recursion: $ref)
     JsonString(min_len, max_len)   a JSON string with its quotes: full escapes, any valid
                                    UTF-8, no raw control characters; lengths in characters
-    JsonInteger(minimum, maximum)  a JSON integer, bounds enforced exactly (None = unbounded)
+    JsonInteger(minimum, maximum, multiple_of)
+                                   a JSON integer, bounds enforced exactly (None = unbounded),
+                                   a multiple of `multiple_of` (a decimal string) where given
     JsonNumber()                   any JSON number
     JsonNumber(minimum, maximum, exclusive_min, exclusive_max)
-                                   a JSON number; bounds (decimal strings) enforced exactly
+                                   a JSON number; bounds (decimal strings) enforced exactly;
+    JsonNumber(..., multiple_of)   and a multiple of `multiple_of` (0.01: at most two decimals)
     JsonPattern(kind, arg, min_len, max_len)
                                    a JSON string whose *value* matches a character automaton:
                                    kind "regex" (arg: an ECMA pattern, search semantics),
@@ -36,17 +39,22 @@ Nodes (all immutable):
                                    read alike: no `\\/`; see railcall.grammar.pythonic)
     JsonArray(item, min_items, max_items, prefix)
                                    `prefix` items first (prefixItems), then `item` (None: none)
-    JsonObject(properties, extras, max_extra)
+    JsonObject(properties, extras, max_extra, ws, min_props, max_props)
                                    properties in declared order, each (key, node, required);
                                    optional ones may be skipped; then up to `max_extra` further
                                    members, each from one of the `extras` classes (key node,
-                                   value node): additionalProperties, patternProperties
+                                   value node): additionalProperties, patternProperties; between
+                                   min_props and max_props members in all
     Ws(max)                        up to `max` JSON whitespace bytes (the flexible-whitespace
                                    option; never unbounded)
     Text(pattern, max_len)         raw text (UTF-8, no quotes, no escapes) whose characters match
                                    `pattern` as a whole (the regex dialect of JsonPattern, anchored
                                    at both ends); at most `max_len` characters (None: any length,
-                                   not counted). The terminals of general grammars (grammar.cfg)
+                                   not counted). The terminals of general grammars (grammar.cfg).
+                                   With `json`: the same text written as the inside of a JSON
+                                   string (each character as itself or a JSON escape; a quote,
+                                   a backslash and control characters escaped): a grammar inside
+                                   a custom tool's call (grammar.cfg.inside_json_string)
     Repeat(item, min, max)         `item` from `min` to `max` times (None: no upper bound), nothing
                                    between; `item` must not match the empty text where `max` is None
 
@@ -119,6 +127,7 @@ class JsonString:
 class JsonInteger:
     minimum: int | None = None
     maximum: int | None = None
+    multiple_of: str | None = None  # a positive decimal string (multipleOf)
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,7 @@ class JsonNumber:
     maximum: str | None = None
     exclusive_min: bool = False
     exclusive_max: bool = False
+    multiple_of: str | None = None  # a positive decimal string (multipleOf): the value is k times it
 
 
 @dataclass(frozen=True)
@@ -153,6 +163,8 @@ class JsonObject:
     extras: tuple = ()  # ((key node: JsonString/JsonPattern, value node), ...) for undeclared members
     max_extra: int | None = None
     ws: int = 0  # flexible whitespace: up to this many bytes around each `{`, `:`, `,`, `}`
+    min_props: int = 0  # members in all, declared and undeclared (minProperties; with extras, met
+    max_props: int | None = None  # by the required members alone), and maxProperties
 
 
 @dataclass(frozen=True)
@@ -164,6 +176,7 @@ class Ws:
 class Text:
     pattern: str  # anchored at both ends: the whole text matches
     max_len: int | None = None
+    json: bool = False  # written as the inside of a JSON string (escapes decoded before matching)
 
 
 @dataclass(frozen=True)

@@ -276,25 +276,28 @@ _JINT_BYTE_INDEX = [JInt._BYTES.find(bytes((b,))) for b in range(256)]  # a byte
 
 
 class JDec(_Stepper):
-    """A JSON number within decimal bounds (no exponent: a bounded number is written plainly).
+    """A JSON number within decimal bounds (no exponent: a bounded number is written plainly),
+    a multiple of `step` (kept as `mult`) where one is given (JSON Schema's multipleOf), an integer where `frac`
+    is False (no fraction digits).
 
     local = the number's text so far (str). A byte is allowed only if some completion within
     MAX_NUMBER_CHARS lies within the bounds: the reachable values of a prefix are a grid (the
     next integer digits scale it, fraction digits refine it), intersected exactly with the
-    bounds in Decimal arithmetic.
+    bounds in Decimal arithmetic, and with the multiples of `mult` by a linear congruence.
     """
 
-    __slots__ = ("lo", "hi", "xlo", "xhi", "_memo")
+    __slots__ = ("lo", "hi", "xlo", "xhi", "mult", "frac", "_memo")
     _BYTES = b"-.0123456789"
 
-    def __init__(self, lo, hi, xlo: bool, xhi: bool, nxt: Instr):
+    def __init__(self, lo, hi, xlo: bool, xhi: bool, nxt: Instr, step=None, frac: bool = True):
         self._need = -1
         self.lo, self.hi, self.xlo, self.xhi = lo, hi, xlo, xhi
+        self.mult, self.frac = step, frac
         self.next = nxt
         self._memo: dict = {}
 
     def _params(self) -> tuple:
-        return (type(self.lo), self.lo, type(self.hi), self.hi, self.xlo, self.xhi)
+        return (type(self.lo), self.lo, type(self.hi), self.hi, self.xlo, self.xhi, self.mult, self.frac)
 
     def arrive(self, local, stack, out):
         text = "" if local == 0 else local
@@ -307,7 +310,17 @@ class JDec(_Stepper):
             return False
         if self.hi is not None and (v > self.hi or (self.xhi and v == self.hi)):
             return False
+        if self.mult is not None:
+            from fractions import Fraction
+
+            return (Fraction(v) / Fraction(self.mult)).denominator == 1
         return True
+
+    def _fstep(self, f: int):
+        """The grid step of f more fraction digits (1: none, or an integer-only number)."""
+        from decimal import Decimal
+
+        return Decimal(10) ** -f if f >= 1 and self.frac else Decimal(1)
 
     def _grid_hits(self, base, step, count: int, neg: bool) -> bool:
         """Is some value +-(base + j*step), 0 <= j < count, within the bounds?"""
@@ -329,7 +342,21 @@ class JDec(_Stepper):
             if xhi and f == q:
                 f -= 1
             jmax = min(jmax, f)
-        return jmin <= jmax
+        if jmin > jmax or self.mult is None:
+            return jmin <= jmax
+        # some j in [jmin, jmax] with (base + j*step) / multipleOf an integer: over a common
+        # denominator d, a + j*b = 0 (mod d), a linear congruence
+        from fractions import Fraction
+
+        x, y = Fraction(base) / Fraction(self.mult), Fraction(step) / Fraction(self.mult)
+        d = x.denominator * y.denominator // math.gcd(x.denominator, y.denominator)
+        a, b = int(x * d), int(y * d)
+        g = math.gcd(b, d)
+        if a % g:
+            return False
+        period = d // g
+        j0 = (-a // g) * pow(b // g, -1, period) % period if period > 1 else 0
+        return jmin + (j0 - jmin) % period <= jmax
 
     def _feasible(self, text: str) -> bool:
         hit = self._memo.get(text)
@@ -361,11 +388,11 @@ class JDec(_Stepper):
             r = room
             if self._grid_hits(Decimal(0), Decimal(1), 1, neg):  # "0"
                 return r >= 1
-            if r >= 3 and self._grid_hits(Decimal(0), Decimal(10) ** -(r - 2), 10 ** (r - 2), neg):
+            if self.frac and r >= 3 and self._grid_hits(Decimal(0), Decimal(10) ** -(r - 2), 10 ** (r - 2), neg):
                 return True  # 0.fff
             for k in range(r):  # k+1 integer digits, the first one 1-9
                 f = r - (k + 1) - 1
-                step = Decimal(10) ** -f if f >= 1 else Decimal(1)
+                step = self._fstep(f)
                 base = Decimal(10) ** k
                 count = int((Decimal(9) * base) / step)
                 if self._grid_hits(base, step, count, neg):
@@ -381,11 +408,11 @@ class JDec(_Stepper):
         if body == "0":
             if self._grid_hits(Decimal(0), Decimal(1), 1, neg):
                 return True
-            return room >= 2 and self._grid_hits(Decimal(0), Decimal(10) ** -(room - 1), 10 ** (room - 1), neg)
+            return self.frac and room >= 2 and self._grid_hits(Decimal(0), Decimal(10) ** -(room - 1), 10 ** (room - 1), neg)
         d = Decimal(body)
         for k in range(room + 1):  # k more integer digits, then maybe a fraction
             f = room - k - 1
-            step = Decimal(10) ** -f if f >= 1 else Decimal(1)
+            step = self._fstep(f)
             base = d * Decimal(10) ** k
             count = int(Decimal(10) ** k / step)
             if self._grid_hits(base, step, count, neg):
@@ -398,7 +425,7 @@ class JDec(_Stepper):
             ok = text == ""
         elif c == ".":
             body = text.lstrip("-")
-            ok = bool(body) and "." not in body
+            ok = self.frac and bool(body) and "." not in body
         elif 0x30 <= b <= 0x39:  # an ASCII digit (str.isdigit also takes "²" and others)
             body = text.lstrip("-")
             ok = not (body == "0")  # no leading zeros

@@ -9,7 +9,7 @@ from railcall.errors import GrammarError
 from railcall.grammar import ir
 from railcall.grammar.instructions import MAX_DEPTH, RET, Accept, Call, Forward, Guard, Instr, Jump, Lit, Repeat, Select, Special, Split, Ws
 from railcall.grammar.numbers import MAX_NUMBER_CHARS, JDec, JInt, JNum, clamp_int
-from railcall.grammar.strings import _PY_ESCAPES, _SIMPLE_ESCAPES, PATTERN_MAX_LEN, JPat, JStr, Text, char_dfa
+from railcall.grammar.strings import _PY_ESCAPES, _SIMPLE_ESCAPES, PATTERN_MAX_LEN, JPat, JStr, JText, Text, char_dfa
 
 # ---------------------------------------------------------------------------------------------
 # The compiler
@@ -446,10 +446,12 @@ class _Compiler:
             elif t is ir.JsonPattern:
                 self._pattern(node)
             elif t is ir.JsonInteger:
-                if node.minimum is not None or node.maximum is not None:
+                if node.multiple_of is not None:
+                    self._bounded_number(node, RET)
+                elif node.minimum is not None or node.maximum is not None:
                     clamp_int(node.minimum, node.maximum)
             elif t is ir.JsonNumber:
-                if node.minimum is not None or node.maximum is not None:
+                if node.minimum is not None or node.maximum is not None or node.multiple_of is not None:
                     self._bounded_number(node, RET)
             elif t is ir.JsonArray:
                 _array_bounds(node)
@@ -544,18 +546,20 @@ class _Compiler:
             body.margin = self.shared.token_margin
             return self.compile(ir.Lit(b'"'), body)
         if isinstance(node, ir.JsonInteger):
+            if node.multiple_of is not None:
+                return self._bounded_number(node, nxt)
             if node.minimum is None and node.maximum is None:
                 return self._num(JNum(True, nxt))
             return JInt(*clamp_int(node.minimum, node.maximum), nxt)
         if isinstance(node, ir.JsonNumber):
-            if node.minimum is None and node.maximum is None:
+            if node.minimum is None and node.maximum is None and node.multiple_of is None:
                 return self._num(JNum(False, nxt))
             return self._bounded_number(node, nxt)
         if isinstance(node, ir.Ws):
             return Ws(node.max, nxt) if node.max > 0 else nxt
         if isinstance(node, ir.Text):
             dfa, hi = self._text(node)
-            body = Text(dfa, 0, hi, nxt)
+            body = (JText if node.json else Text)(dfa, 0, hi, nxt)
             body.margin = self.shared.token_margin
             return body
         if isinstance(node, ir.Repeat):
@@ -665,15 +669,23 @@ class _Compiler:
                 rep.item_need = item
         return rep
 
-    def _bounded_number(self, node: ir.JsonNumber, nxt: Instr) -> Instr:
+    def _bounded_number(self, node, nxt: Instr) -> Instr:
+        """A JsonNumber with bounds or a multipleOf, or a JsonInteger with a multipleOf: JDec
+        (an integer one writes no fraction)."""
         from decimal import Decimal
 
         lo = None if node.minimum is None else Decimal(node.minimum)
         hi = None if node.maximum is None else Decimal(node.maximum)
-        ins = JDec(lo, hi, node.exclusive_min, node.exclusive_max, nxt)
+        step = None if node.multiple_of is None else Decimal(node.multiple_of)
+        if step is not None and not step > 0:
+            raise GrammarError(f"multipleOf must be above 0, not {node.multiple_of}")
+        integer = isinstance(node, ir.JsonInteger)
+        ins = JDec(lo, hi, False if integer else node.exclusive_min, False if integer else node.exclusive_max, nxt,
+                   step=step, frac=not integer)
         if not ins._feasible(""):
-            raise GrammarError(f"no number of at most {MAX_NUMBER_CHARS} characters lies within the bounds "
-                               f"(minimum {node.minimum}, maximum {node.maximum})")
+            of = "" if step is None else f", multipleOf {node.multiple_of}"
+            raise GrammarError(f"no {'integer' if integer else 'number'} of at most {MAX_NUMBER_CHARS} characters lies "
+                               f"within the bounds (minimum {node.minimum}, maximum {node.maximum}{of})")
         return ins
 
     def _punct(self, data: bytes, ws: int, nxt: Instr, before: bool = False, after: bool = True) -> Instr:
@@ -719,45 +731,75 @@ class _Compiler:
         """Properties in declared order; optional ones skippable; commas only between members;
         then, if the object allows them, undeclared members from the `extras` classes.
 
-        rest(i, first) is "the object from property i on, `first` if nothing was written yet".
-        Each is compiled once, so n optional properties cost O(n) instructions, not 2^n paths.
+        rest(i, c) is "the object from property i on, with c members written so far" (c = 0:
+        nothing yet, so no comma). Counts are kept up to `top`: 1 without member bounds (written
+        or not is all a comma needs), min_props without max_props (past it, every count is
+        alike), max_props with it. A state from which min_props cannot be reached, or a member
+        past max_props, is not built. Each state is compiled once, so n optional properties
+        cost O(n * top) instructions, not 2^n paths.
         """
         props, ws = node.properties, node.ws
+        lo, hi = node.min_props, node.max_props
+        top = hi if hi is not None else max(lo, 1)
         close = self._punct(b"}", ws, nxt, before=True, after=False)
-        extras: dict[bool, Instr] = {}
+        extras: dict[int, Instr] = {}
 
-        def tail(first: bool) -> Instr:
+        def tail(c: int) -> Instr | None:
+            """The object's end after c members: undeclared members (at most max_props - c), or
+            the close; None where min_props is not met (extras never meet it: schema.py only
+            gives them with a minimum the required members meet)."""
             if not node.extras:
-                return close
-            hit = extras.get(first)
+                return close if c >= lo else None
+            room = None if hi is None else hi - c
+            if node.max_extra is not None:
+                room = node.max_extra if room is None else min(room, node.max_extra)
+            key = (c > 0, room)
+            hit = extras.get(key)
             if hit is None:
-                members = [self.compile(key, self._punct(b":", ws, self._item(value), before=True))
-                           for key, value in node.extras]
-                member = self._split(members)
-                sep = self._punct(b",", ws, member, before=True)
-                hit = extras[first] = self._repeat(Repeat(member, sep, 0, node.max_extra, close, lead_sep=not first))
+                if room == 0:
+                    hit = close
+                else:
+                    members = [self.compile(k, self._punct(b":", ws, self._item(value), before=True))
+                               for k, value in node.extras]
+                    member = self._split(members)
+                    sep = self._punct(b",", ws, member, before=True)
+                    hit = self._repeat(Repeat(member, sep, 0, room, close, lead_sep=c > 0))
+                extras[key] = hit
             return hit
 
         # From the last property back, so that a thousand properties are a loop, not a recursion
-        # a thousand deep. rest(i, False) is needed for every i >= 1 (a value's continuation);
-        # rest(i, True) only up to the first required property (before it, all were skippable).
+        # a thousand deep. Only the states a written object can be in are built: c <= i, and
+        # c == 0 only up to the first required property (before it, all were skippable).
         n = len(props)
         first_required = next((i for i, p in enumerate(props) if p[2]), n)
-        later = {False: tail(False)} if n else {}
-        if first_required == n:
-            later[True] = tail(True)
+        later: dict[int, Instr] = {}
+        for c in range(min(n, top) + 1):
+            t = tail(c)
+            if t is not None and (c or first_required == n):
+                later[c] = t
         for i in range(n - 1, -1, -1):
             key, value, required = props[i]
-            value_entry = self.compile(value, later[False])
-            cur: dict[bool, Instr] = {}
-            for first in ((False,) if i else ()) + ((True,) if i <= first_required else ()):
-                if ws:
-                    emit = self.compile(ir.Lit(ir.json_literal(key)), self._punct(b":", ws, value_entry, before=True))
-                    if not first:
-                        emit = self._punct(b",", ws, emit, before=True)
-                else:
-                    head = (b"" if first else b",") + ir.json_literal(key) + b":"
-                    emit = self.compile(ir.Lit(head), value_entry)
-                cur[first] = emit if required else self._split([emit, later[first]])
+            cur: dict[int, Instr] = {}
+            for c in range(min(i, top) + 1):
+                if c == 0 and i > first_required:
+                    continue
+                after = later.get(min(c + 1, top)) if hi is None or c < hi else None
+                options = []
+                if after is not None:
+                    value_entry = self.compile(value, after)
+                    if ws:
+                        emit = self.compile(ir.Lit(ir.json_literal(key)), self._punct(b":", ws, value_entry, before=True))
+                        if c:
+                            emit = self._punct(b",", ws, emit, before=True)
+                    else:
+                        emit = self.compile(ir.Lit((b"," if c else b"") + ir.json_literal(key) + b":"), value_entry)
+                    options.append(emit)
+                if not required and c in later:
+                    options.append(later[c])
+                if options:
+                    cur[c] = self._split(options)
             later = cur
-        return self._punct(b"{", ws, later[True])
+        if 0 not in later:
+            raise GrammarError(f"no object has between {lo} and {hi if hi is not None else 'any number of'} of its "
+                               "allowed members")
+        return self._punct(b"{", ws, later[0])

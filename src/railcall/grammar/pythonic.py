@@ -95,7 +95,8 @@ def value_node(node: ir.Node) -> ir.Node:
     if isinstance(node, ir.JsonObject):
         # a dict: declared keys are JSON strings written by json_literal, which never uses `\/`
         return ir.JsonObject(tuple((k, value_node(v), r) for k, v, r in node.properties),
-                             tuple((value_node(k), value_node(v)) for k, v in node.extras), node.max_extra, node.ws)
+                             tuple((value_node(k), value_node(v)) for k, v in node.extras), node.max_extra, node.ws,
+                             node.min_props, node.max_props)
     # Ref (names are kept; the rule bodies are converted too), JsonInteger, JsonNumber, Ws,
     # Special: spelled alike
     return node
@@ -122,6 +123,10 @@ def kwargs_node(node: ir.Node, rules: tuple, tool_name: str, _seen: frozenset = 
                            "parameters are not a plain object of declared properties (a const/enum object, a "
                            "minProperties over undeclared members, or a recursive $ref at the top); use the json "
                            "format")
+    if node.min_props or node.max_props is not None:
+        raise GrammarError(f"tool {tool_name!r}: the parameters bound how many properties a call has "
+                           "(minProperties/maxProperties with optional ones), which the pythonic format's keyword "
+                           "list does not count; use the json format")
     if node.extras and node.max_extra != 0:
         raise GrammarError(f"tool {tool_name!r}: the parameters allow undeclared properties "
                            "(additionalProperties/patternProperties, or an object without properties), which "

@@ -62,7 +62,7 @@ ANNOTATIONS = frozenset({
 # keyword railcall does not know is an annotation and ignored, as the specification says (`self`
 # in Snowplow schemas, OpenAPI's `x-*` extensions and `example`, draft-04's `id`, ...).
 UNENFORCED = frozenset({
-    "not", "multipleOf", "divisibleBy", "if", "then", "else", "contains", "minContains", "maxContains",
+    "not", "divisibleBy", "if", "then", "else", "contains", "minContains", "maxContains",
     "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
     "$dynamicRef", "$recursiveRef", "extends", "disallow",
 })
@@ -72,7 +72,7 @@ HANDLED = frozenset({
     "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
     "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum",
     "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf", "allOf", "$ref",
-    "minProperties", "maxProperties", "uniqueItems", "patternProperties", "propertyNames",
+    "minProperties", "maxProperties", "uniqueItems", "patternProperties", "propertyNames", "multipleOf",
 })
 
 ANY_VALUE = "__any_json_value__"
@@ -482,7 +482,7 @@ def _infer_types(schema: dict) -> list[str]:
         return ["array"]
     if any(k in schema for k in ("minLength", "maxLength", "pattern", "format")):
         return ["string"]
-    if any(k in schema for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")):
+    if any(k in schema for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")):
         return ["number"]
     return list(_ALL_TYPES)
 
@@ -614,6 +614,12 @@ def _admits(ctx: _Ctx, schema, value, pointer: str, depth: int) -> bool:
             return False
         if hi is not None and (value > hi or (xhi and value == hi)):
             return False
+        step = _multiple_of(s, pointer)
+        if step is not None:
+            from fractions import Fraction
+            from decimal import Decimal
+
+            return (Fraction(Decimal(str(value))) / Fraction(Decimal(step))).denominator == 1
     elif kind == "string":
         return _admits_string(ctx, s, value, pointer)
     elif kind == "array":
@@ -718,7 +724,7 @@ def _typed(ctx: _Ctx, schema: dict, t: str, pointer: str, required: bool, depth:
     if t == "string":
         return _string(ctx, schema, pointer, required)
     if t == "integer":
-        return ir.JsonInteger(*_int_bounds(schema, pointer))
+        return ir.JsonInteger(*_int_bounds(schema, pointer), multiple_of=_multiple_of(schema, pointer))
     if t == "number":
         return _number(schema, pointer)
     if t == "array":
@@ -822,8 +828,27 @@ def _int_bounds(schema: dict, pointer: str) -> tuple[int | None, int | None]:
     return ilo, ihi
 
 
+def _multiple_of(schema: dict, pointer: str) -> str | None:
+    """multipleOf as a decimal string (exact: 0.01 is not the float's binary fraction); None
+    where it is not given."""
+    v = schema.get("multipleOf")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise SchemaError(f"multipleOf must be a number above 0, not {v!r}", pointer=pointer + "/multipleOf",
+                          keyword="multipleOf")
+    return _decimal_text(v)
+
+
 def _number(schema: dict, pointer: str) -> ir.Node:
     lo, xlo, hi, xhi = _bounds(schema, pointer)
+    step = _multiple_of(schema, pointer)
+    if step is not None:
+        if lo is not None and hi is not None and (lo > hi or (lo == hi and (xlo or xhi))):
+            raise SchemaError(f"no number lies between the bounds {lo} and {hi}", pointer=pointer, keyword="minimum",
+                              empty=True)
+        return ir.JsonNumber(None if lo is None else _decimal_text(lo), None if hi is None else _decimal_text(hi),
+                             xlo, xhi, multiple_of=step)
     if lo is None and hi is None:
         return ir.JsonNumber()
     if lo is not None and hi is not None and (lo > hi or (lo == hi and (xlo or xhi))):
@@ -931,11 +956,21 @@ def _object(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
     max_p = _int_kw(schema, "maxProperties", pointer)
     max_extra = None
     if min_p or max_p is not None:
-        # Exact only when the declared members are all required (their count is fixed), so the
-        # bounds fall on the undeclared members alone.
+        if max_p is not None and max_p < n_req:
+            raise SchemaError(f"maxProperties {max_p} < the {n_req} required properties", pointer=pointer,
+                              keyword="maxProperties", empty=True)
         if len(out) != n_req:
-            _unsupported(ctx, "minProperties" if min_p else "maxProperties", pointer,
-                         "property counts with optional declared properties")
+            # Optional declared members: the object counts its members as it writes them (a
+            # state per count), with undeclared ones only where the required members alone meet
+            # minProperties (a repeated undeclared key would count twice towards a minimum).
+            if extras and (min_p or 0) > n_req:
+                _unsupported(ctx, "minProperties", pointer,
+                             "a minimum above the required properties, with optional and undeclared ones")
+                return ir.JsonObject(tuple(out), extras, None, ctx.options.whitespace, 0, max_p)  # lenient
+            if not extras and (min_p or 0) > len(out):
+                raise SchemaError(f"minProperties {min_p} > the {len(out)} properties allowed", pointer=pointer,
+                                  keyword="minProperties", empty=True)
+            return ir.JsonObject(tuple(out), extras, None, ctx.options.whitespace, min_p or 0, max_p)
         else:
             if max_p is not None and max_p < n_req:
                 raise SchemaError(f"maxProperties {max_p} < the {n_req} required properties", pointer=pointer,
@@ -1257,6 +1292,9 @@ def _merge(ctx: _Ctx, a: dict, b, pointer: str, depth: int) -> dict:
             out[k] = tuple(dict.fromkeys([*_patterns(out), *_patterns(b)]))
         elif k == NOT_STRINGS:
             out[k] = tuple(dict.fromkeys([*va, *vb]))
+        elif k == "multipleOf" and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+                                       for x in (va, vb)):
+            out[k] = _common_multiple(va, vb)
         else:
             raise SchemaError(f"allOf branches give {k!r} two different values ({va!r}, {vb!r}), which railcall "
                               "cannot combine", pointer=pointer, keyword=k)
@@ -1269,6 +1307,18 @@ def _merge(ctx: _Ctx, a: dict, b, pointer: str, depth: int) -> dict:
             ("prefixItems" in a or "prefixItems" in b) and ("items" in a or "items" in b)):
         _merge_items(a, b, out)
     return out
+
+
+def _common_multiple(a, b):
+    """The least common multiple of two multipleOf values, exactly (p1/q1 and p2/q2 in lowest
+    terms: lcm(p1, p2) / gcd(q1, q2)), as an int where it is whole, else a float of its decimal."""
+    from decimal import Decimal
+    from fractions import Fraction
+
+    x, y = Fraction(Decimal(str(a))), Fraction(Decimal(str(b)))
+    num = x.numerator * y.numerator // math.gcd(x.numerator, y.numerator)
+    m = Fraction(num, math.gcd(x.denominator, y.denominator))
+    return int(m) if m.denominator == 1 else float(Decimal(m.numerator) / Decimal(m.denominator))
 
 
 def _merge_items(a: dict, b: dict, out: dict) -> None:

@@ -428,3 +428,65 @@ class Text(JPat):
         if n >= self.min and n + self.margin + self.dfa.max_dist <= self.max:
             return (k, -1, x, v)
         return local
+
+
+class JText(JPat):
+    """Text whose characters a regex.CharDFA matches as a whole, written as the inside of a JSON
+    string (a general grammar inside a custom tool's call, ir.Text with `json`): a character is
+    written as itself or as a JSON escape, and escapes are decoded before the automaton reads
+    them (`\\u0041` is `A`); a quote, a backslash and control characters only escaped. No quotes
+    of its own: the call's string opens before it and closes after it.
+
+    local = JPat's (dfa state, characters written, substate, a, b). Leaving is an epsilon move
+    between characters, taken wherever the automaton accepts (as Text's). With `max` None the
+    text is not counted (the count stays 0): any length, a state per automaton state.
+    """
+
+    __slots__ = ("_live",)
+
+    def __init__(self, dfa, min_len: int, max_len: int | None, nxt: Instr):
+        JPat.__init__(self, dfa, min_len, max_len, nxt)
+        self._live: dict = {}  # (state, count) -> may another character follow
+
+    def arrive(self, local, stack, out):
+        if local == 0:
+            local = (0, 0, P_CHAR, 0, 0)
+        k, n, sub, _, _ = local
+        if sub == P_CHAR:
+            if self.dfa.accepting[k] and n >= self.min:
+                self.next.arrive(0, stack, out)
+            live = self._live.get((k, n))
+            if live is None:
+                live = self._some(k, n, 0, 0x10FFFF)
+                if len(self._live) < 65536:
+                    self._live[(k, n)] = live
+            if not live:
+                return
+        out.add((self, local, stack))
+
+    def _some(self, k: int, n: int, lo: int, hi: int) -> bool:
+        if self.max is None:  # not counted: any transition will do (none leads to a dead end)
+            return any(a <= b and self.dfa.targets_in(k, a, b)
+                       for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), min(hi, 0x10FFFF))))
+        return JPat._some(self, k, n, lo, hi)
+
+    def _char(self, k: int, n: int, cp: int):
+        if self.max is None:
+            t = self.dfa.step(k, cp)
+            return (t, 0, P_CHAR, 0, 0) if t >= 0 else None
+        return JPat._char(self, k, n, cp)
+
+    def _next(self, local, b: int):
+        if b == 0x22 and local[2] == P_CHAR:  # a raw quote would close the call's string
+            return None
+        return JPat._next(self, local, b)
+
+    def step(self, local, stack, b, out):
+        nl = self._next(local, b)
+        if nl is not None:
+            self.arrive(nl, stack, out)
+
+    def coarse(self, local):
+        if local == 0 or self.max is None:  # not entered yet (a return address), or not counted
+            return local
+        return JPat.coarse(self, local)

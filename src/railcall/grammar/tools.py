@@ -41,24 +41,59 @@ from railcall.grammar import ir
 from railcall.grammar.schema import SchemaOptions, schema_to_ir
 
 
+# The syntaxes a custom tool's grammar may be written in: OpenAI's two, and GBNF
+INPUT_SYNTAXES = ("lark", "regex", "gbnf")
+
+
 @dataclass(frozen=True)
 class Tool:
-    """One tool of a table. `parameters` is a JSON Schema for the arguments object."""
+    """One tool of a table. `parameters` is a JSON Schema for the arguments object.
+
+    A *custom* tool (OpenAI's `{"type": "custom"}`) takes one string instead of arguments, and
+    `input_format` says which: `{"type": "text"}` (any non-empty text) or `{"type": "grammar",
+    "syntax": "lark" | "regex" | "gbnf", "definition": "..."}` (a text of that grammar). Its call
+    carries the input as the arguments' JSON string: `{"tool":"run_sql","args":"SELECT 1"}`.
+    """
 
     name: str
     description: str = ""
     parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
     mutates: bool = False
+    input_format: dict | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise GrammarError(f"a tool needs a non-empty string name, not {self.name!r}")
         if not isinstance(self.parameters, dict):
             raise GrammarError(f"tool {self.name!r}: parameters must be a JSON Schema object")
+        f = self.input_format
+        if f is None:
+            return
+        if not isinstance(f, dict) or f.get("type") not in ("text", "grammar"):
+            raise GrammarError(f"tool {self.name!r}: input_format must be {{\"type\": \"text\"}} or "
+                               f"{{\"type\": \"grammar\", \"syntax\", \"definition\"}}, not {f!r}")
+        if f["type"] == "grammar" and (f.get("syntax") not in INPUT_SYNTAXES or not isinstance(f.get("definition"), str)):
+            raise GrammarError(f"tool {self.name!r}: a grammar input_format needs syntax ({', '.join(INPUT_SYNTAXES)}) "
+                               "and definition (the grammar's text)")
+
+    @property
+    def custom(self) -> bool:
+        """Does the tool take one string (its `input_format`) instead of arguments?"""
+        return self.input_format is not None
 
     @classmethod
     def from_openai(cls, spec: dict, *, mutates: bool = False) -> "Tool":
-        """From an OpenAI-style tool dict ({"type":"function","function":{...}} or the inner part)."""
+        """From an OpenAI-style tool dict: a function tool ({"type":"function","function":{...}}
+        or the inner part) or a custom tool ({"type":"custom","custom":{name, description,
+        format}}; the Responses API's flat {"type":"custom", name, description, format})."""
+        if spec.get("type") == "custom":
+            c = spec.get("custom", spec)
+            if not c.get("name"):
+                raise GrammarError("an OpenAI custom tool needs custom.name")
+            fmt = c.get("format") or {"type": "text"}
+            if fmt.get("type") == "grammar" and isinstance(fmt.get("grammar"), dict):
+                fmt = {"type": "grammar", **fmt["grammar"]}  # Chat Completions nests it one level
+            return cls(c["name"], c.get("description") or "", input_format=dict(fmt), mutates=mutates)
         fn = spec.get("function", spec)
         if "name" not in fn:
             raise GrammarError("an OpenAI tool needs function.name")
@@ -71,9 +106,23 @@ class Tool:
         another order is another grammar."""
         key = self.__dict__.get("_schema_key")
         if key is None:
-            key = json.dumps([self.name, self.parameters])
+            key = json.dumps([self.name, self.parameters] + ([self.input_format] if self.custom else []))
             self.__dict__["_schema_key"] = key  # a frozen dataclass: cache without __setattr__
         return key
+
+    def input_grammar(self) -> ir.Grammar:
+        """A custom tool's input as a grammar over the text itself (not yet inside a string);
+        a GrammarError naming the line and column where the definition is not one railcall runs."""
+        from railcall.grammar.cfg import regex_grammar
+        from railcall.grammar.gbnf import gbnf_grammar
+        from railcall.grammar.lark import lark_grammar
+
+        f = self.input_format
+        if f is None:
+            raise GrammarError(f"tool {self.name!r} is a function tool: it takes arguments, not an input text")
+        if f["type"] == "text":
+            return regex_grammar(r"[\s\S]+")
+        return {"lark": lark_grammar, "gbnf": gbnf_grammar, "regex": regex_grammar}[f["syntax"]](f["definition"])
 
 
 class CallFormat:
@@ -223,6 +272,10 @@ class PythonicCall(CallFormat):
     def args(self, node, rules, tool):
         from railcall.grammar.pythonic import kwargs_node, rules_node
 
+        if tool.custom:
+            raise GrammarError(f"tool {tool.name!r} is a custom tool (one input text): the pythonic format has no "
+                               "spelling for it; use the json, openai or hermes format")
+
         return ir.Seq(kwargs_node(node, rules, tool.name), ir.Lit(b")")), rules_node(rules)
 
     def call(self, choices):
@@ -258,6 +311,9 @@ class PythonicCall(CallFormat):
     def _one(self, name, args):
         from railcall.grammar.pythonic import py_spell
 
+        if isinstance(args, str):
+            raise GrammarError(f"{name!r} takes an input text (a custom tool): the pythonic format has no spelling for it")
+
         return f"{name}(" + ", ".join(f"{k}={py_spell(_json(v).encode()).decode()}" for k, v in args.items()) + ")"
 
 
@@ -285,6 +341,9 @@ def write_calls(tools: Sequence[Tool], calls: Sequence[tuple[str, dict]], fmt: C
     for name, args in calls:
         if name not in by_name:
             raise GrammarError(f"no tool {name!r} in the table; its tools: {', '.join(by_name)}")
+        if isinstance(args, str):  # a custom tool's input text
+            ordered.append((name, args))
+            continue
         order = list(by_name[name].parameters.get("properties", {}))
         ordered.append((name, {k: args[k] for k in sorted(args, key=lambda k: order.index(k) if k in order else len(order))}))
     return call_format(fmt).write(ordered)
@@ -344,6 +403,13 @@ class ToolGrammarBuilder:
     def args_ir(self, tool: Tool) -> tuple:
         key = tool.schema_key()
         hit = self._args.get(key)
+        if hit is None and tool.custom:
+            # one JSON string whose decoded value is a text of the input grammar
+            from railcall.grammar.cfg import inside_json_string
+
+            g = inside_json_string(tool.input_grammar(), f"tool {tool.name!r}'s input grammar")
+            hit = prefix_rules(ir.Seq(ir.Lit(b'"'), g.start, ir.Lit(b'"')), g.rules, tool.name)
+            self._args.put(key, hit)
         if hit is None:
             params = tool.parameters
             if params.get("type", "object") != "object":
@@ -400,7 +466,10 @@ class ToolGrammarBuilder:
         # milliseconds for a large table on every request.
         key = hashlib.sha256(json.dumps([repr(self.options), fmt.name, getattr(fmt, "open_tag", ""), getattr(fmt, "close_tag", ""),
                                          parallel, max_calls, min_calls, [t.schema_key() for t in tools]]).encode()).hexdigest()[:24]
-        return ir.Grammar(start, tuple(rules), name=f"{fmt.name}:{','.join(names)}", key=key)
+        # a custom tool's grammar continues into a rule at a rule's end without nesting (as a
+        # general grammar does on its own: statement lists are right-recursive)
+        return ir.Grammar(start, tuple(rules), name=f"{fmt.name}:{','.join(names)}", key=key,
+                          tail_calls=any(t.custom for t in tools))
 
     def sequence(self, tables: Sequence[Sequence[Tool]], fmt: CallFormat | str = "json") -> ir.Grammar:
         """The grammar of exactly len(`tables`) calls in order, call i one `tables[i]` allows
@@ -422,7 +491,8 @@ class ToolGrammarBuilder:
         key = hashlib.sha256(json.dumps([repr(self.options), fmt.name, getattr(fmt, "open_tag", ""), getattr(fmt, "close_tag", ""),
                                          "sequence", [[t.schema_key() for t in tools] for tools in tables]]).encode()).hexdigest()[:24]
         names = ",".join(dict.fromkeys(t.name for tools in tables for t in tools))
-        return ir.Grammar(fmt.sequence(ones), tuple(rules), name=f"{fmt.name}:{len(tables)} calls:{names}", key=key)
+        return ir.Grammar(fmt.sequence(ones), tuple(rules), name=f"{fmt.name}:{len(tables)} calls:{names}", key=key,
+                          tail_calls=any(t.custom for tools in tables for t in tools))
 
     def _one(self, tools: Sequence[Tool], fmt: CallFormat) -> tuple:
         """(one call over `tools` as `fmt` writes it, the rules it refers to)."""
@@ -458,7 +528,8 @@ def prefix_rules(node, rules, prefix: str):
                                 tuple(walk(x) for x in n.prefix), n.ws)
         if isinstance(n, ir.JsonObject):
             return ir.JsonObject(tuple((k, walk(v), r) for k, v, r in n.properties),
-                                 tuple((key, walk(v)) for key, v in n.extras), n.max_extra, n.ws)
+                                 tuple((key, walk(v)) for key, v in n.extras), n.max_extra, n.ws, n.min_props,
+                                 n.max_props)
         if isinstance(n, ir.Repeat):
             return ir.Repeat(walk(n.item), n.min, n.max)
         return n

@@ -29,6 +29,9 @@ def describe_tools(tools: Sequence[Tool], detail: str = "brief") -> str:
         raise ValueError(f"unknown detail {detail!r}; use brief, choices or full")
     lines = []
     for t in tools:
+        if t.custom:
+            lines.append(f"- {t.name}: {' '.join(t.description.split())} {describe_input(t)}".replace("  ", " "))
+            continue
         props = t.parameters.get("properties", {})
         req = set(t.parameters.get("required", []))
         if detail == "full":
@@ -41,6 +44,16 @@ def describe_tools(tools: Sequence[Tool], detail: str = "brief") -> str:
             args = ", ".join(f"{k} ({p.get('type', 'any')}{'' if k in req else ', optional'})" for k, p in props.items())
         lines.append(f"- {t.name}: {t.description} Arguments: {args or 'none'}.")
     return "\n".join(lines)
+
+
+def describe_input(tool: Tool) -> str:
+    """What a custom tool takes, for the prompt: one input text, and its grammar's text."""
+    f = tool.input_format
+    if f["type"] == "text":
+        return "Input: one text (not arguments), written as one JSON string."
+    kind = "regular expression" if f["syntax"] == "regex" else f"{f['syntax'].upper() if f['syntax'] == 'gbnf' else 'Lark'} grammar"
+    return (f"Input: one text (not arguments), written as one JSON string, that this {kind} describes:\n"
+            + f["definition"].strip())
 
 
 def _choices_arg(name: str, p: dict) -> str:
@@ -94,6 +107,8 @@ def call_example(tools: Sequence[Tool], fmt: str = "json") -> str:
     each a placeholder of its type (`"<city>"`, 0, false, []). It shows the format; the values
     are not an answer to anything."""
     t = tools[0]
+    if t.custom:
+        return call_text(t.name, "<input text>", fmt)
     props = t.parameters.get("properties", {}) or {}
     return call_text(t.name, {k: _placeholder(k, props.get(k)) for k in t.parameters.get("required", []) if k in props},
                      fmt)
@@ -187,6 +202,11 @@ def system_prompt(tools: Sequence[Tool], fmt: str = "json", *, purpose: str = "c
         how = f"{ONE[fmt]} and nothing else: {shape}"
     if example:
         how += f", for example {shown}"
+    custom = next((t for t in tools if t.custom), None)
+    if custom is not None and fmt in SKELETONS and fmt != "pythonic":
+        # a custom tool's call holds its input text where the arguments object would be
+        how += ("; a tool that takes an input text gets it as one JSON string instead of arguments: "
+                + call_text("<tool name>", "<input text>", fmt))
     if choice == "auto":
         return head + f"To call a tool, answer with {how}. Otherwise answer in plain text."
     return head + f"Choose the tool that fits the request and answer with {how}"

@@ -353,13 +353,17 @@ def _param(loc) -> str | None:
     pydantic adds for union branches (`str`, `list[TextPart]`, `user`) are left out."""
     out = ""
     prev = None
-    for part in loc:
+    loc = tuple(loc)
+    for i, part in enumerate(loc):
         if isinstance(part, int):
             out += f"[{part}]"
         elif isinstance(part, str) and part.isidentifier() and part not in ("str", "int", "float", "bool", "dict", "list"):
-            # a message's role is the union's tag right after its index (messages[0].user.content)
-            tag = isinstance(prev, int) and part in ("system", "developer", "user", "assistant", "tool", "message",
-                                                     "function_call", "function_call_output", "reasoning")
+            # a message's role is the union's tag right after its index (messages[0].user.content),
+            # and a tool's or a call's type before its own field of that name (tools[0].function.function)
+            tag = (isinstance(prev, int) and part in ("system", "developer", "user", "assistant", "tool", "message",
+                                                      "function_call", "function_call_output", "custom_tool_call",
+                                                      "custom_tool_call_output", "reasoning")) or \
+                (part in ("function", "custom") and i + 1 < len(loc) and loc[i + 1] == part)
             if not (tag or part[:1].isupper()):
                 out += ("." if out else "") + part
         prev = part

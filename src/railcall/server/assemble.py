@@ -15,11 +15,17 @@ logprobs entries, and stop strings.
   the non-streamed `arguments` exactly. Where no grammar holds the output (tool_choice "none"),
   nothing is a call. A call cut by max_tokens keeps its name and its arguments as far as they
   were written (not valid JSON: no client runs it), with finish_reason "length".
+- A custom tool's call (a tool of `{"type": "custom"}`, whose input is one text) is OpenAI's
+  `{"type": "custom", "custom": {"name", "input"}}`, its input decoded from the call's JSON
+  string. Streamed, its input arrives as `custom.input` pieces that add up to the whole; a
+  piece never ends inside an escape. A custom call cut by max_tokens keeps its input as far as
+  it was written, with finish_reason "length".
 """
 
 from __future__ import annotations
 
 import codecs
+import json
 import secrets
 
 from railcall.errors import RequestError
@@ -60,18 +66,76 @@ def generation_failed(value) -> RequestError:
     return RequestError(f"generation failed: {type(value).__name__}: {value}", status=500, type="server_error")
 
 
+def input_text(call) -> str:
+    """A custom call's input: its JSON string decoded; a call cut inside the string, as far as
+    it was written (`InputText`'s reading)."""
+    if call.complete:
+        return call.input
+    return InputText().feed(call.arguments, None)
+
+
+class InputText:
+    """A custom call's JSON string, decoded as its raw pieces arrive: `feed` returns the input
+    text that became certain, never stopping inside an escape (or between the two halves of an
+    escaped surrogate pair)."""
+
+    def __init__(self):
+        self.raw = ""  # the string's text after its opening quote
+        self.opened = False
+        self.sent = 0  # characters of the decoded input handed out
+
+    def feed(self, piece: str | None, call=None) -> str:
+        """The next raw piece (None: the call ended; `call` its ToolCall) -> the decoded text
+        not yet handed out."""
+        if call is not None and call.complete:
+            text = call.input
+            out, self.sent = text[self.sent:], len(text)
+            return out
+        if piece:
+            if not self.opened:
+                piece, self.opened = piece[1:] if piece.startswith('"') else piece, True
+            self.raw += piece
+        text = self._decoded(self.raw)
+        out, self.sent = text[self.sent:], max(self.sent, len(text))
+        return out
+
+    @staticmethod
+    def _decoded(raw: str) -> str:
+        """The longest decodable start of `raw` (a JSON string's inside, perhaps with its closing
+        quote), decoded: an escape or a surrogate pair still being written is left for later."""
+        if raw.endswith('"') and not _escaped_end(raw[:-1]):
+            raw = raw[:-1]
+        for cut in range(len(raw), max(len(raw) - 12, 0) - 1, -1):
+            try:
+                text = json.loads('"' + raw[:cut] + '"')
+            except ValueError:
+                continue
+            if text and "\ud800" <= text[-1] <= "\udbff":  # a high surrogate: its pair is on its way
+                continue
+            return text
+        return ""
+
+
+def _escaped_end(raw: str) -> bool:
+    """Does `raw` end inside an escape (an odd run of backslashes at its end)?"""
+    return (len(raw) - len(raw.rstrip("\\"))) % 2 == 1
+
+
 class Assembler:
     """Per request: steps in, OpenAI deltas and the final message out."""
 
     def __init__(self, served, plan):
         self.vocab = served.vocab
+        self.custom = frozenset(t.name for t in getattr(plan, "tools", ()) if t.custom)  # custom tools' names
+        self.inputs: dict[int, InputText] = {}  # call index -> a custom call's input, decoded as it streams
         if getattr(plan, "plain", False):  # /v1/completions: all text, no delimiters read
             self.parser = OutputParser(Delimiters(), call_format=None, tool_choice="none", stop_ids=self.vocab.stop_ids)
         else:
             fmt = (getattr(plan, "call_format", None) or served.call_format) if plan.tool_choice != "none" else None
             self.parser = OutputParser(served.delimiters, call_format=fmt, tool_choice=plan.tool_choice,
                                        stop_ids=self.vocab.stop_ids,
-                                       stream_calls=getattr(plan, "grammar", None) is not None)
+                                       stream_calls=getattr(plan, "grammar", None) is not None,
+                                       text_tools=self.custom)
         self.stops = tuple(plan.params.stop)
         self.holdback = max((len(s) for s in self.stops), default=1) - 1
         self.top_logprobs = plan.top_logprobs
@@ -142,7 +206,19 @@ class Assembler:
                 while len(self.ids) <= d.index:
                     self.ids.append(call_id())
                 i = d.index
-                if d.kind == "call_name":
+                if d.kind == "call_name" and d.text in self.custom:
+                    self.inputs[i] = InputText()
+                    out.append({"tool_calls": [{"index": i, "id": self.ids[i], "type": "custom",
+                                                "custom": {"name": d.text, "input": ""}}]})
+                elif i in self.inputs:  # the pieces of a custom call's input, decoded
+                    piece = self.inputs[i].feed(d.text if d.kind == "call_args" else None, d.call)
+                    if piece:
+                        out.append({"tool_calls": [{"index": i, "custom": {"input": piece}}]})
+                elif d.kind == "tool_call" and d.call.name in self.custom:  # not streamed in pieces: whole
+                    self.inputs[i] = InputText()
+                    out.append({"tool_calls": [{"index": i, "id": self.ids[i], "type": "custom",
+                                                "custom": {"name": d.call.name, "input": input_text(d.call)}}]})
+                elif d.kind == "call_name":
                     self.args_sent[i] = 0
                     out.append({"tool_calls": [{"index": i, "id": self.ids[i], "type": "function",
                                                 "function": {"name": d.text, "arguments": ""}}]})
@@ -166,7 +242,9 @@ class Assembler:
         r = self.parser.result()
         while len(self.ids) < len(r.tool_calls):
             self.ids.append(call_id())
-        calls = [{"id": self.ids[i], "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        calls = [{"id": self.ids[i], "type": "custom", "custom": {"name": c.name, "input": input_text(c)}}
+                 if c.name in self.custom else
+                 {"id": self.ids[i], "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                  for i, c in enumerate(r.tool_calls)]
         content = self.content if self.content.strip() or not calls else None
         return {"role": "assistant", "content": content, "reasoning_content": r.reasoning_content or None,

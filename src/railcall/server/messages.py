@@ -58,6 +58,11 @@ def messages_for_template(req: ChatCompletionRequest, tools: list[Tool], choice:
         elif m.role == "assistant":
             calls = []
             for j, c in enumerate(m.tool_calls or []):
+                if c.type == "custom":  # a custom tool's call: its input text is the call's string
+                    if c.id:
+                        names[c.id] = c.custom.name
+                    calls.append((c.custom.name, c.custom.input))
+                    continue
                 try:
                     args = json.loads(c.function.arguments or "{}")
                 except ValueError:
@@ -111,6 +116,19 @@ def messages_for_template(req: ChatCompletionRequest, tools: list[Tool], choice:
             out.insert(0, {"role": "system", "content": "\n".join(extra)})
     specs = None
     if tools and native:
-        specs = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
-                 for t in tools]
+        specs = [template_spec(t) for t in tools]
     return out, specs
+
+
+def template_spec(tool: Tool) -> dict:
+    """A tool as a chat template that knows tools takes it: function tools as they are; a
+    custom tool as a function whose arguments are one string, its grammar in the description
+    (templates know function tools only; the calls' grammar is the tool's either way)."""
+    if not tool.custom:
+        return {"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                                 "parameters": tool.parameters}}
+    from railcall.prompts.chat import describe_input
+
+    return {"type": "function", "function": {"name": tool.name,
+                                             "description": f"{tool.description} {describe_input(tool)}".strip(),
+                                             "parameters": {"type": "string"}}}

@@ -107,10 +107,11 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
     choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
     named = None
     if not isinstance(choice, str):
-        named = next((t for t in tools if t.name == choice.function.name), None)
+        want = choice.function.name if choice.type == "function" else choice.custom.name
+        named = next((t for t in tools if t.name == want and t.custom == (choice.type == "custom")), None)
         if named is None:
-            known = ", ".join(t.name for t in tools) or "none"
-            raise RequestError(f"tool_choice names the function {choice.function.name!r}, which is not in tools "
+            known = ", ".join(f"{t.name} ({'custom' if t.custom else 'function'})" for t in tools) or "none"
+            raise RequestError(f"tool_choice names the {choice.type} tool {want!r}, which is not in tools "
                                f"(known: {known})", param="tool_choice")
         choice = "named"
     if choice in ("required", "auto") and not tools:
@@ -255,10 +256,19 @@ def _tools(req: ChatCompletionRequest) -> list[Tool]:
     tools = []
     seen = set()
     for i, spec in enumerate(req.tools or []):
-        fn = spec.function
+        fn = spec.function if spec.type == "function" else spec.custom
         if fn.name in seen:
-            raise RequestError(f"two tools are named {fn.name!r}; tool names must be unique", param=f"tools[{i}].function.name")
+            raise RequestError(f"two tools are named {fn.name!r}; tool names must be unique", param=f"tools[{i}].{spec.type}.name")
         seen.add(fn.name)
+        if spec.type == "custom":  # one input text under its format's grammar
+            where = f"tools[{i}].custom.format" + (".grammar.definition" if fn.format and fn.format.grammar else "")
+            try:
+                tool = Tool(fn.name, fn.description, input_format=fn.format.spec() if fn.format else {"type": "text"})
+                _BUILDER.args_ir(tool)  # compiles the grammar now: a bad one is this tool's 400
+            except GrammarError as e:
+                raise RequestError(f"{where}: {e}", param=where, code="invalid_grammar") from None
+            tools.append(tool)
+            continue
         params = fn.parameters if fn.parameters is not None else {"type": "object", "properties": {}}
         try:
             tool = Tool(fn.name, fn.description, params)
@@ -271,6 +281,9 @@ def _tools(req: ChatCompletionRequest) -> list[Tool]:
 
 
 def _tool_grammar(tools, fmt, parallel: bool, per_call=None) -> ir.Grammar:
+    if fmt == "pythonic" and any(t.custom for t in tools):
+        raise RequestError("custom tools (one input text) have no spelling in the pythonic call format; send "
+                           "call_format json, openai or hermes", param="call_format")
     try:
         return _BUILDER.sequence(per_call, fmt) if per_call else _BUILDER.grammar(tools, fmt, parallel=parallel)
     except GrammarError as e:

@@ -7,20 +7,25 @@ exactly as one (plan.py, the engine, output.py's Assembler); only its shape in a
       message (role, text)      system / developer / user / assistant message
       function_call             an assistant message's tool_calls (consecutive ones: one message)
       function_call_output      a tool message (tool_call_id = call_id)
+      custom_tool_call          an assistant message's custom call (call_id, name, input)
+      custom_tool_call_output   a tool message (tool_call_id = call_id)
       reasoning                 dropped (a chat history carries no reasoning either)
     instructions             -> a system message first (not carried over by previous_response_id)
     tools (flat function)    -> chat tools ({"type": "function", "function": {...}})
+    tools (flat custom)      -> chat custom tools ({"type": "custom", "custom": {name, format}})
     text.format              -> response_format
     max_output_tokens        -> max_tokens
 
     Assembler deltas         -> output items and stream events
       reasoning_content         a `reasoning` item (reasoning_text)
       content                   a `message` item (output_text)
-      tool_calls                one `function_call` item per call (call_id, name, arguments)
+      tool_calls                one `function_call` item per call (call_id, name, arguments),
+                                a `custom_tool_call` item per custom call (call_id, name, input)
 
 A streamed response is `response.created`, `response.in_progress`, then per item
 `response.output_item.added`, its deltas (`response.output_text.delta`,
-`response.function_call_arguments.delta`, `response.reasoning_text.delta`) and their `.done`
+`response.function_call_arguments.delta`, `response.custom_tool_call_input.delta`,
+`response.reasoning_text.delta`) and their `.done`
 events, `response.output_item.done`, and last `response.completed` (or `response.incomplete`
 when max_output_tokens cut it); every event carries its `sequence_number`. A failure after the
 stream began is an `error` event.
@@ -103,11 +108,25 @@ class FunctionCallOutputItem(_Loose):
     output: Text
 
 
+class CustomCallItem(_Loose):
+    type: Literal["custom_tool_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: str = ""
+
+
+class CustomCallOutputItem(_Loose):
+    type: Literal["custom_tool_call_output"]
+    call_id: str = Field(min_length=1)
+    output: Text
+
+
 class ReasoningItem(_Loose):
     type: Literal["reasoning"]
 
 
 _ITEMS = {"message": MessageItem, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem,
+          "custom_tool_call": CustomCallItem, "custom_tool_call_output": CustomCallOutputItem,
           "reasoning": ReasoningItem}
 
 
@@ -129,8 +148,19 @@ class FunctionTool(_Loose):
     strict: bool | None = None
 
 
+class CustomTool(_Loose):
+    """A custom tool: one input text, any (`{"type": "text"}`) or a grammar's
+    (`{"type": "grammar", "syntax": "lark" | "regex", "definition": ...}`; railcall also takes
+    "gbnf")."""
+
+    type: Literal["custom"]
+    name: str
+    description: str | None = None
+    format: dict[str, Any] | None = None
+
+
 class NamedFunction(_Loose):
-    type: Literal["function"]
+    type: Literal["function", "custom"]
     name: str
 
 
@@ -160,7 +190,7 @@ class ResponsesRequest(_Strict):
     model: str = ""
     input: list[Item]  # a string is one user message
     instructions: str | None = None
-    tools: list[FunctionTool] = Field(default_factory=list)
+    tools: list[Annotated[Union[FunctionTool, CustomTool], Field(discriminator="type")]] = Field(default_factory=list)
     tool_choice: Union[Literal["none", "auto", "required"], NamedFunction, None] = None
     parallel_tool_calls: bool = Field(default=True, strict=True)
     max_output_tokens: int | None = Field(default=None, ge=1, strict=True)
@@ -209,10 +239,11 @@ class ResponsesRequest(_Strict):
                                    code="unsupported_field" if kind else None)
         for i, tool in enumerate(data.get("tools") or ()):
             kind = tool.get("type") if isinstance(tool, dict) else None
-            if kind != "function":
+            if kind not in ("function", "custom"):
                 raise RequestError(f"tools[{i}].type: {kind!r} tools are not supported; this server runs function "
-                                   "tools ({\"type\": \"function\", \"name\", \"parameters\"}), which your code "
-                                   "executes", param=f"tools[{i}].type", code="unsupported_field")
+                                   "tools ({\"type\": \"function\", \"name\", \"parameters\"}) and custom tools "
+                                   "({\"type\": \"custom\", \"name\", \"format\"}), which your code executes",
+                                   param=f"tools[{i}].type", code="unsupported_field")
         return data
 
 
@@ -236,14 +267,16 @@ def to_chat(req: ResponsesRequest, earlier: list[dict]) -> tuple[ChatCompletionR
     for item, at in items:
         if isinstance(item, MessageItem):
             messages.append({"role": item.role, "content": _text(item.content)})
-        elif isinstance(item, FunctionCallItem):
-            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+        elif isinstance(item, (FunctionCallItem, CustomCallItem)):
+            call = ({"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+                    if isinstance(item, FunctionCallItem) else
+                    {"id": item.call_id, "type": "custom", "custom": {"name": item.name, "input": item.input}})
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)  # one turn's calls: one assistant message
                 continue
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif isinstance(item, FunctionCallOutputItem):
+        elif isinstance(item, (FunctionCallOutputItem, CustomCallOutputItem)):
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
         else:  # reasoning: not shown to the model again, as in a chat history
             continue
@@ -257,10 +290,8 @@ def to_chat(req: ResponsesRequest, earlier: list[dict]) -> tuple[ChatCompletionR
         "seed": req.seed, "top_k": req.top_k, "call_format": req.call_format, "routing": req.routing,
         "values": req.values, "on_length": req.on_length,
         "distinct_calls": req.distinct_calls,
-        "tools": [{"type": "function", "function": {"name": t.name, "description": t.description or "",
-                                                    "parameters": t.parameters, "strict": t.strict}}
-                  for t in req.tools] or None,
-        "tool_choice": ({"type": "function", "function": {"name": req.tool_choice.name}}
+        "tools": [_chat_tool(t) for t in req.tools] or None,
+        "tool_choice": ({"type": req.tool_choice.type, req.tool_choice.type: {"name": req.tool_choice.name}}
                         if isinstance(req.tool_choice, NamedFunction) else req.tool_choice),
     }
     if fmt is not None and fmt.type == "json_schema":
@@ -279,6 +310,18 @@ def to_chat(req: ResponsesRequest, earlier: list[dict]) -> tuple[ChatCompletionR
         raise RequestError(f"input: {err.get('msg', 'invalid')}", param="input") from None
 
 
+def _chat_tool(t) -> dict:
+    """A Responses tool (flat) as the chat endpoint's (nested; a custom grammar one level deeper)."""
+    if t.type == "function":
+        return {"type": "function", "function": {"name": t.name, "description": t.description or "",
+                                                 "parameters": t.parameters, "strict": t.strict}}
+    fmt = t.format
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar" and "grammar" not in fmt:
+        fmt = {"type": "grammar", "grammar": {k: v for k, v in fmt.items() if k != "type"}}
+    return {"type": "custom", "custom": {"name": t.name, "description": t.description or "",
+                                         **({"format": fmt} if fmt is not None else {})}}
+
+
 # Chat request fields and the Responses fields they came from, for a 400 raised while planning.
 _PARAMS = (("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"),
            ("response_format.json_schema.schema", "text.format.schema"),
@@ -293,9 +336,9 @@ def in_responses_terms(e: RequestError, where: list[str]) -> RequestError:
         here = where[k] if k < len(where) else "input"
         param = here + param[param.index("]") + 1:].replace(".tool_call_id", ".call_id")
         message = message.replace(f"messages[{k}]", here).replace("tool_call_id", "call_id")
-    elif param.startswith("tools[") and ".function." in param:
-        old = param
-        param = param.replace(".function.", ".", 1)
+    elif param.startswith("tools[") and (".function." in param or ".custom." in param):
+        old = param  # the chat tool's nesting (function., custom., format.grammar.) is flat here
+        param = param.replace(".function.", ".", 1).replace(".custom.", ".", 1).replace(".format.grammar.", ".format.", 1)
         message = message.replace(old, param)
     else:
         for old, new in _PARAMS:
@@ -360,6 +403,8 @@ def as_input(items: list[dict]) -> list[dict]:
             out.append({"type": "message", "role": "assistant", "content": item["content"]})
         elif item["type"] == "function_call":
             out.append({k: item[k] for k in ("type", "call_id", "name", "arguments")})
+        elif item["type"] == "custom_tool_call":
+            out.append({k: item[k] for k in ("type", "call_id", "name", "input")})
     return out
 
 
@@ -410,11 +455,21 @@ def from_chat(response: dict, chat: dict) -> dict:
         output.append({"type": "message", "id": new_id("msg_"), "role": "assistant", "status": status,
                        "content": [{"type": "output_text", "text": msg["content"], "annotations": [], "logprobs": []}]})
     for call in msg.get("tool_calls") or ():
-        output.append({"type": "function_call", "id": "fc_" + call["id"].removeprefix("call_"), "call_id": call["id"],
-                       "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": status})
+        output.append(call_item(call, status))
     u = chat["usage"]
     return finished(response, output, cut, usage(u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"],
                                                  u["completion_tokens"]))
+
+
+def call_item(call: dict, status: str) -> dict:
+    """A chat tool call as its output item: `function_call` (arguments) or `custom_tool_call`
+    (input), with the ids OpenAI gives them (fc_..., ctc_...)."""
+    suffix = call["id"].removeprefix("call_")
+    if call.get("type") == "custom":
+        return {"type": "custom_tool_call", "id": "ctc_" + suffix, "call_id": call["id"], "name": call["custom"]["name"],
+                "input": call["custom"].get("input", ""), "status": status}
+    return {"type": "function_call", "id": "fc_" + suffix, "call_id": call["id"], "name": call["function"]["name"],
+            "arguments": call["function"].get("arguments", ""), "status": status}
 
 
 # -- the event stream ---------------------------------------------------------------------------
@@ -462,6 +517,9 @@ class _Events:
         elif item["type"] == "reasoning":
             out.append(self.event("response.reasoning_text.done", item_id=item["id"], output_index=at, content_index=0,
                                   text=item["content"][0]["text"]))
+        elif item["type"] == "custom_tool_call":
+            out.append(self.event("response.custom_tool_call_input.done", item_id=item["id"], output_index=at,
+                                  input=item["input"]))
         else:
             out.append(self.event("response.function_call_arguments.done", item_id=item["id"], output_index=at,
                                   name=item["name"], arguments=item["arguments"]))
@@ -487,11 +545,17 @@ class _Events:
         for call in delta.get("tool_calls") or ():
             fn = call.get("function", {})
             if "id" in call:  # a new call: its name is complete
-                item = {"type": "function_call", "id": "fc_" + call["id"].removeprefix("call_"), "call_id": call["id"],
-                        "name": fn["name"], "arguments": "", "status": "in_progress"}
+                item = call_item({**call, "function": {"name": fn.get("name", "")},
+                                  **({"custom": {"name": call["custom"]["name"]}} if "custom" in call else {})},
+                                 "in_progress")
                 self.calls[call["index"]] = item
                 out += self._add(item)
             item = self.calls[call["index"]]
+            piece = call.get("custom", {}).get("input")
+            if piece:
+                item["input"] += piece
+                out.append(self.event("response.custom_tool_call_input.delta", item_id=item["id"],
+                                      output_index=self.output.index(item), delta=piece))
             if fn.get("arguments"):
                 item["arguments"] += fn["arguments"]
                 out.append(self.event("response.function_call_arguments.delta", item_id=item["id"],

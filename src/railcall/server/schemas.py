@@ -55,6 +55,22 @@ class ToolCall(_Loose):
     function: FunctionCall
 
 
+class CustomCall(_Loose):
+    name: str = Field(min_length=1)
+    input: str = ""
+
+
+class CustomToolCall(_Loose):
+    """An earlier call of a custom tool (its input is one text)."""
+
+    id: str = ""
+    type: Literal["custom"]
+    custom: CustomCall
+
+
+AnyToolCall = Annotated[Union[ToolCall, CustomToolCall], Field(discriminator="type")]
+
+
 class SystemMessage(_Loose):
     role: Literal["system", "developer"]
     content: Union[str, list[TextPart]]
@@ -71,8 +87,17 @@ class AssistantMessage(_Loose):
     role: Literal["assistant"]
     content: Content = None
     reasoning_content: str | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[AnyToolCall] | None = None
     name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_calls(cls, data):
+        # a call without a type is a function call, as OpenAI reads it
+        if isinstance(data, dict) and isinstance(data.get("tool_calls"), list):
+            data = {**data, "tool_calls": [{**c, "type": "function"} if isinstance(c, dict) and "type" not in c else c
+                                           for c in data["tool_calls"]]}
+        return data
 
     @model_validator(mode="after")
     def _something(self):
@@ -97,9 +122,50 @@ class FunctionSpec(_Loose):
     strict: bool | None = None
 
 
-class ToolSpec(_Loose):
+class FunctionToolSpec(_Loose):
     type: Literal["function"]
     function: FunctionSpec
+
+
+class GrammarDefinition(_Loose):
+    syntax: Literal["lark", "regex", "gbnf"]  # OpenAI's two, and GBNF (railcall's)
+    definition: str
+
+
+class InputFormat(_Loose):
+    """A custom tool's input: any text, or a text of a grammar."""
+
+    type: Literal["text", "grammar"]
+    grammar: GrammarDefinition | None = None
+
+    @model_validator(mode="after")
+    def _grammar_given(self):
+        if self.type == "grammar" and self.grammar is None:
+            raise ValueError('a format of type grammar needs "grammar": {"syntax": "lark" | "regex" | "gbnf", '
+                             '"definition": "..."}')
+        return self
+
+    def spec(self) -> dict:
+        """The format as `railcall.grammar.tools.Tool.input_format` takes it."""
+        if self.type == "text":
+            return {"type": "text"}
+        return {"type": "grammar", "syntax": self.grammar.syntax, "definition": self.grammar.definition}
+
+
+class CustomSpec(_Loose):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str = ""
+    format: InputFormat | None = None  # None: any text
+
+
+class CustomToolSpec(_Loose):
+    """OpenAI's custom tool: its call carries one input text, under its format's grammar."""
+
+    type: Literal["custom"]
+    custom: CustomSpec
+
+
+ToolSpec = Annotated[Union[FunctionToolSpec, CustomToolSpec], Field(discriminator="type")]
 
 
 class NamedFunction(_Loose):
@@ -111,7 +177,13 @@ class NamedToolChoice(_Loose):
     function: NamedFunction
 
 
-ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
+class NamedCustomChoice(_Loose):
+    type: Literal["custom"]
+    custom: NamedFunction
+
+
+ToolChoice = Union[Literal["none", "auto", "required"],
+                   Annotated[Union[NamedToolChoice, NamedCustomChoice], Field(discriminator="type")]]
 
 
 class JsonSchemaFormat(_Loose):
