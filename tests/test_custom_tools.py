@@ -205,3 +205,30 @@ def test_input_text_pieces_never_split_an_escape(seed):
     got.append(it.feed(None, ToolCall("x", raw)))
     assert "".join(got) == value
     assert all(not g or not "\ud800" <= g[-1] <= "\udbff" for g in got)
+
+
+def test_pythonic_keyword_lists_count_too(bytes_vocab):
+    """minProperties/maxProperties over optional arguments hold in the pythonic format's keyword
+    list as in a JSON object."""
+    t = Tool("f", parameters={"type": "object", "properties": {k: {"type": "integer"} for k in "abc"},
+                              "additionalProperties": False, "minProperties": 1, "maxProperties": 2})
+    g = compiled_grammar(tool_grammar([t], "pythonic"), bytes_vocab)
+
+    def ok(text: str) -> bool:
+        m = Matcher(g)
+        return m.consume_bytes(text.encode()) and m.is_accepting()
+
+    assert ok("[f(a=1)]") and ok("[f(b=1, c=2)]") and ok("[f(c=3)]")
+    assert not ok("[f()]") and not ok("[f(a=1, b=2, c=3)]")
+
+
+def test_a_right_recursive_input_is_not_capped_beside_a_response_format(bytes_vocab):
+    """tool_choice auto with a response_format joins the two grammars: a custom tool's
+    right-recursive input still continues without nesting (tail_calls kept)."""
+    from railcall.grammar.schema import schema_grammar
+    from railcall.server.plan import _tool_grammar, call_or_answer
+
+    t = Tool("items", input_format={"type": "grammar", "syntax": "lark", "definition": 'start: item\nitem: "a" | "a;" item\n'})
+    both = call_or_answer(_tool_grammar([t], "json", parallel=False), schema_grammar({"type": "object"}))
+    m = Matcher(compiled_grammar(both, bytes_vocab))
+    assert m.consume_bytes(b'{"tool":"items","args":"' + b"a;" * 60 + b'a"}') and m.is_accepting()

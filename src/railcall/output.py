@@ -258,7 +258,7 @@ class _CallScanner:
         self.expect_key = False
         self.text = ""  # the current string's raw text (a key or the name)
         self.args_from: int | None = None  # depth the arguments value opened at
-        self.args_string = False  # arguments written as a JSON string: not streamed in pieces
+        self.args_string = False  # arguments written as a JSON string: streamed only for a custom tool
         self.out: list[Delta] = []
         self.held: dict[int, str] = {}  # arguments read before the name (sent once it is known)
 

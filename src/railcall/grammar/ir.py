@@ -24,7 +24,8 @@ Nodes (all immutable):
     JsonNumber()                   any JSON number
     JsonNumber(minimum, maximum, exclusive_min, exclusive_max)
                                    a JSON number; bounds (decimal strings) enforced exactly;
-    JsonNumber(..., multiple_of)   and a multiple of `multiple_of` (0.01: at most two decimals)
+    JsonNumber(..., multiple_of)   and a multiple of `multiple_of` (0.01: no nonzero digit past
+                                   the second decimal)
     JsonPattern(kind, arg, min_len, max_len)
                                    a JSON string whose *value* matches a character automaton:
                                    kind "regex" (arg: an ECMA pattern, search semantics),

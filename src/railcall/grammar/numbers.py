@@ -428,7 +428,7 @@ class JDec(_Stepper):
             ok = self.frac and bool(body) and "." not in body
         elif 0x30 <= b <= 0x39:  # an ASCII digit (str.isdigit also takes "²" and others)
             body = text.lstrip("-")
-            ok = not (body == "0")  # no leading zeros
+            ok = not (body == "0") and (self.frac or text != "-" or b != 0x30)  # no leading zeros; no integer -0
         else:
             return None
         if not ok:

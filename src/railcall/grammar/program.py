@@ -732,14 +732,16 @@ class _Compiler:
         then, if the object allows them, undeclared members from the `extras` classes.
 
         rest(i, c) is "the object from property i on, with c members written so far" (c = 0:
-        nothing yet, so no comma). Counts are kept up to `top`: 1 without member bounds (written
-        or not is all a comma needs), min_props without max_props (past it, every count is
-        alike), max_props with it. A state from which min_props cannot be reached, or a member
+        nothing yet, so no comma). Counts are kept up to `top`: max_props where it binds, else
+        min_props (past it, every count is alike), and at least 1 (written or not is all a
+        comma needs). A state from which min_props cannot be reached, or a member
         past max_props, is not built. Each state is compiled once, so n optional properties
         cost O(n * top) instructions, not 2^n paths.
         """
         props, ws = node.properties, node.ws
         lo, hi = node.min_props, node.max_props
+        if hi is not None and hi >= len(props) and not node.extras:
+            hi = None  # a maximum no object can pass binds nothing (and would cost a state per count)
         top = hi if hi is not None else max(lo, 1)
         close = self._punct(b"}", ws, nxt, before=True, after=False)
         extras: dict[int, Instr] = {}
@@ -800,6 +802,6 @@ class _Compiler:
                     cur[c] = self._split(options)
             later = cur
         if 0 not in later:
-            raise GrammarError(f"no object has between {lo} and {hi if hi is not None else 'any number of'} of its "
+            raise GrammarError(f"no object has {f'{lo} to {hi}' if hi is not None else f'at least {lo}'} of its "
                                "allowed members")
         return self._punct(b"{", ws, later[0])

@@ -123,10 +123,6 @@ def kwargs_node(node: ir.Node, rules: tuple, tool_name: str, _seen: frozenset = 
                            "parameters are not a plain object of declared properties (a const/enum object, a "
                            "minProperties over undeclared members, or a recursive $ref at the top); use the json "
                            "format")
-    if node.min_props or node.max_props is not None:
-        raise GrammarError(f"tool {tool_name!r}: the parameters bound how many properties a call has "
-                           "(minProperties/maxProperties with optional ones), which the pythonic format's keyword "
-                           "list does not count; use the json format")
     if node.extras and node.max_extra != 0:
         raise GrammarError(f"tool {tool_name!r}: the parameters allow undeclared properties "
                            "(additionalProperties/patternProperties, or an object without properties), which "
@@ -137,21 +133,38 @@ def kwargs_node(node: ir.Node, rules: tuple, tool_name: str, _seen: frozenset = 
         if not key.isidentifier() or keyword.iskeyword(key):
             raise GrammarError(f"tool {tool_name!r}: property {key!r} (properties) is not a Python identifier, so "
                                "it cannot be a keyword argument; rename it or use the json format")
-    # The comma goes before every argument but the first one written. tail[j]: the arguments
-    # from j on, after at least one was written (each optional one skippable). Shared nodes:
-    # the compiler memoises by node, so the table stays linear in the number of arguments.
-    tail: list[ir.Node] = [ir.Seq()] * (len(props) + 1)
-    for j in range(len(props) - 1, -1, -1):
-        key, value, req = props[j]
-        one = ir.Seq(ir.Lit(f", {key}=".encode()), value_node(value))
-        tail[j] = ir.Seq(one if req else ir.Alt(ir.Seq(), one), tail[j + 1])
+    # The comma goes before every argument but the first one written. tail[j][c]: the arguments
+    # from j on, after c were written (c >= 1; each optional one skippable), counts kept up to
+    # `top` as the JSON object's are (min/maxProperties; 1 without them). Shared nodes: the
+    # compiler memoises by node, so the table stays linear in the number of arguments.
+    n, lo, hi = len(props), node.min_props, node.max_props
+    if hi is not None and hi >= n:
+        hi = None  # a maximum no call can pass binds nothing
+    top = hi if hi is not None else max(lo, 1)
+    values = [value_node(v) for _, v, _ in props]
+    tail: list[dict] = [{} for _ in range(n + 1)]
+    tail[n] = {c: ir.Seq() for c in range(max(lo, 1), top + 1)}
+    for j in range(n - 1, -1, -1):
+        key, _, req = props[j]
+        for c in range(1, min(j, top) + 1):
+            options = [] if req or c not in tail[j + 1] else [tail[j + 1][c]]
+            after = tail[j + 1].get(min(c + 1, top)) if hi is None or c < hi else None
+            if after is not None:
+                options.append(ir.Seq(ir.Lit(f", {key}=".encode()), values[j], after))
+            if options:
+                tail[j][c] = ir.Alt(*options) if len(options) > 1 else options[0]
     firsts: list[ir.Node] = []
-    for j, (key, value, req) in enumerate(props):
-        firsts.append(ir.Seq(ir.Lit(f"{key}=".encode()), value_node(value), tail[j + 1]))
+    for j, (key, _, req) in enumerate(props):
+        after = tail[j + 1].get(1) if hi is None or hi >= 1 else None
+        if after is not None:
+            firsts.append(ir.Seq(ir.Lit(f"{key}=".encode()), values[j], after))
         if req:  # a required argument: nothing after it can be the first one written
             break
     else:
-        firsts.append(ir.Seq())  # every argument optional: `name()` too
+        if lo == 0:
+            firsts.append(ir.Seq())  # every argument optional: `name()` too
+    if not firsts:
+        raise GrammarError(f"tool {tool_name!r}: no call has between {lo} and {hi} of its arguments")
     return ir.Alt(*firsts) if len(firsts) > 1 else firsts[0]
 
 

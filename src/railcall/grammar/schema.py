@@ -724,7 +724,11 @@ def _typed(ctx: _Ctx, schema: dict, t: str, pointer: str, required: bool, depth:
     if t == "string":
         return _string(ctx, schema, pointer, required)
     if t == "integer":
-        return ir.JsonInteger(*_int_bounds(schema, pointer), multiple_of=_multiple_of(schema, pointer))
+        lo, hi = _int_bounds(schema, pointer)
+        step = _multiple_of(schema, pointer)
+        if step is not None:
+            _some_multiple(lo, hi, False, False, step, True, pointer)
+        return ir.JsonInteger(lo, hi, multiple_of=step)
     if t == "number":
         return _number(schema, pointer)
     if t == "array":
@@ -840,20 +844,33 @@ def _multiple_of(schema: dict, pointer: str) -> str | None:
     return _decimal_text(v)
 
 
+def _some_multiple(lo, hi, xlo: bool, xhi: bool, step: str, integer: bool, pointer: str) -> None:
+    """A SchemaError (empty: no value fits) where no multiple of `step` that railcall writes
+    lies within the bounds, so that an optional property or a branch is left out, not the
+    schema refused."""
+    from decimal import Decimal
+
+    from railcall.grammar.numbers import MAX_NUMBER_CHARS, JDec
+
+    dec = JDec(None if lo is None else Decimal(_decimal_text(lo)), None if hi is None else Decimal(_decimal_text(hi)),
+               xlo, xhi, None, step=Decimal(step), frac=not integer)
+    if not dec._feasible(""):
+        raise SchemaError(f"no {'integer' if integer else 'number'} of at most {MAX_NUMBER_CHARS} characters within "
+                          f"the bounds is a multiple of {step}", pointer=pointer, keyword="multipleOf", empty=True)
+
+
 def _number(schema: dict, pointer: str) -> ir.Node:
     lo, xlo, hi, xhi = _bounds(schema, pointer)
     step = _multiple_of(schema, pointer)
-    if step is not None:
-        if lo is not None and hi is not None and (lo > hi or (lo == hi and (xlo or xhi))):
-            raise SchemaError(f"no number lies between the bounds {lo} and {hi}", pointer=pointer, keyword="minimum",
-                              empty=True)
-        return ir.JsonNumber(None if lo is None else _decimal_text(lo), None if hi is None else _decimal_text(hi),
-                             xlo, xhi, multiple_of=step)
-    if lo is None and hi is None:
+    if lo is None and hi is None and step is None:
         return ir.JsonNumber()
     if lo is not None and hi is not None and (lo > hi or (lo == hi and (xlo or xhi))):
         raise SchemaError(f"no number lies between the bounds {lo} and {hi}", pointer=pointer, keyword="minimum",
                           empty=True)
+    if step is not None:
+        _some_multiple(lo, hi, xlo, xhi, step, False, pointer)
+        return ir.JsonNumber(None if lo is None else _decimal_text(lo), None if hi is None else _decimal_text(hi),
+                             xlo, xhi, multiple_of=step)
     return ir.JsonNumber(None if lo is None else _decimal_text(lo), None if hi is None else _decimal_text(hi), xlo, xhi)
 
 
@@ -972,9 +989,6 @@ def _object(ctx: _Ctx, schema: dict, pointer: str, depth: int) -> ir.Node:
                                   keyword="minProperties", empty=True)
             return ir.JsonObject(tuple(out), extras, None, ctx.options.whitespace, min_p or 0, max_p)
         else:
-            if max_p is not None and max_p < n_req:
-                raise SchemaError(f"maxProperties {max_p} < the {n_req} required properties", pointer=pointer,
-                                  keyword="maxProperties")
             room = None if max_p is None else max_p - n_req
             need = max(0, (min_p or 0) - n_req)
             if not extras:

@@ -434,8 +434,9 @@ class JText(JPat):
     """Text whose characters a regex.CharDFA matches as a whole, written as the inside of a JSON
     string (a general grammar inside a custom tool's call, ir.Text with `json`): a character is
     written as itself or as a JSON escape, and escapes are decoded before the automaton reads
-    them (`\\u0041` is `A`); a quote, a backslash and control characters only escaped. No quotes
-    of its own: the call's string opens before it and closes after it.
+    them (`\\u0041` is `A`); a quote, a backslash and control characters (DEL too) only escaped,
+    a character past U+FFFF only as itself (JPat's rule: no surrogate escapes). No quotes of its
+    own: the call's string opens before it and closes after it.
 
     local = JPat's (dfa state, characters written, substate, a, b). Leaving is an epsilon move
     between characters, taken wherever the automaton accepts (as Text's). With `max` None the

@@ -30,7 +30,7 @@ def describe_tools(tools: Sequence[Tool], detail: str = "brief") -> str:
     lines = []
     for t in tools:
         if t.custom:
-            lines.append(f"- {t.name}: {' '.join(t.description.split())} {describe_input(t)}".replace("  ", " "))
+            lines.append(" ".join(x for x in (f"- {t.name}:", " ".join(t.description.split()), describe_input(t)) if x))
             continue
         props = t.parameters.get("properties", {})
         req = set(t.parameters.get("required", []))

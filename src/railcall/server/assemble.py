@@ -71,16 +71,16 @@ def input_text(call) -> str:
     it was written (`InputText`'s reading)."""
     if call.complete:
         return call.input
-    return InputText().feed(call.arguments, None)
+    return InputText().feed(call.arguments, None)  # as far as it decodes
 
 
 class InputText:
     """A custom call's JSON string, decoded as its raw pieces arrive: `feed` returns the input
     text that became certain, never stopping inside an escape (or between the two halves of an
-    escaped surrogate pair)."""
+    escaped surrogate pair). Only the raw text not yet decoded is kept and read again."""
 
     def __init__(self):
-        self.raw = ""  # the string's text after its opening quote
+        self.pending = ""  # raw text after the opening quote, from the first escape not yet decoded
         self.opened = False
         self.sent = 0  # characters of the decoded input handed out
 
@@ -94,26 +94,29 @@ class InputText:
         if piece:
             if not self.opened:
                 piece, self.opened = piece[1:] if piece.startswith('"') else piece, True
-            self.raw += piece
-        text = self._decoded(self.raw)
-        out, self.sent = text[self.sent:], max(self.sent, len(text))
-        return out
+            self.pending += piece
+        text, used = self._decoded(self.pending)
+        self.pending = self.pending[used:]
+        self.sent += len(text)
+        return text
 
     @staticmethod
-    def _decoded(raw: str) -> str:
-        """The longest decodable start of `raw` (a JSON string's inside, perhaps with its closing
-        quote), decoded: an escape or a surrogate pair still being written is left for later."""
+    def _decoded(raw: str) -> tuple[str, int]:
+        """(the longest decodable start of `raw` decoded, the raw characters it took): `raw` is a
+        JSON string's inside from an escape boundary on, perhaps with its closing quote; an
+        escape or a surrogate pair still being written is left for later."""
+        end = len(raw)
         if raw.endswith('"') and not _escaped_end(raw[:-1]):
-            raw = raw[:-1]
-        for cut in range(len(raw), max(len(raw) - 12, 0) - 1, -1):
+            end -= 1
+        for cut in range(end, max(end - 12, 0) - 1, -1):
             try:
                 text = json.loads('"' + raw[:cut] + '"')
             except ValueError:
                 continue
             if text and "\ud800" <= text[-1] <= "\udbff":  # a high surrogate: its pair is on its way
                 continue
-            return text
-        return ""
+            return text, cut
+        return "", 0
 
 
 def _escaped_end(raw: str) -> bool:

@@ -75,7 +75,10 @@ def messages_for_template(req: ChatCompletionRequest, tools: list[Tool], choice:
             if native:
                 msg = {"role": "assistant", "content": text}
                 if calls:
-                    msg["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
+                    # a custom call's input as the JSON string the grammar writes (a template
+                    # prints a string's arguments as they are)
+                    msg["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": json.dumps(a) if
+                                                                          isinstance(a, str) else a}} for n, a in calls]
                 out.append(msg)
             else:
                 written = [written_calls(calls, fmt)] if calls else []

@@ -145,10 +145,7 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
     elif choice == "auto":
         # Several calls in one turn are several triggers, each starting one call.
         calls = _tool_grammar(spelled, fmt, parallel=False)
-        if answer[0] is not None:
-            calls = ir.Grammar(ir.Alt(calls.start, answer[0].start), calls.rules + answer[0].rules,
-                               name=calls.name + "|" + answer[0].name)
-        grammar, kind = calls, "auto"
+        grammar, kind = (calls if answer[0] is None else call_or_answer(calls, answer[0])), "auto"
     else:
         grammar, kind = answer
     if grammar is None:
@@ -166,6 +163,13 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
                 top_logprobs=params.top_logprobs, return_token_ids=req.return_token_ids, stream=req.stream,
                 include_usage=bool(req.stream_options and req.stream_options.include_usage), n=req.n,
                 call_format=fmt, routing=req.routing, asked=asked)
+
+
+def call_or_answer(calls: ir.Grammar, answer: ir.Grammar) -> ir.Grammar:
+    """tool_choice auto with a response_format: a call or the answer, one grammar (a rule that
+    ends in a rule keeps continuing into it where either side's does: a custom tool's input)."""
+    return ir.Grammar(ir.Alt(calls.start, answer.start), calls.rules + answer.rules, name=calls.name + "|" + answer.name,
+                      tail_calls=calls.tail_calls or answer.tail_calls)
 
 
 def build_completion_plan(served: "ServedModel", req) -> Plan:

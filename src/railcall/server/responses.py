@@ -159,7 +159,7 @@ class CustomTool(_Loose):
     format: dict[str, Any] | None = None
 
 
-class NamedFunction(_Loose):
+class NamedTool(_Loose):
     type: Literal["function", "custom"]
     name: str
 
@@ -191,7 +191,7 @@ class ResponsesRequest(_Strict):
     input: list[Item]  # a string is one user message
     instructions: str | None = None
     tools: list[Annotated[Union[FunctionTool, CustomTool], Field(discriminator="type")]] = Field(default_factory=list)
-    tool_choice: Union[Literal["none", "auto", "required"], NamedFunction, None] = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedTool, None] = None
     parallel_tool_calls: bool = Field(default=True, strict=True)
     max_output_tokens: int | None = Field(default=None, ge=1, strict=True)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
@@ -292,7 +292,7 @@ def to_chat(req: ResponsesRequest, earlier: list[dict]) -> tuple[ChatCompletionR
         "distinct_calls": req.distinct_calls,
         "tools": [_chat_tool(t) for t in req.tools] or None,
         "tool_choice": ({"type": req.tool_choice.type, req.tool_choice.type: {"name": req.tool_choice.name}}
-                        if isinstance(req.tool_choice, NamedFunction) else req.tool_choice),
+                        if isinstance(req.tool_choice, NamedTool) else req.tool_choice),
     }
     if fmt is not None and fmt.type == "json_schema":
         if fmt.schema_ is None:
@@ -423,7 +423,7 @@ def skeleton(req: ResponsesRequest, rid: str, model: str) -> dict:
         "max_output_tokens": req.max_output_tokens, "parallel_tool_calls": req.parallel_tool_calls,
         "previous_response_id": req.previous_response_id, "store": req.store, "temperature": req.temperature,
         "top_p": req.top_p, "metadata": req.metadata or {}, "truncation": "disabled",
-        "tool_choice": (req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunction)
+        "tool_choice": (req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedTool)
                         else req.tool_choice or ("auto" if req.tools else "none")),
         "tools": [t.model_dump(exclude_none=True) for t in req.tools],
         "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
@@ -544,10 +544,10 @@ class _Events:
                                   output_index=len(self.output) - 1, content_index=0, delta=delta["content"], logprobs=[]))
         for call in delta.get("tool_calls") or ():
             fn = call.get("function", {})
-            if "id" in call:  # a new call: its name is complete
-                item = call_item({**call, "function": {"name": fn.get("name", "")},
-                                  **({"custom": {"name": call["custom"]["name"]}} if "custom" in call else {})},
-                                 "in_progress")
+            if "id" in call:  # a new call: its name is complete (its input or arguments follow)
+                head = {**call, "custom": {"name": call["custom"]["name"]}} if "custom" in call else \
+                    {**call, "function": {"name": fn.get("name", "")}}
+                item = call_item(head, "in_progress")
                 self.calls[call["index"]] = item
                 out += self._add(item)
             item = self.calls[call["index"]]
