@@ -282,7 +282,37 @@ _NARROW_LEADS = frozenset((0xE0, 0xED, 0xF0, 0xF4))
 _CONTINUATION = _frozen(_byteset(range(0x80, 0xC0)))
 
 
-class Text(JPat):
+class _Free(JPat):
+    """What Text and JText share: the text ends by an epsilon move wherever the automaton
+    accepts (no closing quote of its own), and, uncounted (`max` None), any transition will do
+    (the automaton has none that cannot finish)."""
+
+    __slots__ = ("_live",)
+
+    def __init__(self, dfa, min_len: int, max_len: int | None, nxt: Instr):
+        JPat.__init__(self, dfa, min_len, max_len, nxt)
+        self._live: dict = {}  # (state, count) -> may another character follow
+
+    def _between(self, k: int, n: int, stack, out) -> bool:
+        """Between characters in state k after n of them: leave where the text may end; True
+        where another character may follow (the local stays a thread)."""
+        if self.dfa.accepting[k] and n >= self.min:
+            self.next.arrive(0, stack, out)
+        live = self._live.get((k, n))
+        if live is None:
+            live = self._some(k, n, 0, 0x10FFFF)
+            if len(self._live) < 65536:
+                self._live[(k, n)] = live
+        return live
+
+    def _some(self, k: int, n: int, lo: int, hi: int) -> bool:
+        if self.max is None:  # not counted: any transition will do (none leads to a dead end)
+            return any(a <= b and self.dfa.targets_in(k, a, b)
+                       for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), min(hi, 0x10FFFF))))
+        return JPat._some(self, k, n, lo, hi)
+
+
+class Text(_Free):
     """Raw text whose characters a regex.CharDFA matches as a whole (a general grammar's
     terminal, ir.Text): UTF-8 as is, no quotes and no escapes, so any character the pattern
     allows is written as itself (a newline is the byte 0x0A).
@@ -296,33 +326,15 @@ class Text(JPat):
     (the automaton has no transition that cannot finish, so no dead ends either).
     """
 
-    __slots__ = ("_live",)
-
-    def __init__(self, dfa, min_len: int, max_len: int | None, nxt: Instr):
-        JPat.__init__(self, dfa, min_len, max_len, nxt)  # max None: not counted (JPat's escapes unused)
-        self._live: dict = {}  # (state, count) -> may another character follow
+    __slots__ = ()
 
     def arrive(self, local, stack, out):
         if local == 0:
             local = (0, 0, 0, 0)
         k, n, x, _ = local
-        if x == 0:
-            if self.dfa.accepting[k] and n >= self.min:
-                self.next.arrive(0, stack, out)
-            live = self._live.get((k, n))
-            if live is None:
-                live = self._some(k, n, 0, 0x10FFFF)
-                if len(self._live) < 65536:
-                    self._live[(k, n)] = live
-            if not live:
-                return
+        if x == 0 and not self._between(k, n, stack, out):
+            return
         out.add((self, local, stack))
-
-    def _some(self, k: int, n: int, lo: int, hi: int) -> bool:
-        if self.max is None:  # not counted: any transition will do (none leads to a dead end)
-            return any(a <= b and self.dfa.targets_in(k, a, b)
-                       for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), min(hi, 0x10FFFF))))
-        return JPat._some(self, k, n, lo, hi)
 
     def _char(self, k: int, n: int, cp: int):
         t = self.dfa.step(k, cp)
@@ -430,7 +442,7 @@ class Text(JPat):
         return local
 
 
-class JText(JPat):
+class JText(_Free):
     """Text whose characters a regex.CharDFA matches as a whole, written as the inside of a JSON
     string (a general grammar inside a custom tool's call, ir.Text with `json`): a character is
     written as itself or as a JSON escape, and escapes are decoded before the automaton reads
@@ -443,33 +455,15 @@ class JText(JPat):
     text is not counted (the count stays 0): any length, a state per automaton state.
     """
 
-    __slots__ = ("_live",)
-
-    def __init__(self, dfa, min_len: int, max_len: int | None, nxt: Instr):
-        JPat.__init__(self, dfa, min_len, max_len, nxt)
-        self._live: dict = {}  # (state, count) -> may another character follow
+    __slots__ = ()
 
     def arrive(self, local, stack, out):
         if local == 0:
             local = (0, 0, P_CHAR, 0, 0)
         k, n, sub, _, _ = local
-        if sub == P_CHAR:
-            if self.dfa.accepting[k] and n >= self.min:
-                self.next.arrive(0, stack, out)
-            live = self._live.get((k, n))
-            if live is None:
-                live = self._some(k, n, 0, 0x10FFFF)
-                if len(self._live) < 65536:
-                    self._live[(k, n)] = live
-            if not live:
-                return
+        if sub == P_CHAR and not self._between(k, n, stack, out):
+            return
         out.add((self, local, stack))
-
-    def _some(self, k: int, n: int, lo: int, hi: int) -> bool:
-        if self.max is None:  # not counted: any transition will do (none leads to a dead end)
-            return any(a <= b and self.dfa.targets_in(k, a, b)
-                       for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), min(hi, 0x10FFFF))))
-        return JPat._some(self, k, n, lo, hi)
 
     def _char(self, k: int, n: int, cp: int):
         if self.max is None:
