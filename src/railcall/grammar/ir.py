@@ -254,3 +254,33 @@ class Grammar:
 
 def _digest(obj) -> str:
     return hashlib.sha256(repr(obj).encode()).hexdigest()[:24]
+
+
+def prefix_rules(node, rules, prefix: str):
+    """Rename a schema's rules to `<prefix>:<rule>` (a tool's name; a grammar's place for the
+    schema) so that two schemas' $defs never collide."""
+    if not rules:
+        return node, ()
+    mapping = {name: f"{prefix}:{name}" for name, _ in rules}
+
+    def walk(n):
+        if isinstance(n, Ref):
+            return Ref(mapping.get(n.name, n.name))
+        if isinstance(n, Seq):
+            return Seq(*[walk(x) for x in n.items])
+        if isinstance(n, Alt):
+            return Alt(*[walk(x) for x in n.items])
+        if isinstance(n, Select):
+            return Select(tuple((k, walk(v)) for k, v in n.choices))
+        if isinstance(n, JsonArray):
+            return JsonArray(None if n.item is None else walk(n.item), n.min_items, n.max_items,
+                             tuple(walk(x) for x in n.prefix), n.ws)
+        if isinstance(n, JsonObject):
+            return JsonObject(tuple((k, walk(v), r) for k, v, r in n.properties),
+                              tuple((key, walk(v)) for key, v in n.extras), n.max_extra, n.ws, n.min_props,
+                              n.max_props)
+        if isinstance(n, Repeat):
+            return Repeat(walk(n.item), n.min, n.max)
+        return n
+
+    return walk(node), tuple((mapping[name], walk(r)) for name, r in rules)

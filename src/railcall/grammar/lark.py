@@ -291,7 +291,7 @@ class _Parser(cfg.Reader):
             raise self.error(f"%json needs a JSON Schema object after it: {e.msg}", self.i) from None
         self.i = end
         from railcall.grammar.schema import schema_to_ir
-        from railcall.grammar.tools import prefix_rules
+        from railcall.grammar.ir import prefix_rules
 
         try:
             node, rules = schema_to_ir(schema)

@@ -38,6 +38,7 @@ from typing import Sequence
 
 from railcall.errors import GrammarError, SchemaError
 from railcall.grammar import ir
+from railcall.grammar.ir import prefix_rules  # noqa: F401 (a tool's rules are named for it; callers import it here)
 from railcall.grammar.schema import SchemaOptions, schema_to_ir
 
 
@@ -505,36 +506,6 @@ class ToolGrammarBuilder:
             choices.append((fmt.name_key(t.name), node))
             rules.extend(trules)
         return fmt.call(tuple(choices)), rules
-
-
-def prefix_rules(node, rules, prefix: str):
-    """Rename a schema's rules to `<prefix>:<rule>` (a tool's name; a grammar's place for the
-    schema) so that two schemas' $defs never collide."""
-    if not rules:
-        return node, ()
-    mapping = {name: f"{prefix}:{name}" for name, _ in rules}
-
-    def walk(n):
-        if isinstance(n, ir.Ref):
-            return ir.Ref(mapping.get(n.name, n.name))
-        if isinstance(n, ir.Seq):
-            return ir.Seq(*[walk(x) for x in n.items])
-        if isinstance(n, ir.Alt):
-            return ir.Alt(*[walk(x) for x in n.items])
-        if isinstance(n, ir.Select):
-            return ir.Select(tuple((k, walk(v)) for k, v in n.choices))
-        if isinstance(n, ir.JsonArray):
-            return ir.JsonArray(None if n.item is None else walk(n.item), n.min_items, n.max_items,
-                                tuple(walk(x) for x in n.prefix), n.ws)
-        if isinstance(n, ir.JsonObject):
-            return ir.JsonObject(tuple((k, walk(v), r) for k, v, r in n.properties),
-                                 tuple((key, walk(v)) for key, v in n.extras), n.max_extra, n.ws, n.min_props,
-                                 n.max_props)
-        if isinstance(n, ir.Repeat):
-            return ir.Repeat(walk(n.item), n.min, n.max)
-        return n
-
-    return walk(node), tuple((mapping[name], walk(r)) for name, r in rules)
 
 
 def read_only_view(tools: Sequence[Tool]) -> list[Tool]:
