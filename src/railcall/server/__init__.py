@@ -4,7 +4,7 @@ and nowhere else, so `import railcall` never needs them.
     schemas.py   request bodies (pydantic) and OpenAI's error object
     plan.py      a request -> prompt ids, answer grammar, sampling (every 400 is raised here)
     engine.py    the served model, the bounded queue and the generation worker thread
-    output.py    generated steps -> content, tool calls, logprobs and stream deltas
+    assemble.py  generated steps -> content, tool calls, logprobs and stream deltas
     sse.py       server-sent events in OpenAI's chunk format
     responses.py the Responses API: its request -> a chat request, the output as items and events
     metrics.py   /metrics through prometheus_client

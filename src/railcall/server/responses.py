@@ -1,7 +1,7 @@
 """OpenAI's Responses API (`POST /v1/responses`) on the chat completion pipeline.
 
 A Responses request is translated into a chat completion request and planned, decoded and parsed
-exactly as one (plan.py, the engine, output.py's Assembler); only its shape in and out is its own:
+exactly as one (plan.py, the engine, assemble.py's Assembler); only its shape in and out is its own:
 
     input items              -> chat messages
       message (role, text)      system / developer / user / assistant message
