@@ -16,6 +16,7 @@ from railcall.grammar.instructions import Lit, Select
 from railcall.grammar.numbers import JInt, JNum
 from railcall.grammar.strings import _JI, _JN, EXIT, JStr
 from railcall.matcher.completion import ForcedCompletions
+from railcall.matcher.indexes import runs, token_trie
 
 UNBUILT = -2  # a transition not computed yet
 DEAD = -1
@@ -139,17 +140,47 @@ class TransitionTable(ForcedCompletions):
         return nxt
 
     def _walk_from(self, s: int) -> np.ndarray:
-        """Text tokens legal from `s`, by a vectorised walk starting at their first byte."""
+        """Text tokens legal from `s`: a walk of the vocabulary's token trie (`indexes.TokenTrie`)
+        level by level, vectorised, each distinct prefix stepped once and a prefix's whole
+        subtree dropped where its byte is illegal; the last few tokens under what is still
+        alive are walked one by one (`_walk`)."""
         v = self.vocab
-        order, offsets = v.first_byte_index
-        fb = np.flatnonzero(self.first_bytes(s))
-        if fb.size == 0:
+        trie = token_trie(v)
+        fb = self.first_bytes(s)
+        nodes = np.flatnonzero(fb[trie.byte[0]])
+        if nodes.size == 0:
             return np.zeros(0, dtype=np.int64)
-        if fb.size <= 32:
-            idx = np.concatenate([order[offsets[b] : offsets[b + 1]] for b in fb.tolist()])
-        else:
-            idx = order[offsets[fb[0]] : offsets[fb[-1] + 1]]
-        return self._walk(idx.astype(np.int64), np.zeros(idx.size, dtype=np.int64), np.full(idx.size, s, dtype=np.int64))
+        states = self._delta(np.full(nodes.size, s, dtype=np.int64), trie.byte[0][nodes])
+        legal = []
+        sid = v.sorted_index[1]
+        d = 0
+        while True:
+            ok = states >= 0
+            nodes, states = nodes[ok], states[ok]
+            if nodes.size == 0:
+                break
+            ends = runs(trie.end_lo[d][nodes], trie.end_hi[d][nodes])
+            if ends.size:
+                legal.append(trie.end_ids[d][ends])
+            lo, hi = trie.child_lo[d][nodes], trie.child_hi[d][nodes]
+            count = hi - lo
+            if not count.any():
+                break
+            # tokens longer than this level, under the live nodes (each node's run of sorted
+            # tokens, less the ones that end at it)
+            under = trie.under_hi[d][nodes] - trie.under_lo[d][nodes] - (trie.end_hi[d][nodes] - trie.end_lo[d][nodes])
+            if int(under.sum()) <= 48:
+                # a few long tokens (runs of spaces reach 81 bytes on SmolLM2): one by one from here
+                keep = under > 0
+                ulo = trie.under_hi[d][nodes[keep]] - under[keep]
+                ids = sid[runs(ulo, trie.under_hi[d][nodes[keep]])]
+                legal.append(self._walk(ids, np.full(ids.size, d + 1, dtype=np.int64), np.repeat(states[keep], under[keep])))
+                break
+            kids = runs(lo, hi)
+            d += 1
+            states = self._delta(np.repeat(states, count), trie.byte[d][kids])
+            nodes = kids
+        return np.concatenate(legal) if legal else np.zeros(0, dtype=np.int64)
 
     def _walk(self, idx: np.ndarray, pos: np.ndarray, cur: np.ndarray) -> np.ndarray:
         """Walk tokens `idx`, each from its byte offset `pos` in state `cur`; return those that
@@ -174,6 +205,11 @@ class TransitionTable(ForcedCompletions):
                 legal.append(idx[done])
                 keep = ~done
                 idx, pos, cur = idx[keep], pos[keep], cur[keep]
+            if 0 < idx.size <= 48:
+                # the long tail (runs of spaces, up to 81 bytes on SmolLM2): a few tokens walked
+                # one by one from where they stand, not a round of array operations per byte
+                legal.append(self._walk(idx, pos, cur))
+                break
         return np.concatenate(legal) if legal else np.zeros(0, dtype=np.int64)
 
     def _walk_bytes(self, s: int, data: bytes, start: int, memo: dict) -> int:
