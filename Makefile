@@ -45,7 +45,7 @@ $(STAMP): pyproject.toml Makefile
 # Python source, and the next `make` tries again.
 SPEEDUPS := build/speedups/.make-stamp
 SPEEDUP_SRC := $(wildcard src/railcall/matcher/*.py src/railcall/matcher/*.pxd src/railcall/grammar/*.py) src/railcall/vocab.py \
-               src/railcall/runtime/regions.py src/railcall/speedups.py
+               src/railcall/speedups.py
 
 speedups: $(SPEEDUPS)
 

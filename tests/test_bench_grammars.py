@@ -20,8 +20,14 @@ def test_bench_grammars_runs_every_engine_and_checks_the_masks(tmp_path, monkeyp
     monkeypatch.setattr(grammars, "LARK", {"shell": grammars.SHELL_LARK})
     monkeypatch.setattr(grammars, "REGEXES", {"date": grammars.REGEXES["date"]})
     r = grammars.run(tmp_path / "out", n_walks=3, max_steps=12, folder=tmp_path, log=lambda m: None)
-    assert [row["grammar"] for row in r["rows"]] == ["pairs", "shell", "date"]
-    for row in r["rows"]:
+    assert [row["grammar"] for row in r["rows"]] == ["pairs", "shell", "date", "tools+note"]
+    *general, tag = r["rows"]
+    assert tag["syntax"] == "tag" and tag["engines"]["railcall"]["steps"] > 0
+    assert tag["engines"]["railcall"]["refused_paths"] == 0
+    assert tag["engines"]["xgrammar"]["refused_paths"] == 0  # XGrammar's structural tag takes railcall's paths
+    assert "no structural-tag input" in tag["engines"]["llguidance"]["error"]
+    assert "tools+note" not in r["differential"]
+    for row in general:
         assert set(row["engines"]) == {"railcall", "llguidance", "xgrammar"}
         ours = row["engines"]["railcall"]
         assert ours["steps"] > 0 and ours["refused_paths"] == 0 and ours["mask_p50_us"] > 0
@@ -31,6 +37,10 @@ def test_bench_grammars_runs_every_engine_and_checks_the_masks(tmp_path, monkeyp
     md = (tmp_path / "out" / "grammars.md").read_text()
     assert "| gbnf pairs |" in md and "## Masks beside llguidance" in md and "load average" in md
     assert json.loads((tmp_path / "out" / "grammars.json").read_text())["vocab"] == "smollm2"
+    one = grammars.run(tmp_path / "one", n_walks=2, max_steps=8, folder=tmp_path, log=lambda m: None, only=["date"])
+    assert [row["grammar"] for row in one["rows"]] == ["date"]
+    with pytest.raises(ValueError, match="no grammar named nope"):
+        grammars.run(tmp_path / "one", folder=tmp_path, log=lambda m: None, only=["nope"])
 
 
 def test_llama_cpp_reads_gbnf_as_railcall_does(smollm2_vocab):

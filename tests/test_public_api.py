@@ -9,9 +9,9 @@ import railcall
 def test_all_is_pinned():
     assert railcall.__all__ == [
         "CompiledGrammar", "Delimiters", "GrammarError", "Matcher", "MatcherError", "ModelError",
-        "OutputParser", "RailcallError", "SchemaError", "SchemaOptions", "Tool", "Vocabulary",
+        "OutputParser", "RailcallError", "SchemaError", "SchemaOptions", "Tool", "Turn", "Vocabulary",
         "VocabularyError", "__version__", "allocate_bitmask", "answer_matcher", "apply_bitmask", "compiled_grammar", "gbnf_grammar", "lark_grammar",
-        "read_only_view", "regex_grammar", "schema_grammar", "tool_grammar",
+        "read_only_view", "regex_grammar", "schema_grammar", "structural_tag", "tool_grammar", "turn_matcher",
     ]
     for name in railcall.__all__:
         assert hasattr(railcall, name)

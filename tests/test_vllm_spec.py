@@ -182,3 +182,36 @@ def test_a_grammar_spec_constrains_the_answer(plugin, smollm2_vocab):
     m = Matcher(compiled_grammar(spec.grammar, smollm2_vocab))
     assert m.consume_bytes(b"n=42") and m.is_accepting() and not Matcher(compiled_grammar(
         spec.grammar, smollm2_vocab)).consume_bytes(b"n=x")
+
+
+TAG = {"structures": [{"begin": "<f=w>", "schema": {"type": "object", "properties": {"c": {"type": "integer"}},
+                                                     "required": ["c"]}, "end": "</f>"}], "triggers": ["<f="]}
+
+
+@pytest.mark.parametrize("spec, says", [
+    ({"structural_tag": TAG, "schema": {}}, "tagged parts in free text"),
+    ({"structural_tag": TAG, "tools": [tool({})], "mode": "required"}, "tagged parts in free text"),
+    ({"structural_tag": {"structures": "x", "triggers": []}}, "structural_tag must be"),
+    ({"structural_tag": {**TAG, "triggers": ["<g="]}}, "starts with none of the triggers"),
+])
+def test_a_structural_tag_spec_is_refused_with_what_to_send(plugin, spec, says):
+    plugin._SPECS.clear()
+    with pytest.raises(ValueError, match=says):
+        plugin.RailcallLogitsProcessor.validate_params(params(spec))
+
+
+def test_a_structural_tag_spec_puts_parts_in_free_text(plugin, bytes_vocab):
+    """The request's matcher (built as in the engine step) takes free text, and after the
+    trigger only the structure: its begin, an object under its schema, its end."""
+    proc = plugin.RailcallLogitsProcessor.__new__(plugin.RailcallLogitsProcessor)
+    proc.vocab, proc.width = bytes_vocab, bytes_vocab.logits_width
+    plugin._SPECS.clear()
+    req = proc._new_request(params({"structural_tag": TAG}), [])
+    m = req.matcher
+    for b in b'so <f=w>{"c":7}</f> ok':
+        assert m.consume_token(bytes_vocab.lookup[bytes([b])]), m.error_message
+    assert m.is_accepting() and m.in_free_text()
+    m2 = proc._new_request(params({"structural_tag": TAG}), []).matcher
+    for b in b"<f=w>{":
+        assert m2.consume_token(bytes_vocab.lookup[bytes([b])])
+    assert not m2.consume_token(bytes_vocab.lookup[b"}"])  # "c" is required

@@ -9,6 +9,7 @@ model supplies the semantics.
     compiled = compiled_grammar(tool_grammar(tools), vocab)      # once per tool table (cached)
     # or schema_grammar(schema), lark_grammar(text), gbnf_grammar(text), regex_grammar(pattern)
     matcher = Matcher(compiled)                                  # once per request
+    # or turn_matcher(Turn(structural_tag(...)), vocab): free text with tagged parts (a Turn)
     bitmask = allocate_bitmask(vocab.logits_width)
     matcher.fill_bitmask(bitmask); apply_bitmask(logits, bitmask)  # each step, then sample
     matcher.consume_token(token_id)
@@ -27,7 +28,9 @@ from railcall.grammar.gbnf import gbnf_grammar
 from railcall.grammar.lark import lark_grammar
 from railcall.grammar.schema import SchemaOptions, schema_grammar
 from railcall.grammar.tools import Tool, read_only_view, tool_grammar
+from railcall.grammar.turn import Turn, structural_tag
 from railcall.matcher import CompiledGrammar, Matcher, compiled_grammar
+from railcall.matcher.turn import turn_matcher
 from railcall.output import Delimiters, OutputParser
 from railcall.runtime.regions import answer_matcher
 from railcall.vocab import Vocabulary
@@ -44,6 +47,7 @@ __all__ = [
     "SchemaError",
     "SchemaOptions",
     "Tool",
+    "Turn",
     "Vocabulary",
     "VocabularyError",
     "__version__",
@@ -56,5 +60,7 @@ __all__ = [
     "read_only_view",
     "regex_grammar",
     "schema_grammar",
+    "structural_tag",
     "tool_grammar",
+    "turn_matcher",
 ]

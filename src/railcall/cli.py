@@ -322,9 +322,11 @@ def bench_grammars(
     engine: list[str] = typer.Option(None, "--engine", help="railcall, llguidance, xgrammar (default: all three)."),
     llama_src: str = typer.Option("build/llama.cpp", "--llama-src",
                                   help="Where llama.cpp's grammars/*.gbnf are (the llama-cpp-python sdist, fetched from PyPI if absent)."),
+    only: list[str] = typer.Option(None, "--grammar", help="Run these grammars of the corpus only (by name: json, "
+                                   "calc, email, tools+note, ...; default: all)."),
 ) -> None:
-    """General grammars (llama.cpp's GBNF files, Lark, regexes): railcall beside llguidance and XGrammar
-    (compile, first mask, mask and consume latencies), and railcall's masks against llguidance's, step by step."""
+    """General grammars (llama.cpp's GBNF files, Lark, regexes, a structural tag): railcall beside llguidance and
+    XGrammar (compile, first mask, mask and consume latencies), and railcall's masks against llguidance's, step by step."""
     from pathlib import Path
 
     from railcall.bench.grammars import ENGINES, run
@@ -338,7 +340,8 @@ def bench_grammars(
         _fail(ValueError(f"unknown engine {', '.join(unknown)}; use {', '.join(ENGINES)}"))
     _require("railcall bench grammars (its independent parser for Lark grammars)", "lark", extra="dev")
     r = run(Path(out), vocab_name=vocab, n_walks=walks, max_steps=steps, engines=engine or None,
-            folder=Path(llama_src), log=lambda m: console.print(m, style="dim", markup=False, highlight=False))
+            folder=Path(llama_src), log=lambda m: console.print(m, style="dim", markup=False, highlight=False),
+            only=only or None)
     from railcall.bench.grammars import markdown
 
     console.print(markdown(r), markup=False, highlight=False)

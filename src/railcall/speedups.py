@@ -64,7 +64,6 @@ from typing import Callable
 # The compiled modules. Package __init__ files are not compiled (nothing runs in them per step).
 MODULES = (
     "railcall.vocab",
-    "railcall.runtime.regions",
     "railcall.grammar.instructions",
     "railcall.grammar.ir",
     "railcall.grammar.numbers",
@@ -78,6 +77,7 @@ MODULES = (
     "railcall.matcher.content_keys",
     "railcall.matcher.entries",
     "railcall.matcher.indexes",
+    "railcall.matcher.turn",
     "railcall.matcher.legal",
     "railcall.matcher.matcher",
     "railcall.matcher.transitions",

@@ -85,10 +85,23 @@ REGEXES = {
 }
 
 
+# A structural tag (vLLM's response_format shape; railcall.grammar.turn): free text with tagged
+# parts, railcall beside XGrammar's structural tags (llguidance has no such input).
+TAG = {"structures": [
+    {"begin": "<function=get_weather>", "end": "</function>", "schema": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city"], "additionalProperties": False}},
+    {"begin": "<function=get_time>", "end": "</function>", "schema": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}}, "required": ["zone"],
+        "additionalProperties": False}},
+    {"begin": "<note>", "end": "</note>", "schema": {"type": "string", "maxLength": 40}}],
+    "triggers": ["<function=", "<note>"]}
+
+
 @dataclass
 class Grammar:
     name: str
-    syntax: str  # "gbnf" | "lark" | "regex"
+    syntax: str  # "gbnf" | "lark" | "regex" | "tag" (a structural tag as JSON)
     text: str
 
 
@@ -113,7 +126,7 @@ def llama_grammars(folder: Path, log=print) -> list[Grammar]:
 
 def corpus(folder: Path, log=print) -> list[Grammar]:
     return (llama_grammars(folder, log) + [Grammar(k, "lark", v) for k, v in LARK.items()]
-            + [Grammar(k, "regex", v) for k, v in REGEXES.items()])
+            + [Grammar(k, "regex", v) for k, v in REGEXES.items()] + [Grammar("tools+note", "tag", json.dumps(TAG))])
 
 
 # -- engines ------------------------------------------------------------------------------------
@@ -129,14 +142,30 @@ class _Railcall(engines.Railcall):
         self.front = {"gbnf": gbnf_grammar, "lark": lark_grammar, "regex": regex_grammar}
 
     def compile(self, g: Grammar):
+        if g.syntax == "tag":
+            from railcall.grammar.schema import schema_grammar
+            from railcall.grammar.turn import Turn, structural_tag
+            from railcall.matcher.turn import compiled_turn
+
+            tag = json.loads(g.text)
+            parts = [(st["begin"], schema_grammar(st["schema"]), st["end"]) for st in tag["structures"]]
+            return compiled_turn(Turn(structural_tag(parts, tag["triggers"])), self.vocab)
         return self._compiled(self.front[g.syntax](g.text), self.vocab)
+
+    def matcher(self, compiled):
+        from railcall.matcher.turn import CompiledTurn, TurnMatcher
+
+        return TurnMatcher(compiled) if isinstance(compiled, CompiledTurn) else self._Matcher(compiled)
 
     def cold(self):
         """The masks and states the walks cached dropped (the vocabulary's indexes stay, as a
         peer's tokenizer tables do)."""
         from railcall.matcher import clear_caches
+        from railcall.matcher import turn
 
         clear_caches(self.vocab)
+        turn._TURNS.clear()
+        self.vocab._extra.pop("turns", None)
 
 
 class _LLGuidance(engines.LLGuidance):
@@ -144,6 +173,8 @@ class _LLGuidance(engines.LLGuidance):
         self.setup(vocab, tokenizer_json, stops)
 
     def compile(self, g: Grammar):
+        if g.syntax == "tag":
+            raise NotImplementedError("no structural-tag input")
         return self.ll.grammar_from(g.syntax, g.text)  # compiled by the matcher (each LLMatcher compiles)
 
     def cold(self):
@@ -159,6 +190,11 @@ class _XGrammar(engines.XGrammar):
 
     def compile(self, g: Grammar):
         c = self.compiler
+        if g.syntax == "tag":
+            tag = json.loads(g.text)
+            items = [self.xgr.StructuralTagItem(begin=st["begin"], schema=json.dumps(st["schema"]), end=st["end"])
+                     for st in tag["structures"]]
+            return c.compile_structural_tag(items, tag["triggers"])
         return {"gbnf": c.compile_grammar, "lark": c.compile_lark, "regex": c.compile_regex}[g.syntax](g.text)
 
     def cold(self):
@@ -284,12 +320,25 @@ def walks(g: Grammar, ours: _Railcall, peer: _LLGuidance | None, vocab, stops, n
     stop_set = set(stops)
     compiled = ours.compile(g)
     peer_c = peer.compile(g) if peer is not None else None
+    # a structural tag's walks write a structure's begin now and then (free text alone would
+    # almost never spell one), then go on at random under the mask
+    begins = [vocab.encode(st["begin"]) or vocab.greedy_tokenize(st["begin"].encode())
+              for st in json.loads(g.text)["structures"]] if g.syntax == "tag" else []
     paths = []
     for _ in range(n):
         m = ours.matcher(compiled)
         pm = peer.matcher(peer_c) if peer is not None else None
-        path, text = [], bytearray()
+        path, text, plan = [], bytearray(), []
         for _ in range(max_steps):
+            if begins and not plan and m.in_free_text() and rng.random() < 0.2:
+                plan = list(rng.choice(begins))
+            if plan:
+                t = plan.pop(0)
+                if not m.consume_token(t):
+                    raise RuntimeError(f"{g.name}: a structure's begin was refused ({m.error_message})")
+                path.append(t)
+                text += vocab.token_bytes[t]
+                continue
             ours.fill(m, bm_ours)
             a = _legal(bm_ours, width)
             if pm is not None:
@@ -403,7 +452,8 @@ def time_engine(eng, g: Grammar, paths: list[list[int]], width: int) -> dict:
 
 
 def run(out: Path, vocab_name: str = "smollm2", n_walks: int = 20, max_steps: int = 60,
-        engines: list[str] | None = None, folder: Path = Path("build/llama.cpp"), log=print) -> dict:
+        engines: list[str] | None = None, folder: Path = Path("build/llama.cpp"), log=print,
+        only: list[str] | None = None) -> dict:
     from railcall.bench.cell import load_vocab
 
     t_start = time.time()
@@ -420,12 +470,18 @@ def run(out: Path, vocab_name: str = "smollm2", n_walks: int = 20, max_steps: in
     ours = live.get("railcall") or _Railcall(vocab, tok_json, stops)
     peer = live.get("llguidance")
     grammars = corpus(folder, log)
+    if only:
+        unknown = sorted(set(only) - {g.name for g in grammars})
+        if unknown:
+            raise ValueError(f"no grammar named {', '.join(unknown)} in the corpus; known: "
+                             f"{', '.join(g.name for g in grammars)}")
+        grammars = [g for g in grammars if g.name in only]
     rows, diffs = [], {}
     rng = random.Random(0)
     for g in grammars:
-        diff = Differential() if peer is not None else None
+        diff = Differential() if peer is not None and g.syntax != "tag" else None
         try:
-            paths = walks(g, ours, peer, vocab, stops, n_walks, max_steps, rng, diff)
+            paths = walks(g, ours, peer if diff is not None else None, vocab, stops, n_walks, max_steps, rng, diff)
         except Exception as e:
             log(f"{g.name}: railcall or llguidance refused it for the walks ({e}); timing railcall alone")
             diff = None

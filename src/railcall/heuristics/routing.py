@@ -20,7 +20,7 @@ its last piece with the terminator: an approximation). Log-probabilities are the
 Where the name position is: a matcher state whose every thread waits inside the names' trie
 (the Select the call format builds from the tool table; recognised by its keys, which are the
 format's name keys). States are cached per router. A state with other threads too (free text
-beside a call) is left to ordinary sampling. Under a region matcher (tool_choice "auto",
+beside a call) is left to ordinary sampling. Under a turn matcher (tool_choice "auto",
 `railcall.runtime.regions`) the same is asked of its grammar phase, once a call has started.
 
 Cost, per routed call with N candidate names: one forward pass over the names' trie
@@ -107,7 +107,7 @@ class NameRouter:
         where the matcher is not at a name position."""
         if matcher.is_error():
             return None
-        phase = getattr(matcher, "phase", None)  # a RegionMatcher (tool_choice "auto"): its call phase
+        phase = getattr(matcher, "phase", None)  # a TurnMatcher (tool_choice "auto"): its call phase
         if phase is not None:
             if getattr(phase, "kind", None) != "grammar":
                 return None

@@ -14,6 +14,10 @@ args hold only strings and numbers). A request without them is untouched. The sp
     schema     a JSON Schema answer instead of tools (a response_format)
     grammar    a text answer of a general grammar instead: {"syntax": "lark" | "gbnf" | "regex",
                "definition": "..."} (docs/grammars.md)
+    structural_tag
+               free text with tagged parts: {"structures": [{"begin", "schema", "end"}, ...],
+               "triggers": [...]} (vLLM's structural-tag format; mode "none" by default, "auto"
+               with tools: calls and tagged parts in one reply)
     format     "json" ({"tool":…,"args":…}, the default), "openai" ({"name":…,"arguments":…}),
                "hermes" (<tool_call>{"name":…}) or "pythonic" ([get_weather(city="Paris")])
     parallel   several calls in one turn (an array, or several Hermes blocks)
@@ -95,7 +99,7 @@ log = logging.getLogger("railcall.integrations.vllm")
 EXTRA_ARGS_KEY = "railcall"
 MODES = ("required", "auto", "none")
 _SPEC_KEYS = {"tools", "read_only", "schema", "grammar", "format", "parallel", "mode", "reasoning", "reasoning_budget", "precompute",
-              "prewarm"}
+              "prewarm", "structural_tag"}
 
 
 # -- the per-request spec ----------------------------------------------------------------------
@@ -111,6 +115,7 @@ class RequestSpec:
     reasoning_budget: int | None = None
     precompute: bool = False
     prewarm: bool = True
+    tags: tuple = ()  # a structural tag's tagged parts in the free text (railcall.grammar.turn.Tag)
 
 
 def _bad(what: str) -> ValueError:
@@ -164,7 +169,8 @@ def _parse_spec(text: str) -> RequestSpec:
     unknown = set(d) - _SPEC_KEYS
     if unknown:
         raise _bad(f"unknown field(s) {sorted(unknown)}; known: {sorted(_SPEC_KEYS)}")
-    mode = d.get("mode", "required")
+    tagged = d.get("structural_tag")
+    mode = d.get("mode", ("auto" if d.get("tools") is not None else "none") if tagged is not None else "required")
     if mode not in MODES:
         raise _bad(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     budget = d.get("reasoning_budget")
@@ -199,13 +205,33 @@ def _parse_spec(text: str) -> RequestSpec:
             grammar = None
         else:
             raise _bad(f"mode {mode!r} needs 'tools', 'schema' or 'grammar'")
-        if grammar is not None:
+        tags = _tags(tagged, mode, schema, text) if tagged is not None else ()
+        for g in ([grammar] if grammar is not None else []) + [t.grammar for t in tags]:
             # what does not depend on the vocabulary (a value with no finite form, a string length
             # range, a pattern, number bounds) fails here, as a 400, not in the engine step
-            compile_grammar(grammar, {}, max_string=MAX_STRING)
+            compile_grammar(g, {}, max_string=MAX_STRING)
     except RailcallError as e:
         raise _bad(str(e)) from None
-    return RequestSpec(grammar, mode, bool(d.get("reasoning")), budget, precompute, prewarm)
+    return RequestSpec(grammar, mode, bool(d.get("reasoning")), budget, precompute, prewarm, tags)
+
+
+def _tags(tagged, mode: str, schema, text) -> tuple:
+    """A spec's structural tag as the turn's tagged parts."""
+    from railcall.grammar.turn import structural_tag
+
+    if schema is not None or text is not None or mode == "required":
+        raise _bad("a structural_tag puts tagged parts in free text: give it alone (mode 'none') or with 'tools' "
+                   "(mode 'auto'), not with 'schema', 'grammar' or mode 'required'")
+    shape = '{"structures": [{"begin": "...", "schema": {...}, "end": "..."}, ...], "triggers": ["..."]}'
+    if not isinstance(tagged, dict) or not isinstance(tagged.get("structures"), list) \
+            or not isinstance(tagged.get("triggers"), list):
+        raise _bad(f"structural_tag must be {shape}")
+    parts = []
+    for i, st in enumerate(tagged["structures"]):
+        if not isinstance(st, dict) or not isinstance(st.get("begin"), str) or not isinstance(st.get("end"), str):
+            raise _bad(f"structural_tag.structures[{i}] must be {{\"begin\": \"...\", \"schema\": {{...}}, \"end\": \"...\"}}")
+        parts.append((st["begin"], schema_grammar(st.get("schema", True)), st["end"]))
+    return structural_tag(parts, tagged["triggers"]).tags
 
 
 # -- the per-request state ---------------------------------------------------------------------
@@ -399,7 +425,8 @@ class RailcallLogitsProcessor(LogitsProcessor):
                 from railcall.runtime.regions import answer_matcher
 
                 matcher = answer_matcher(vocab, compiled, Delimiters.from_vocab(vocab), mode=spec.mode,
-                                         reasoning=spec.reasoning, reasoning_budget=spec.reasoning_budget)
+                                         reasoning=spec.reasoning, reasoning_budget=spec.reasoning_budget,
+                                         tags=spec.tags)
         except RailcallError as e:
             # This runs inside vLLM's engine step, where an exception would take the engine down
             # with every request in it: this request alone ends, at once, and the log says why.

@@ -96,6 +96,7 @@ class CompiledGrammar:
     def __init__(self, grammar: ir.Grammar, vocab: Vocabulary, *, max_string: int = MAX_STRING):
         self.grammar = grammar
         self.vocab = vocab
+        self.max_string = max_string
         special_ids = TagIds(vocab)
         shared = self.store = current_store(vocab)
         with shared.lock:

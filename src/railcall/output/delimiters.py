@@ -109,7 +109,7 @@ class Delimiter:
 @dataclass(frozen=True)
 class Delimiters:
     """The contract's delimiters resolved against one vocabulary. Built once per model (cached on
-    the Vocabulary), read-only, shared by every OutputParser and every region matcher.
+    the Vocabulary), read-only, shared by every OutputParser and every turn matcher.
 
     A role the model does not have (no reasoning, say) is None.
     """

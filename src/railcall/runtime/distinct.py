@@ -235,7 +235,7 @@ class DistinctCalls:
 
 def byte_state(matcher):
     """(automaton, state) of the grammar the matcher is in now, where it can be read: a Matcher,
-    or a RegionMatcher inside a grammar phase. None otherwise."""
+    or a TurnMatcher inside a grammar phase. None otherwise."""
     g = getattr(matcher, "g", None)
     if g is not None and hasattr(matcher, "state"):
         return (g, matcher.state) if not matcher.is_error() else None

@@ -41,8 +41,9 @@ from railcall.errors import GrammarError, MatcherError, RequestError, SchemaErro
 from railcall.grammar import ir
 from railcall.grammar.schema import SchemaOptions, schema_to_ir
 from railcall.grammar.tools import Tool, ToolGrammarBuilder
+from railcall.grammar.turn import Free, structural_tag
 from railcall.matcher import MAX_STRING, CompiledGrammar, Matcher, compiled_grammar
-from railcall.output import AUTO_TRIGGERS
+from railcall.output import AUTO_TRIGGERS, Delimiters
 from railcall.runtime.regions import answer_matcher
 from railcall.server.messages import text_of
 from railcall.server.schemas import ChatCompletionRequest, guided
@@ -80,15 +81,20 @@ class Plan:
     call_format: str | None = None  # the calls' format (None: the served model's)
     routing: str = "greedy"  # "scored"/"matched": each row gets a NameRouter (railcall.heuristics.routing)
     asked: str = ""  # the last user message's text (matched routing weighs the tools by its words)
+    tags: Free | None = None  # a structural tag's tagged parts in the free text
 
     def matcher(self, served: "ServedModel"):
         """A fresh per-request matcher (built on the engine's worker thread); None for free text
         without reasoning, which needs no mask at all."""
-        if self.plain or (self.grammar is None and not served.reasoning):
+        tags = self.tags.tags if self.tags is not None else ()
+        if self.plain and tags:  # /v1/completions: the tags alone, no delimiters of a chat turn
+            return answer_matcher(served.vocab, None, Delimiters(), mode="none", tags=tags,
+                                  max_string=_max_string(served))
+        if self.plain or (self.grammar is None and not served.reasoning and not tags):
             return Matcher(self.grammar) if self.grammar is not None else None
         trigger = AUTO_TRIGGERS.get(self.call_format) if self.mode == "auto" and self.kind == "auto" else None
         return answer_matcher(served.vocab, self.grammar, served.delimiters, mode=self.mode, reasoning=served.reasoning,
-                              trigger=trigger)
+                              trigger=trigger, tags=tags, max_string=_max_string(served))
 
     def router(self, served: "ServedModel"):
         """A fresh per-row NameRouter for scored routing (its scorer is bound by the loop that
@@ -118,7 +124,14 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
         if choice == "required":
             raise RequestError("tool_choice 'required' needs at least one tool in tools", param="tool_choice")
         choice = "none"
-    answer = _response_grammar(req)  # (ir.Grammar | None, kind)
+    answer = _response_grammar(req)  # (ir.Grammar | None, kind), or (Free, "tags") for a structural tag
+    tags = None
+    if isinstance(answer[0], Free):
+        tags, answer = answer[0], (None, "text")
+        if choice in ("required", "named"):
+            raise RequestError("a structural_tag response_format puts its tagged parts in free text, and a required "
+                               "or named tool_choice leaves none: send tool_choice auto (calls and tagged parts in "
+                               "one reply) or none", param="response_format")
     calling = choice in ("required", "named", "auto")
     fmt = req.call_format or served.call_format
     if req.routing != "greedy" and not getattr(served, "scores_branches", True):
@@ -158,11 +171,28 @@ def build_plan(served: "ServedModel", req: ChatCompletionRequest) -> Plan:
     prompt = served.prompt_ids(req, tools if calling else [], choice, named, kind, answer[0] is not None, fmt)
     params = _params(served, req, prompt, kind, where="messages")
     compiled = _compile(served, grammar, kind)
-    return Plan(prompt=prompt, params=params, kind=kind, mode=mode, tool_choice=parser_choice, grammar=compiled, tools=tools if calling else [],
-                parallel=req.parallel_tool_calls and choice != "named", logprobs=req.logprobs,
-                top_logprobs=params.top_logprobs, return_token_ids=req.return_token_ids, stream=req.stream,
-                include_usage=bool(req.stream_options and req.stream_options.include_usage), n=req.n,
-                call_format=fmt, routing=req.routing, asked=asked)
+    plan = Plan(prompt=prompt, params=params, kind=kind, mode=mode, tool_choice=parser_choice, grammar=compiled,
+                tools=tools if calling else [], parallel=req.parallel_tool_calls and choice != "named",
+                logprobs=req.logprobs, top_logprobs=params.top_logprobs, return_token_ids=req.return_token_ids,
+                stream=req.stream, include_usage=bool(req.stream_options and req.stream_options.include_usage), n=req.n,
+                call_format=fmt, routing=req.routing, asked=asked, tags=tags)
+    return _check_tags(served, plan)
+
+
+def _max_string(served: "ServedModel") -> int:
+    return getattr(served, "max_string", MAX_STRING)
+
+
+def _check_tags(served: "ServedModel", plan: Plan) -> Plan:
+    """A structural tag's turn is compiled now (shared afterwards), so that a tag railcall cannot
+    run is this request's 400, not an error on the engine's thread."""
+    if plan.tags is not None:
+        try:
+            plan.matcher(served)
+        except (GrammarError, MatcherError) as e:
+            raise RequestError(f"the structural tag could not be compiled: {_for_http(e, 'response_format')}",
+                               param="response_format", code="invalid_schema") from None
+    return plan
 
 
 def call_or_answer(calls: ir.Grammar, answer: ir.Grammar) -> ir.Grammar:
@@ -176,6 +206,9 @@ def build_completion_plan(served: "ServedModel", req) -> Plan:
     """`/v1/completions`: the prompt as the model's own tokens (no chat template, no tools, no
     reasoning region), the answer free or under `response_format` / the guided fields."""
     grammar, kind = _response_grammar(req)
+    tags = None
+    if isinstance(grammar, Free):
+        tags, grammar, kind = grammar, None, "text"
     if isinstance(req.prompt, str):
         prompt = [int(i) for i in served.tokenizer.encode(req.prompt)]
     else:
@@ -187,9 +220,11 @@ def build_completion_plan(served: "ServedModel", req) -> Plan:
     if not prompt:
         raise RequestError("the prompt is empty once tokenized", param="prompt")
     params = _params(served, req, prompt, kind, where="prompt")
-    return Plan(prompt=prompt, params=params, kind=kind, mode="required" if grammar is not None else "none",
+    plan = Plan(prompt=prompt, params=params, kind=kind, mode="required" if grammar is not None else "none",
                 grammar=_compile(served, grammar, kind), plain=True, return_token_ids=req.return_token_ids,
-                stream=req.stream, include_usage=bool(req.stream_options and req.stream_options.include_usage), n=req.n)
+                stream=req.stream, include_usage=bool(req.stream_options and req.stream_options.include_usage), n=req.n,
+                tags=tags)
+    return _check_tags(served, plan)
 
 
 # The request's on_length -> the decode loop's ceiling mode (railcall.runtime.decode.CUT_MODES)
@@ -307,10 +342,33 @@ def _text_grammar(syntax: str, text: str, where: str) -> ir.Grammar:
         raise RequestError(f"{where}: {e}", param=where, code="invalid_grammar") from None
 
 
-def _response_grammar(req) -> tuple[ir.Grammar | None, str]:
+def _structural_tag(tag, where: str) -> Free:
+    """A structural tag's structures (each schema compiled as a response_format's, not strict) as
+    the turn's tagged parts; a 400 naming the structure where one cannot be."""
+    structures = []
+    for i, s in enumerate(tag.structures):
+        try:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                node, rules = schema_to_ir(s.schema_, SchemaOptions(lenient=True))
+        except (GrammarError, RecursionError, ValueError, TypeError) as e:
+            raise RequestError(f"{where}.structures[{i}].schema: {_for_http(e, 'response_format')}",
+                               param=f"{where}.structures[{i}].schema", code="invalid_schema") from None
+        structures.append((s.begin, ir.Grammar(node, rules, name=f"structure:{s.begin}"), s.end))
+    try:
+        return structural_tag(structures, tag.triggers)
+    except GrammarError as e:
+        raise RequestError(f"{where}: {e}", param=where) from None
+
+
+def _response_grammar(req) -> tuple[ir.Grammar | Free | None, str]:
     given = guided(req)
     if given is not None:
         kind, value, where = given
+        if kind == "structural_tag":
+            return _structural_tag(value, where), "tags"
         if kind == "choice":
             if len(set(value)) != len(value) or not all(value):
                 raise RequestError(f"{where} needs distinct, non-empty strings", param=where)
@@ -333,6 +391,8 @@ def _response_grammar(req) -> tuple[ir.Grammar | None, str]:
         return None, "text"
     if rf.type == "grammar":
         return _text_grammar(rf.syntax, rf.definition, "response_format.definition"), "json"
+    if rf.type == "structural_tag":
+        return _structural_tag(rf.structural_tag(), "response_format"), "tags"
     if rf.type == "json_object":
         node, rules = schema_to_ir({"type": "object"})  # any object: free keys, any values
         return ir.Grammar(node, rules, name="json_object"), "json"

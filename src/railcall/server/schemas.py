@@ -10,9 +10,10 @@ saying that this server's model reads text only.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from railcall.errors import RequestError
 
@@ -193,14 +194,35 @@ class JsonSchemaFormat(_Loose):
     strict: bool | None = None
 
 
-class ResponseFormat(_Loose):
-    """OpenAI's formats, and railcall's `grammar` (an extension, shaped as OpenAI's custom tool
-    format): {"type": "grammar", "syntax": "lark" | "gbnf" | "regex", "definition": "..."}."""
+class TagStructure(_Strict):
+    """One structure of a structural tag: `begin`, a JSON value under `schema`, `end`."""
 
-    type: Literal["text", "json_object", "json_schema", "grammar"]
+    begin: str = Field(min_length=1)
+    schema_: dict[str, Any] | bool = Field(default=True, alias="schema")
+    end: str
+
+
+class StructuralTag(_Loose):
+    """The structural-tag format (vLLM's and SGLang's response_format, after XGrammar): free
+    text in which each trigger starts one of the structures that begin with it."""
+
+    structures: list[TagStructure] = Field(min_length=1)
+    triggers: list[str] = Field(min_length=1)
+
+
+class ResponseFormat(_Loose):
+    """OpenAI's formats; railcall's `grammar` (an extension, shaped as OpenAI's custom tool
+    format): {"type": "grammar", "syntax": "lark" | "gbnf" | "regex", "definition": "..."}; and
+    `structural_tag` (vLLM's): {"type": "structural_tag", "structures": [{"begin", "schema",
+    "end"}], "triggers": [...]}."""
+
+    type: Literal["text", "json_object", "json_schema", "grammar", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
     syntax: Literal["lark", "gbnf", "regex"] | None = None
     definition: str | None = None
+    structures: list[TagStructure] | None = None
+    triggers: list[str] | None = None
+    format: Any = None  # the newer structural-tag form, refused with what to send instead
 
     @model_validator(mode="after")
     def _schema_given(self):
@@ -209,7 +231,18 @@ class ResponseFormat(_Loose):
         if self.type == "grammar" and (self.syntax is None or self.definition is None):
             raise ValueError('response_format of type grammar needs "syntax" ("lark", "gbnf" or "regex") and '
                              '"definition" (the grammar\'s text)')
+        if self.type == "structural_tag":
+            if self.format is not None:
+                raise ValueError('response_format of type structural_tag is taken in its "structures" and "triggers" '
+                                 'form; the "format" form is not: send "structures": [{"begin", "schema", "end"}] '
+                                 'and "triggers"')
+            if not self.structures or not self.triggers:
+                raise ValueError('response_format of type structural_tag needs "structures" ([{"begin", "schema", '
+                                 '"end"}, ...]) and "triggers" (texts each begin starts with)')
         return self
+
+    def structural_tag(self) -> StructuralTag:
+        return StructuralTag(structures=self.structures, triggers=self.triggers)
 
 
 class StreamOptions(_Loose):
@@ -252,6 +285,7 @@ class StructuredOutputs(_Strict):
     regex: str | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None  # vLLM sends it as a JSON text
 
 
 class _Request(_Strict):
@@ -331,9 +365,9 @@ class _Request(_Strict):
                                param=given[1])
         so = self.structured_outputs
         if so is not None and sum(x is not None and x is not False for x in (so.json_, so.choice, so.regex, so.grammar,
-                                                                                 so.json_object)) != 1:
-            raise RequestError("structured_outputs takes exactly one of json, choice, regex, grammar, json_object",
-                               param="structured_outputs")
+                                                                                 so.json_object, so.structural_tag)) != 1:
+            raise RequestError("structured_outputs takes exactly one of json, choice, regex, grammar, json_object, "
+                               "structural_tag", param="structured_outputs")
         return self
 
 
@@ -410,8 +444,21 @@ class CompletionRequest(_Request):
 def guided(req):
     """vLLM's structured_outputs / guided_* fields as (kind, value, param): kind "json" (a
     schema), "json_object", "choice" (a list of strings), "regex" (a pattern), "grammar" (Lark or
-    GBNF text); None when none is given."""
+    GBNF text), "structural_tag" (a StructuralTag); None when none is given."""
     so = req.structured_outputs
+    if so is not None and so.structural_tag is not None:
+        where = "structured_outputs.structural_tag"
+        value = so.structural_tag
+        try:
+            if isinstance(value, str):
+                value = json.loads(value)
+            if isinstance(value, dict) and value.get("format") is not None:
+                raise ValueError('the "format" form is not taken; send "structures" and "triggers"')
+            return "structural_tag", StructuralTag.model_validate(value), where
+        except (ValueError, ValidationError) as e:
+            raise RequestError(f"{where}: not a structural tag ({_first_line(e)}); send a JSON object "
+                               '{"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}',
+                               param=where) from None
     if so is not None:
         if so.json_ is not None:
             return "json", so.json_, "structured_outputs.json"
@@ -427,6 +474,13 @@ def guided(req):
         if value is not None:
             return kind, value, f"guided_{kind}"
     return None
+
+
+def _first_line(e: Exception) -> str:
+    if isinstance(e, ValidationError) and e.errors():
+        err = e.errors()[0]
+        return f"{'.'.join(str(p) for p in err['loc']) or 'the object'}: {err['msg']}"
+    return str(e).splitlines()[0]
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
