@@ -117,7 +117,6 @@ def record_problem(r) -> str:
 
 
 # What a run.json written before an option existed ran with (the option was not there: off).
-# a run.json written before an option existed ran without it
 HELPS_BEFORE = {"examples": False, "task_files": False, "copied_text": False, "copied_numbers": False,
                 "quoted_text": False, "read_named": False, "scored_values": False}
 
