@@ -36,9 +36,13 @@ def tags():
 
 
 def mask(m, vocab) -> np.ndarray:
+    """The legal token ids; the count fill_bitmask returns (kept with a mask, not counted each
+    time) must be the mask's."""
     bm = allocate_bitmask(vocab.logits_width)
-    m.fill_bitmask(bm)
-    return np.flatnonzero(unpack_bitmask(bm, vocab.logits_width)[: vocab.size])
+    n = m.fill_bitmask(bm)
+    legal = unpack_bitmask(bm, vocab.logits_width)
+    assert n == int(legal.sum()), (n, int(legal.sum()))
+    return np.flatnonzero(legal[: vocab.size])
 
 
 def encode(vocab, text: str) -> list[int]:

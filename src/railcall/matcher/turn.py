@@ -192,6 +192,11 @@ def _prefix_tokens(vocab: Vocabulary, rest: bytes) -> np.ndarray:
 # -- phases ----------------------------------------------------------------------------------------
 
 
+def _count(mask: np.ndarray) -> int:
+    """How many tokens a mask allows."""
+    return int(np.bitwise_count(mask.view(np.uint32)).sum())
+
+
 class _Illegal(Exception):
     pass
 
@@ -283,17 +288,28 @@ class _Free:
         ids = self.vocab.encode(rest.decode("utf-8"))
         return ids if ids is not None else (self.vocab.greedy_tokenize(rest) or [])
 
-    def fill(self, row: np.ndarray) -> None:
+    def _mask(self, k: int) -> tuple[np.ndarray, int]:
+        """(mask, legal count) at partial match `k`: the base less the tokens banned there."""
+        key = ("mask", k)
+        hit = self.spec.memo.get(key)
+        if hit is None:
+            mask = self._base()
+            banned = self._banned(k)
+            if banned is not None:
+                mask = mask & ~banned
+            hit = self.spec.memo[key] = (mask, _count(mask))
+        return hit
+
+    def fill(self, row: np.ndarray) -> int:
         if self.exhausted():
             if self.spec.exit_tokens:
-                row[:] = pack_ids(list(self.spec.exit_tokens), self.vocab.logits_width)
+                row[...] = pack_ids(list(self.spec.exit_tokens), self.vocab.logits_width)
             else:  # a text exit: the tokens that continue it
-                row[:] = _prefix_tokens(self.vocab, self.index.rest(self.k))
-            return
-        row[:] = self._base()
-        banned = self._banned(self.k)
-        if banned is not None:
-            row &= ~banned
+                row[...] = _prefix_tokens(self.vocab, self.index.rest(self.k))
+            return _count(row)
+        mask, n = self._mask(self.k)
+        row[...] = mask
+        return n
 
     def consume(self, tid: int):
         """-> "stay" | "stop" | ("exit", tag or None, token to hand on or None, bytes to hand on)."""
@@ -420,15 +436,17 @@ class _Grammar:
                 return False
         return True
 
-    def fill(self, row: np.ndarray) -> None:
+    def fill(self, row: np.ndarray) -> int:
         m = self.m
-        m.fill_bitmask(row)
+        n = m.fill_bitmask(row)
         if m.is_error() or m.is_done():
-            return
+            return n
+        more = False
         if self.as_text:
             extra = [t for t, data in self.as_text.items() if self._text_ok(data)]
             if extra:
                 row |= pack_ids(extra, m.g.width)
+                more = True
         span = self.span
         if span is not None:
             hit = span._by_state.get(m._states[-1])
@@ -436,6 +454,8 @@ class _Grammar:
                 hit = span.at(m)
             if hit:
                 row |= hit[1]
+                more = True
+        return _count(row) if more else n
 
     def consume(self, tid: int):
         m = self.m
@@ -695,10 +715,9 @@ class TurnMatcher:
                 f"bitmask has {row.shape[-1]} words; this vocabulary (logits width {self.vocab.logits_width}) "
                 f"needs {self.words} -- allocate it with allocate_bitmask({self.vocab.logits_width})")
         if self._error or self._stopped:
-            row[:] = pack_ids(list(self.vocab.stop_ids), self.vocab.logits_width)
-        else:
-            self.phase.fill(row)
-        return int(np.bitwise_count(row.view(np.uint32)).sum())
+            row[...] = pack_ids(list(self.vocab.stop_ids), self.vocab.logits_width)
+            return _count(row)
+        return self.phase.fill(row)
 
     def consume_token(self, token_id: int) -> bool:
         """Advance by one token; False (and the error state) if no phase allows it."""
