@@ -208,3 +208,23 @@ def test_grammar_text_format(client):
         client.responses.create(model=MODEL, input="x", max_output_tokens=4,
                                 text={"format": {"type": "grammar", "syntax": "gbnf", "definition": "root ::= [z-a]"}})
     assert e.value.body["param"] == "text.format.definition" and "line 1, column 10" in e.value.body["message"]
+
+
+def test_structural_tag_text_format(client):
+    """A structural tag as the Responses API's text.format: free text whose tagged parts follow
+    their schema (a conversation of examples leads SmolLM2 to write one)."""
+    import json
+    import re
+
+    tag = {"type": "structural_tag", "triggers": ["<city="],
+           "structures": [{"begin": "<city=", "end": ">", "schema": {"enum": ["Paris", "Rome", "Oslo"]}}]}
+    shots = [{"role": "user", "content": "Where is the Louvre?"}, {"role": "assistant", "content": '<city="Paris">'},
+             {"role": "user", "content": "Where is the Colosseum?"}, {"role": "assistant", "content": '<city="Rome">'},
+             {"role": "user", "content": "Where is the Eiffel Tower?"}]
+    r = client.responses.create(model=MODEL, temperature=0, max_output_tokens=12, text={"format": tag}, input=shots)
+    parts = re.findall(r'<city=(.*?)>', r.output_text)
+    assert parts and all(json.loads(p) in ("Paris", "Rome", "Oslo") for p in parts), r.output_text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL, input="x", max_output_tokens=4,
+                                text={"format": {**tag, "triggers": ["<town="]}})
+    assert e.value.body["param"] == "text.format" and "starts with none" in e.value.body["message"]

@@ -54,12 +54,14 @@ def test_structured_outputs_takes_the_tag_as_json_text(client):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_text_with_tags_streamed_and_whole(client, stream):
-    kw = dict(model=MODEL, temperature=0, max_tokens=60, response_format=TAG,
-              messages=[{"role": "system", "content": "To look up the weather, write "
-                                                      '<function=get_weather>{"city": "<the city>"}</function>.'},
-                        {"role": "user", "content": "What is the weather in Paris?"}])
+    shots = [{"role": "user", "content": "What is the weather in Oslo?"},
+             {"role": "assistant", "content": '<function=get_weather>{"city":"Oslo"}</function>'},
+             {"role": "user", "content": "What is the weather in Rome?"},
+             {"role": "assistant", "content": '<function=get_weather>{"city":"Rome"}</function>'},
+             {"role": "user", "content": "What is the weather in Paris?"}]
+    kw = dict(model=MODEL, temperature=0, max_tokens=60, response_format=TAG, messages=shots)
     whole = client.chat.completions.create(**kw).choices[0].message.content
-    parts(whole)
+    assert parts(whole), whole  # the examples lead SmolLM2 to write a part
     if stream:
         text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**kw, stream=True)
                        if c.choices)

@@ -13,7 +13,7 @@ exactly as one (plan.py, the engine, assemble.py's Assembler); only its shape in
     instructions             -> a system message first (not carried over by previous_response_id)
     tools (flat function)    -> chat tools ({"type": "function", "function": {...}})
     tools (flat custom)      -> chat custom tools ({"type": "custom", "custom": {name, format}})
-    text.format              -> response_format
+    text.format              -> response_format (json_schema, grammar, structural_tag flat)
     max_output_tokens        -> max_tokens
 
     Assembler deltas         -> output items and stream events
@@ -165,13 +165,15 @@ class NamedTool(_Loose):
 
 
 class TextFormat(_Loose):
-    type: Literal["text", "json_object", "json_schema", "grammar"]
+    type: Literal["text", "json_object", "json_schema", "grammar", "structural_tag"]
     name: str = "response"
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
     syntax: str | None = None  # type "grammar" (railcall's extension, as response_format's)
     definition: str | None = None
+    structures: list[dict[str, Any]] | None = None  # type "structural_tag" (as response_format's)
+    triggers: list[str] | None = None
 
 
 class TextConfig(_Loose):
@@ -301,6 +303,8 @@ def to_chat(req: ResponsesRequest, earlier: list[dict]) -> tuple[ChatCompletionR
             "name": fmt.name, "description": fmt.description, "schema": fmt.schema_, "strict": fmt.strict}}
     elif fmt is not None and fmt.type == "grammar":
         body["response_format"] = {"type": "grammar", "syntax": fmt.syntax, "definition": fmt.definition}
+    elif fmt is not None and fmt.type == "structural_tag":
+        body["response_format"] = {"type": "structural_tag", "structures": fmt.structures, "triggers": fmt.triggers}
     elif fmt is not None:
         body["response_format"] = {"type": fmt.type}
     try:
