@@ -241,3 +241,24 @@ def test_streamed_calls_written_in_one_piece_keep_their_own_arguments():
     pieces = [(d.kind, d.text, d.index) for d in out if d.kind in ("call_name", "call_args")]
     assert pieces == [("call_name", "a", 0), ("call_args", '{"x":1}', 0),
                       ("call_name", "b", 1), ("call_args", '{"y":2}', 1)]
+
+
+@pytest.mark.parametrize("fmt, call", [("json", '{"tool":"f","args":{}}'), ("openai", '{"name":"f","arguments":{}}')])
+def test_grammar_calls_take_a_call_only_where_the_grammar_started_one(bytes_vocab, fmt, call):
+    """With grammar_calls, a call's trigger spelled where the grammar started no call (inside a
+    structural tag's part) is text; the same trigger where it did is a call."""
+    d = Delimiters.from_vocab(bytes_vocab)
+    part = f"<p>{call}</p> then "
+    p = OutputParser(d, call_format=fmt, tool_choice="auto", grammar_calls=True, stop_ids=bytes_vocab.stop_ids)
+    for i, ch in enumerate(part + call):
+        # the grammar started a call at the last character of the second trigger only
+        starts = len(part) + call.index(":") + 1 == i
+        p.feed(bytes_vocab.lookup[ch.encode()], ch, starts)
+    p.finish()
+    r = p.result()
+    assert r.content.startswith(part.strip()) and [c.name for c in r.tool_calls] == ["f"], r
+    plain = OutputParser(d, call_format=fmt, tool_choice="auto", stop_ids=bytes_vocab.stop_ids)
+    for ch in part + call:
+        plain.feed(bytes_vocab.lookup[ch.encode()], ch)
+    plain.finish()
+    assert len(plain.result().tool_calls) == 2  # without the grammar's word, both read as calls

@@ -94,3 +94,32 @@ def test_refusals_name_the_field_and_the_fix(srv, body, param, says):
     assert says in err["message"], err
     if param is not None:
         assert err["param"] == param, err
+
+
+def test_a_part_that_spells_the_call_trigger_is_not_a_call(client):
+    """Call format openai: a call starts with `{"name":"`, and so does this part's JSON. The
+    reply's reader takes a call only where the grammar started one, so the part stays text and
+    no phantom call reaches the client."""
+    person = {"type": "structural_tag", "triggers": ["<person>"], "structures": [
+        {"begin": "<person>", "end": "</person>", "schema": {
+            "type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"],
+            "additionalProperties": False}}]}
+    shots = [{"role": "user", "content": "Who wrote Hamlet?"},
+             {"role": "assistant", "content": '<person>{"name":"Shakespeare"}</person>'},
+             {"role": "user", "content": "Who painted the Mona Lisa?"},
+             {"role": "assistant", "content": '<person>{"name":"Leonardo"}</person>'},
+             {"role": "user", "content": "Who wrote Faust?"}]
+    for stream in (False, True):
+        kw = dict(model=MODEL, temperature=0, max_tokens=24, response_format=person, tools=[WEATHER],
+                  tool_choice="auto", messages=shots, extra_body={"call_format": "openai"})
+        if not stream:
+            msg = client.chat.completions.create(**kw).choices[0].message
+            content, calls = msg.content or "", msg.tool_calls or []
+        else:
+            content, calls = "", []
+            for c in client.chat.completions.create(**kw, stream=True):
+                if c.choices:
+                    content += c.choices[0].delta.content or ""
+                    calls += c.choices[0].delta.tool_calls or []
+        assert '<person>{"name":"' in content, content  # the examples lead SmolLM2 to a part
+        assert not calls, calls

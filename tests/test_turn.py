@@ -233,3 +233,16 @@ def test_random_walks_give_valid_parts(request, which):
         assert m.is_accepting()
         parts += check_parts(b"".join(vocab.token_bytes[t] for t in out).decode("utf-8", "replace"))
     assert parts >= 6, parts
+
+
+def test_started_names_the_tag_a_token_started(smollm2_vocab):
+    """What the reply's reader is told: which tag (by index) the last token started, if any."""
+    vocab = smollm2_vocab
+    m = turn_matcher(Turn(tags()), vocab)
+    seen = []
+    for t in encode(vocab, 'a <note>"x"</note> b <function=wea'):
+        assert m.consume_token(t), m.error_message
+        seen.append(m.started)
+    assert [s for s in seen if s is not None] == [1, 0]  # "<note>" is tag 1, "<function=" tag 0
+    m.rollback(1)
+    assert m.started is None

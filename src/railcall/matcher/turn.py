@@ -649,6 +649,7 @@ class TurnMatcher:
         self._error_at = -1  # len(_log) when the error happened (rollback past it clears it)
         self.error_message = ""
         self.cut = False  # set by finish(): the turn was completed by force
+        self.started: int | None = None  # the tag the last consumed token started (its index), if any
         self._settle()
 
     # -- state ------------------------------------------------------------------------------
@@ -721,6 +722,7 @@ class TurnMatcher:
 
     def consume_token(self, token_id: int) -> bool:
         """Advance by one token; False (and the error state) if no phase allows it."""
+        self.started = None
         if self._error:
             return False
         self._log.append((len(self._phases), self.phase.snapshot(), self._stopped))
@@ -739,6 +741,8 @@ class TurnMatcher:
                 self._stopped = True
                 return
             _, tag, token, data = outcome
+            if tag is not None:
+                self.started = tag
             nxt = self._advance(tag)
             outcome = "stay"
             if token is not None:
@@ -757,6 +761,8 @@ class TurnMatcher:
         """Undo the last `n` consumed tokens (an error caused by them is undone too)."""
         if n < 0 or n > len(self._log):
             raise MatcherError(f"cannot roll back {n} tokens; {len(self._log)} were consumed")
+        if n:
+            self.started = None
         for _ in range(n):
             count, snap, stopped = self._log.pop()
             del self._phases[count:]

@@ -33,6 +33,9 @@ class OutputParser:
                        holds to the call format (the pieces are not validated until the end).
                        A call the output ends inside is then a `ToolCall(complete=False)` with
                        its arguments as far as they were written, not content.
+      grammar_calls    a call starts only where the grammar started one: `feed`'s starts_call
+                       says so per token (a Turn's `started` tag), so a call's trigger spelled
+                       inside another tagged part is that part's text.
 
     Reasoning happens at most once, at the start: an open delimiter opens it only before any
     content, and once it is closed, reasoning delimiters are ordinary text (a structured answer
@@ -43,7 +46,7 @@ class OutputParser:
 
     def __init__(self, delimiters: Delimiters, *, call_format: str | None = "hermes",
                  tool_choice: str = "auto", reasoning_opened: bool = False, stop_ids: Iterable[int] = (),
-                 stream_calls: bool = False, text_tools: Iterable[str] = ()):
+                 stream_calls: bool = False, text_tools: Iterable[str] = (), grammar_calls: bool = False):
         if call_format not in CALL_FORMATS + (None,):
             raise RailcallError(f"unknown call format {call_format!r}; use one of {', '.join(CALL_FORMATS)} or None")
         if tool_choice not in ("auto", "required", "none"):
@@ -76,14 +79,25 @@ class OutputParser:
         self._json_trigger = TextTrigger(trigger, json_gaps(trigger))
         self._closed = False
         self._result = ParsedOutput()
+        # grammar_calls: a call starts only where the grammar started one (feed's starts_call),
+        # not wherever its trigger appears in the text: a trigger spelled inside another tagged
+        # part (a structural tag's JSON beside calls) is that part's text.
+        self._grammar_calls = grammar_calls
+        self._starts: deque[tuple[int, bool | None]] = deque()  # per fed text: (its end offset, starts_call)
+        self._fed = 0  # offset just after the text fed so far
 
     # -- the verbs --------------------------------------------------------------------------
 
-    def feed(self, token_id: int, text: str) -> list[Delta]:
-        """One generated token: its id, then its text. Returns the deltas now certain."""
+    def feed(self, token_id: int, text: str, starts_call: bool | None = None) -> list[Delta]:
+        """One generated token: its id, then its text. Returns the deltas now certain.
+        `starts_call` (with grammar_calls): whether the grammar started a call with this token
+        (None: not known, the text decides)."""
         self._check_open("feed")
         if token_id in self._stops:
             return []
+        if self._grammar_calls:
+            self._fed += len(text)
+            self._starts.append((self._fed, starts_call))
         d = self._by_id.get(token_id)
         if d is not None:
             # An incremental decoder gives a character left incomplete by the token before with
@@ -198,8 +212,11 @@ class OutputParser:
                     self._consume(n)
                     if n < at:
                         continue  # a JSON call ended inside that text; rescan in the new mode
+                end = self._base + len(text)  # (after _consume(at): _base is the opener's offset)
                 self._consume(len(text))
-                if not self._on_delimiter(what, text):
+                if what in ("json_trigger", "call_open") and not self._grammar_started(end):
+                    self._ordinary_all(text)  # the grammar started no call here: the text is a part's
+                elif not self._on_delimiter(what, text):
                     self._ordinary_all(text)
                 continue
             if tok_at is not None:
@@ -215,8 +232,11 @@ class OutputParser:
                 if len(rest) >= len(d.text) or not d.text.startswith(rest):
                     self._pending.popleft()
                     if rest.startswith(d.text):
+                        end = self._base + len(d.text)
                         self._consume(len(d.text))
-                        if not self._on_delimiter(d.role, d.text, token=True):
+                        if d.role == "call_open" and self._mode == "content" and not self._grammar_started(end):
+                            self._ordinary_all(d.text)  # the token inside another tagged part: text
+                        elif not self._on_delimiter(d.role, d.text, token=True):
                             self._ordinary_all(d.text)
                     # else: the step's text is not the delimiter's (a detokenizer that skips
                     # special tokens); what arrived is ordinary text, handled on the next pass.
@@ -334,6 +354,15 @@ class OutputParser:
             self._end_call(text)
             return True
         return False
+
+    def _grammar_started(self, end: int) -> bool:
+        """With grammar_calls: whether the token whose text holds offset `end - 1` (the last
+        character of a call's opener) started a call in the grammar."""
+        if not self._grammar_calls:
+            return True
+        while self._starts and self._starts[0][0] < end:
+            self._starts.popleft()  # texts wholly before this opener: no later opener ends there
+        return not self._starts or self._starts[0][1] is not False
 
     def _start_call(self, mode: str, opener: str) -> None:
         self._mode, self._at_start = mode, False

@@ -109,6 +109,7 @@ class Step:
     forced: bool  # written by the grammar (fast-forward or a forced close), not sampled
     logprob: float | None
     top: list[tuple[int, float]] | None = None  # (token, logprob) best first, when top_logprobs > 0
+    tag: int | None = None  # under a Turn: the tagged part this token started (0: a call under "auto")
 
 
 @dataclass
@@ -586,7 +587,7 @@ class Row:
         else:
             top = None
         step = Step(len(self.steps), tok, self.vocab.token_text(tok) if tok < self.vocab.size else "", legal, forced,
-                    logprob, top)
+                    logprob, top, getattr(self.matcher, "started", None))
         self.steps.append(step)
         if self.on_step is not None:
             self.on_step(step)

@@ -131,14 +131,18 @@ class Assembler:
         self.vocab = served.vocab
         self.custom = frozenset(t.name for t in getattr(plan, "tools", ()) if t.custom)  # custom tools' names
         self.inputs: dict[int, InputText] = {}  # call index -> a custom call's input, decoded as it streams
+        self._grammar_calls = False
         if getattr(plan, "plain", False):  # /v1/completions: all text, no delimiters read
             self.parser = OutputParser(Delimiters(), call_format=None, tool_choice="none", stop_ids=self.vocab.stop_ids)
         else:
             fmt = (getattr(plan, "call_format", None) or served.call_format) if plan.tool_choice != "none" else None
+            # beside a structural tag's parts, a call is where the grammar started one (tag 0 of
+            # the turn), not wherever its trigger is spelled (inside a part's JSON, say)
+            self._grammar_calls = getattr(plan, "tags", None) is not None and plan.tool_choice == "auto"
             self.parser = OutputParser(served.delimiters, call_format=fmt, tool_choice=plan.tool_choice,
                                        stop_ids=self.vocab.stop_ids,
                                        stream_calls=getattr(plan, "grammar", None) is not None,
-                                       text_tools=self.custom)
+                                       text_tools=self.custom, grammar_calls=self._grammar_calls)
         self.stops = tuple(plan.params.stop)
         self.holdback = max((len(s) for s in self.stops), default=1) - 1
         self.top_logprobs = plan.top_logprobs
@@ -165,7 +169,8 @@ class Assembler:
             text = self._decoder.decode(self.vocab.token_bytes[t])
         else:
             text = ""
-        return self._convert(deltas + self.parser.feed(t, text), self.holdback)
+        starts = (step.tag == 0) if self._grammar_calls else None
+        return self._convert(deltas + self.parser.feed(t, text, starts), self.holdback)
 
     def finish(self, gen: Generation) -> list[dict]:
         """The deltas that remain once generation ended."""
