@@ -143,13 +143,10 @@ class _Railcall(engines.Railcall):
 
     def compile(self, g: Grammar):
         if g.syntax == "tag":
-            from railcall.grammar.schema import schema_grammar
-            from railcall.grammar.turn import Turn, structural_tag
+            from railcall.grammar.turn import Turn, structural_tag_json
             from railcall.matcher.turn import compiled_turn
 
-            tag = json.loads(g.text)
-            parts = [(st["begin"], schema_grammar(st["schema"]), st["end"]) for st in tag["structures"]]
-            return compiled_turn(Turn(structural_tag(parts, tag["triggers"])), self.vocab)
+            return compiled_turn(Turn(structural_tag_json(json.loads(g.text))), self.vocab)
         return self._compiled(self.front[g.syntax](g.text), self.vocab)
 
     def matcher(self, compiled):
@@ -161,11 +158,8 @@ class _Railcall(engines.Railcall):
         """The masks and states the walks cached dropped (the vocabulary's indexes stay, as a
         peer's tokenizer tables do)."""
         from railcall.matcher import clear_caches
-        from railcall.matcher import turn
 
-        clear_caches(self.vocab)
-        turn._TURNS.clear()
-        self.vocab._extra.pop("turns", None)
+        clear_caches(self.vocab)  # a compiled turn over the dropped store is compiled again too
 
 
 class _LLGuidance(engines.LLGuidance):

@@ -41,6 +41,7 @@ from typing import Union
 
 from railcall.errors import GrammarError
 from railcall.grammar import ir
+from railcall.grammar.schema import schema_grammar
 
 
 @dataclass(frozen=True)
@@ -146,3 +147,21 @@ def structural_tag(structures, triggers) -> Free:
         start = nodes[0] if len(nodes) == 1 else ir.Alt(*nodes)
         tags.append(Tag(Trigger(t), ir.Grammar(start, rules, name=f"tag:{t}", tail_calls=any(p[2] for p in parts[t]))))
     return Free(tuple(tags))
+
+
+TAG_SHAPE = '{"structures": [{"begin": "...", "schema": {...}, "end": "..."}, ...], "triggers": ["..."]}'
+
+
+def structural_tag_json(tag) -> Free:
+    """`structural_tag()` from the format's JSON object (as vLLM's plug-in spec and the
+    benchmarks carry it): each structure's schema (default: any JSON value) compiled as JSON
+    Schema; a GrammarError naming the structure where the object has the wrong shape."""
+    if not isinstance(tag, dict) or not isinstance(tag.get("structures"), list) \
+            or not isinstance(tag.get("triggers"), list):
+        raise GrammarError(f"structural_tag must be {TAG_SHAPE}")
+    parts = []
+    for i, st in enumerate(tag["structures"]):
+        if not isinstance(st, dict) or not isinstance(st.get("begin"), str) or not isinstance(st.get("end"), str):
+            raise GrammarError(f'structural_tag.structures[{i}] must be {{"begin": "...", "schema": {{...}}, "end": "..."}}')
+        parts.append((st["begin"], schema_grammar(st.get("schema", True)), st["end"]))
+    return structural_tag(parts, tag["triggers"])

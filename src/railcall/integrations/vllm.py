@@ -217,21 +217,12 @@ def _parse_spec(text: str) -> RequestSpec:
 
 def _tags(tagged, mode: str, schema, text) -> tuple:
     """A spec's structural tag as the turn's tagged parts."""
-    from railcall.grammar.turn import structural_tag
+    from railcall.grammar.turn import structural_tag_json
 
     if schema is not None or text is not None or mode == "required":
         raise _bad("a structural_tag puts tagged parts in free text: give it alone (mode 'none') or with 'tools' "
                    "(mode 'auto'), not with 'schema', 'grammar' or mode 'required'")
-    shape = '{"structures": [{"begin": "...", "schema": {...}, "end": "..."}, ...], "triggers": ["..."]}'
-    if not isinstance(tagged, dict) or not isinstance(tagged.get("structures"), list) \
-            or not isinstance(tagged.get("triggers"), list):
-        raise _bad(f"structural_tag must be {shape}")
-    parts = []
-    for i, st in enumerate(tagged["structures"]):
-        if not isinstance(st, dict) or not isinstance(st.get("begin"), str) or not isinstance(st.get("end"), str):
-            raise _bad(f"structural_tag.structures[{i}] must be {{\"begin\": \"...\", \"schema\": {{...}}, \"end\": \"...\"}}")
-        parts.append((st["begin"], schema_grammar(st.get("schema", True)), st["end"]))
-    return structural_tag(parts, tagged["triggers"]).tags
+    return structural_tag_json(tagged).tags
 
 
 # -- the per-request state ---------------------------------------------------------------------

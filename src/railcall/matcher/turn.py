@@ -428,14 +428,6 @@ class _Grammar:
         the tag's end into the text is the model's choice)."""
         return self.m.forced_tokens()
 
-    def _text_ok(self, data: bytes) -> bool:
-        g, s = self.m.g, self.m.state
-        for b in data:
-            s = g.step(s, b)
-            if s == DEAD:
-                return False
-        return True
-
     def fill(self, row: np.ndarray) -> int:
         m = self.m
         n = m.fill_bitmask(row)
@@ -443,7 +435,7 @@ class _Grammar:
             return n
         more = False
         if self.as_text:
-            extra = [t for t, data in self.as_text.items() if self._text_ok(data)]
+            extra = [t for t, data in self.as_text.items() if _reaches(m.g, m.state, data)]
             if extra:
                 row |= pack_ids(extra, m.g.width)
                 more = True
@@ -482,7 +474,17 @@ class _Grammar:
         return "stay"
 
 
-def _grammar_accepts(compiled: CompiledGrammar, token: int | None, data: bytes) -> Matcher | None:
+def _reaches(g, s: int, data: bytes) -> bool:
+    """Whether `data` is legal from state `s` of automaton `g` (its transitions are cached, so
+    repeated walks are table look-ups)."""
+    for b in data:
+        s = g.step(s, b)
+        if s == DEAD:
+            return False
+    return True
+
+
+def starts_with(compiled: CompiledGrammar, token: int | None, data: bytes) -> Matcher | None:
     """A matcher on `compiled` after `token` and/or `data`, or None if it rejects them."""
     m = Matcher(compiled)
     if token is not None and not m.consume_token(token):
@@ -493,23 +495,13 @@ def _grammar_accepts(compiled: CompiledGrammar, token: int | None, data: bytes) 
 
 
 def _remainder_check(compiled: CompiledGrammar, token: int | None, prefix: bytes, what: str) -> Callable[[bytes], bool]:
-    """A check "is `rest` legal at the start of `compiled`, after `token`/`prefix`?", walking the
-    compiled grammar's DFA (its transitions are cached, so repeated checks are table look-ups)."""
-    start = _grammar_accepts(compiled, token, prefix)
+    """A check "is `rest` legal at the start of `compiled`, after `token`/`prefix`?"."""
+    start = starts_with(compiled, token, prefix)
     if start is None:
         raise GrammarError(f"{what} does not start with its trigger "
                            f"{compiled.vocab.token_text(token) if token is not None else prefix.decode('utf-8', 'replace')!r}")
-    s0 = start.state
-
-    def ok(rest: bytes) -> bool:
-        s = s0
-        for b in rest:
-            s = compiled.step(s, b)
-            if s == DEAD:
-                return False
-        return True
-
-    return ok
+    g, s0 = start.g, start.state
+    return lambda rest: _reaches(g, s0, rest)
 
 
 # -- compiling a turn ------------------------------------------------------------------------------

@@ -98,6 +98,8 @@ class OutputParser:
         if self._grammar_calls:
             self._fed += len(text)
             self._starts.append((self._fed, starts_call))
+            while self._starts and self._starts[0][0] <= self._base:
+                self._starts.popleft()  # text already classified: no opener can end in it
         d = self._by_id.get(token_id)
         if d is not None:
             # An incremental decoder gives a character left incomplete by the token before with

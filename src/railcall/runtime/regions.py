@@ -23,8 +23,8 @@ from collections import OrderedDict
 
 from railcall.errors import GrammarError
 from railcall.grammar.turn import Free, Reasoning, Tag, Trigger, Turn
-from railcall.matcher import MAX_STRING, CompiledGrammar, Matcher
-from railcall.matcher.turn import TurnMatcher, turn_matcher
+from railcall.matcher import MAX_STRING, CompiledGrammar
+from railcall.matcher.turn import TurnMatcher, starts_with, turn_matcher
 from railcall.output import JSON_CALL_TRIGGER, Delimiters, json_gaps
 from railcall.vocab import Vocabulary
 
@@ -99,11 +99,6 @@ def _turn(answer, delimiters: Delimiters, mode: str, reasoning: bool, reasoning_
     return Turn(body, think, tuple(d.text for d in delimiters.all() if d.token_id is not None))
 
 
-def _starts_with(answer: CompiledGrammar, token: int | None, text: str) -> bool:
-    m = Matcher(answer)
-    return (token is None or m.consume_token(token)) and (not text or m.consume_bytes(text.encode("utf-8")))
-
-
 def _auto_trigger(answer: CompiledGrammar, d: Delimiters, override: str | None) -> Trigger:
     """What starts a call in "auto" mode: the call-open token, its text, or the JSON wire
     format's `{"tool":"`, whichever the call grammar starts with."""
@@ -117,7 +112,7 @@ def _auto_trigger(answer: CompiledGrammar, d: Delimiters, override: str | None) 
             candidates.append(Trigger(d.call_open.text))
         candidates.append(Trigger(JSON_CALL_TRIGGER, gaps=json_gaps(JSON_CALL_TRIGGER)))
     for t in candidates:
-        if _starts_with(answer, d.call_open.token_id if t.token else None, "" if t.token else t.text):
+        if starts_with(answer, d.call_open.token_id if t.token else None, b"" if t.token else t.text.encode()):
             return t
     raise GrammarError(
         "mode 'auto' needs to know where a call starts, and the call grammar starts with none of "
