@@ -517,11 +517,15 @@ def test_matchers_on_several_threads_share_one_automaton_exactly():
     assert not failures, failures[0]
 
 
-def test_a_transition_lost_from_the_table_is_not_read_as_dead(monkeypatch):
+@pytest.mark.parametrize("by_nodes", [True, False], ids=["node walk", "level walk"])
+def test_a_transition_lost_from_the_table_is_not_read_as_dead(monkeypatch, by_nodes):
     """Another thread growing the transition table can lose a write (the table is copied). The
-    vectorised walk must then use the transition it just computed, never read the slot back as
-    dead: here every other write is dropped on purpose, and the masks still equal the oracle."""
-    from railcall.matcher import UNBUILT
+    trie walks (node by node, and vectorised by level) must then use the transition just
+    computed, never read the slot back as dead: here every other write is dropped on purpose,
+    and the masks still equal the oracle."""
+    from railcall.matcher import UNBUILT, transitions
+
+    monkeypatch.setattr(transitions, "COMPILED", by_nodes)  # which walk _walk_from takes
 
     dropped, calls = itertools.count(), itertools.count()
 
@@ -535,7 +539,7 @@ def test_a_transition_lost_from_the_table_is_not_read_as_dead(monkeypatch):
         next(calls)
         return real(self, *args)
 
-    spy_automaton(monkeypatch, step=lossy, _delta=counted)
+    spy_automaton(monkeypatch, step=lossy, **{"_built_step" if by_nodes else "_delta": counted})
     # two-letter tokens: a pattern's first mask has hundreds of candidates, so the walk is vectorised
     pairs = [a + b for a in "abcdefghijklmnopqrstuvwxyz" for b in "abcdefghijklmnopqrstuvwxyz"]
     v = Vocabulary.from_pieces(CROSSING + pairs, specials=["<end>"], stop=["<end>"])

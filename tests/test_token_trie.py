@@ -1,7 +1,8 @@
-"""The vocabulary's token trie (matcher.indexes.token_trie) and the first-visit walk over it
-(`_walk_from`): the trie holds every text token once, at the node its bytes spell; the walk
-finds exactly the tokens a token-by-token check accepts, from states of general grammars (where
-a state's text may run anywhere), JSON Schema and tool tables."""
+"""The vocabulary's token trie (matcher.indexes.token_trie, and token_nodes: the same trie depth
+first) and the first-visit walk over it (`_walk_from`: `_walk_nodes` where the matcher runs
+compiled, `_walk_levels` from source): the trie holds every text token once, at the node its
+bytes spell; both walks find exactly the tokens a token-by-token check accepts, from states of
+general grammars (where a state's text may run anywhere), JSON Schema and tool tables."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from railcall import Matcher, compiled_grammar, gbnf_grammar, lark_grammar, regex_grammar
 from railcall.bench.grammars import CALC_LARK, REGEXES, SHELL_LARK, SQL_LARK
 from railcall.grammar.schema import schema_grammar
-from railcall.matcher.indexes import runs, token_trie
+from railcall.matcher.indexes import runs, token_nodes, token_trie
 
 
 def test_runs_concatenates_ranges():
@@ -46,6 +47,34 @@ def test_every_token_sits_once_at_the_node_its_bytes_spell(request, name):
             assert sum(x.startswith(p) for x in sb) == len(under)
 
 
+@pytest.mark.parametrize("name", ["bytes_vocab", "bpe_vocab", "smollm2_vocab"])
+def test_the_depth_first_trie_spells_every_token_once_and_skips_whole_subtrees(request, name):
+    vocab = request.getfixturevalue(name)
+    nodes = token_nodes(vocab)
+    sb, sid = vocab.sorted_index
+    byte, depth, skip = nodes.byte.tolist(), nodes.depth.tolist(), nodes.skip.tolist()
+    n = len(byte)
+    assert n == sum(level.size for level in token_trie(vocab).byte)
+    path: list[int] = []
+    prefixes = []
+    for i in range(n):  # depth first: a node's depth is at most one more than the node before's
+        assert depth[i] <= len(path)
+        del path[depth[i]:]
+        path.append(byte[i])
+        prefixes.append(bytes(path))
+    assert len(set(prefixes)) == n  # one node per distinct prefix
+    assert prefixes == sorted(prefixes)  # depth first is sorted order
+    spelled = []
+    for i in range(n):
+        ends = nodes.ids[nodes.lo[i]:nodes.lo[i] + nodes.count[i]].tolist()
+        assert all(vocab.token_bytes[t] == prefixes[i] for t in ends)
+        spelled += ends
+    assert sorted(spelled) == sorted(sid.tolist())  # each text token once, no special
+    for i in random.Random(1).sample(range(n), min(300, n)):  # the subtree is exactly [i, skip)
+        inside = [j for j in range(i, min(n, skip[i] + 1)) if prefixes[j].startswith(prefixes[i])]
+        assert inside == list(range(i, skip[i]))
+
+
 GRAMMARS = {
     "calc": lambda: lark_grammar(CALC_LARK),
     "sql": lambda: lark_grammar(SQL_LARK),
@@ -71,10 +100,11 @@ def test_the_trie_walk_finds_what_a_token_by_token_check_accepts(smollm2_vocab, 
         for _ in range(12):
             a = m.g
             s = m.state
-            got = set(a._walk_from(s).tolist())
             memo: dict = {}
             want = {t for t in text_ids if a._accepts(s, tb[t], 0, memo)}
-            assert got == want, (name, sorted(got ^ want)[:10])
+            for walk in (a._walk_from, a._walk_nodes, a._walk_levels):
+                got = set(walk(s).tolist())
+                assert got == want, (name, walk.__name__, sorted(got ^ want)[:10])
             checked += 1
             legal = [t for t in m.legal_token_ids().tolist() if t not in vocab.stop_ids]
             if not legal:

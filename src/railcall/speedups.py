@@ -142,7 +142,8 @@ def cimports(module: str, root: Path = SRC) -> list[str]:
     p = declarations_path(module, root)
     if not p.exists():
         return []
-    return sorted({a or b for a, b in _CIMPORT.findall(p.read_text())})
+    found = {a or b for a, b in _CIMPORT.findall(p.read_text())}
+    return sorted(m for m in found if source_path(m, root).exists())  # not Cython's own (`cimport cython`)
 
 
 def source_hash(module: str, root: Path = SRC, memo: dict | None = None) -> str:

@@ -296,6 +296,7 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     sorted_lengths(vocab)
     prefix_reach(vocab)
     token_trie(vocab)
+    token_nodes(vocab)
     vocab._extra["prepared"] = True
     # The indexes (and the tokenizer's objects before them) live as long as the vocabulary. One
     # full collection now moves them to the oldest generation; otherwise the young-generation
@@ -402,6 +403,43 @@ def token_trie(vocab: Vocabulary) -> TokenTrie:
         child_lo.append(np.zeros(byte[-1].size, dtype=np.int64))
         child_hi.append(np.zeros(byte[-1].size, dtype=np.int64))
     hit = vocab._extra["token_trie"] = TokenTrie(*levels)
+    return hit
+
+
+class TokenNodes(NamedTuple):
+    """The token trie (TokenTrie) laid out depth first, for a walk node by node
+    (`transitions.TransitionTable._walk_nodes`): a node, then its subtree, then its next sibling.
+    Per node, (n,) arrays:"""
+
+    byte: np.ndarray  # uint8: the node's last byte
+    depth: np.ndarray  # int32: its prefix's length less one (0: a first byte)
+    skip: np.ndarray  # int32: the first node after its subtree (a dead byte jumps there)
+    lo: np.ndarray  # int32: the tokens that are exactly its prefix are ids[lo:lo + count]
+    count: np.ndarray  # int32
+    ids: np.ndarray  # (text tokens,) int64: vocab.sorted_index's ids
+
+
+def token_nodes(vocab: Vocabulary) -> TokenNodes:
+    """The vocabulary's token trie in depth-first order (see TokenNodes); once per vocabulary.
+    Sorting the trie's nodes by (first token under them, depth) gives the depth-first order:
+    a node comes after its ancestors (which share its first token, higher up) and before the
+    nodes of its subtree, whose first tokens fall inside its run of sorted tokens. A node's
+    own tokens are the first of that run (a text sorts before its extensions), so its subtree
+    ends at the first node whose run starts at or past the end of its own."""
+    hit = vocab._extra.get("token_nodes")
+    if hit is not None:
+        return hit
+    trie = token_trie(vocab)
+    depth = np.concatenate([np.full(b.size, d, dtype=np.int32) for d, b in enumerate(trie.byte)] or [np.zeros(0, np.int32)])
+    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)  # noqa: E731
+    lo, hi = cat(trie.under_lo), cat(trie.under_hi)
+    count = cat(trie.end_hi) - cat(trie.end_lo)
+    order = np.lexsort((depth, lo))
+    lo, hi = lo[order], hi[order]
+    hit = vocab._extra["token_nodes"] = TokenNodes(
+        byte=cat(trie.byte)[order].astype(np.uint8), depth=depth[order],
+        skip=np.searchsorted(lo, hi, "left").astype(np.int32), lo=lo.astype(np.int32),
+        count=count[order].astype(np.int32), ids=vocab.sorted_index[1])
     return hit
 
 

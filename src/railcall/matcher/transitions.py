@@ -16,10 +16,15 @@ from railcall.grammar.instructions import Lit, Select
 from railcall.grammar.numbers import JInt, JNum
 from railcall.grammar.strings import _JI, _JN, EXIT, JStr
 from railcall.matcher.completion import ForcedCompletions
-from railcall.matcher.indexes import runs, token_trie
+from railcall.matcher.indexes import runs, token_nodes, token_trie
 
 UNBUILT = -2  # a transition not computed yet
 DEAD = -1
+# Whether this module runs compiled (railcall.speedups): a first mask's walk of the token trie
+# then goes node by node in C (`_walk_nodes`, a few ns a node: ~0.3 ms for all of SmolLM2's
+# ~100k). From source the same loop costs ~0.5 µs a node, so there the walk goes level by level
+# in numpy (`_walk_levels`), paying a few µs per array operation instead.
+COMPILED = not __file__.endswith(".py")
 
 
 class TransitionTable(ForcedCompletions):
@@ -140,10 +145,60 @@ class TransitionTable(ForcedCompletions):
         return nxt
 
     def _walk_from(self, s: int) -> np.ndarray:
-        """Text tokens legal from `s`: a walk of the vocabulary's token trie (`indexes.TokenTrie`)
-        level by level, vectorised, each distinct prefix stepped once and a prefix's whole
-        subtree dropped where its byte is illegal; the last few tokens under what is still
-        alive are walked one by one (`_walk`)."""
+        """Text tokens legal from `s` (int64 ids): a walk of the vocabulary's token trie, each
+        distinct prefix stepped once and a prefix's whole subtree dropped where its byte is
+        illegal. `_walk_nodes` and `_walk_levels` give the same tokens; which runs is the
+        faster where this module runs (see COMPILED)."""
+        return self._walk_nodes(s) if COMPILED else self._walk_levels(s)
+
+    def _walk_nodes(self, s: int) -> np.ndarray:
+        """`_walk_from`, node by node in depth-first order (`indexes.TokenNodes`): a node's
+        state is its parent's stepped by its byte, read from the table (a transition not built
+        yet is built by `step`); a dead byte jumps past the node's subtree. Compiled, every
+        variable here is a C one (transitions.pxd), and the table is read in place."""
+        nodes = token_nodes(self.vocab)
+        byte, depth, skip, lo, count = nodes.byte, nodes.depth, nodes.skip, nodes.lo, nodes.count
+        ids = nodes.ids
+        n = byte.shape[0]
+        # states[d]: the state after the current node's first d bytes
+        states_np = np.empty(self.vocab.max_token_len + 1, dtype=np.int32)
+        states = states_np
+        states[0] = s
+        out_np = np.empty(ids.shape[0], dtype=np.int64)
+        out = out_np
+        k = 0
+        table = self._table
+        unbuilt = UNBUILT  # a C int here: the global is a Python object
+        i = 0
+        while i < n:
+            d = depth[i]
+            nxt = table[states[d], byte[i]]
+            if nxt == unbuilt:
+                nxt = self._built_step(states[d], byte[i])
+                table = self._table  # a new state may have grown (replaced) the table
+            if nxt < 0:
+                i = skip[i]
+                continue
+            states[d + 1] = nxt
+            j = lo[i]
+            end = j + count[i]
+            while j < end:
+                out[k] = ids[j]
+                k += 1
+                j += 1
+            i += 1
+        return out_np[:k].copy()
+
+    def _built_step(self, s: int, b: int) -> int:
+        """`step` for a transition the table does not hold yet: the state's dead bytes are
+        marked first (`_init_row`), so a walk steps in Python only the bytes some thread takes."""
+        if not self._row_init[s]:
+            self._init_row(s)
+        return self.step(s, b)
+
+    def _walk_levels(self, s: int) -> np.ndarray:
+        """`_walk_from`, level by level over the trie (`indexes.TokenTrie`), vectorised; the
+        last few tokens under what is still alive are walked one by one (`_walk`)."""
         v = self.vocab
         trie = token_trie(v)
         fb = self.first_bytes(s)
