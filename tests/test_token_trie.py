@@ -111,3 +111,37 @@ def test_the_trie_walk_finds_what_a_token_by_token_check_accepts(smollm2_vocab, 
                 break
             assert m.consume_token(rng.choice(legal))
     assert checked >= 12
+
+
+@pytest.mark.parametrize("name", ["calc", "email", "text", "japanese"])
+def test_a_transition_built_for_a_run_of_bytes_holds_for_each_byte_alone(smollm2_vocab, name):
+    """A lone regex thread builds one transition for a run of bytes that step alike
+    (`Instr.alike`: an ASCII interval of its automaton's row, or a character's continuation
+    bytes). After walks that filled the table so, every transition the table holds equals the
+    threads the instructions give for that byte alone."""
+    grammars = {**GRAMMARS, "japanese": lambda: gbnf_grammar('root ::= [ぁ-ゖァ-ヺ一-龯ー。、]+ ("\\n" [a-z0-9]{2,5})?')}
+    vocab = smollm2_vocab
+    compiled = compiled_grammar(grammars[name](), vocab)
+    rng = random.Random(3)
+    for _ in range(4):
+        m = Matcher(compiled)
+        for _ in range(10):
+            legal = [t for t in m.legal_token_ids().tolist() if t not in vocab.stop_ids]
+            if not legal:
+                break
+            assert m.consume_token(rng.choice(legal))
+    a = compiled.auto
+    from railcall.matcher import UNBUILT
+
+    checked = 0
+    for s in range(len(a._sets)):
+        for b in range(256):
+            held = int(a._table[s, b])
+            if held == UNBUILT:
+                continue
+            out: set = set()
+            for ins, loc, st in a._sets[s]:
+                ins.step(loc, st, b, out)
+            assert (a._sets[held] if held >= 0 else frozenset()) == frozenset(out), (name, s, b)
+            checked += 1
+    assert checked > 500

@@ -52,6 +52,12 @@ class Instr:
         """A stand-in for `local` in mask-cache keys: equal only where masks are provably equal."""
         return local
 
+    def alike(self, local, b: int):
+        """(lo, hi) with lo <= b < hi: a run of bytes that each step this thread to the threads
+        byte b steps it to, so the automaton builds one transition for the run (a digit: one
+        step for ten bytes); None where no other byte is known to."""
+        return None
+
     def special(self, local) -> int | None:
         return None
 

@@ -401,6 +401,22 @@ class Text(_Free):
         if nl is not None:
             self.arrive(nl, stack, out)
 
+    def alike(self, local, b):
+        # Between characters an ASCII byte is a character of its own, and where it lands depends
+        # only on the automaton state it steps to (the count is the local's): the bytes of its
+        # interval of the automaton's row land alike. Inside a character whose every completion
+        # lands alike (v < 0, see _same), every continuation byte steps alike.
+        k, _, x, v = local
+        if x != 0:
+            return (0x80, 0xC0) if v < 0 and 0x80 <= b < 0xC0 else None
+        if b >= 0x80:
+            return None
+        st, _ = self.dfa.row(k)
+        i = bisect_right(st, b) - 1
+        lo = st[i] if i >= 0 else 0
+        hi = st[i + 1] if i + 1 < len(st) else 0x80
+        return (lo, min(hi, 0x80)) if hi - lo > 1 else None
+
     def allowed(self, local):
         m = self._amask.get(local)
         if m is None and self.max is None:  # read off the automaton, not byte by byte (JPat's way)

@@ -81,11 +81,18 @@ class TransitionTable(ForcedCompletions):
         if r != UNBUILT:
             return r
         out: set = set()
-        for ins, loc, st in self._sets[s]:
+        threads = self._sets[s]
+        for ins, loc, st in threads:
             ins.step(loc, st, b, out)
         r = self._intern(frozenset(out)) if out else DEAD
+        # a lone thread (most states of a general grammar: one regex) may know a run of bytes
+        # that step as b does: one transition for all of them
+        run = ins.alike(loc, b) if len(threads) == 1 else None
         with self._lock:  # _intern may swap in a grown table: a write to the old one would be lost
-            self._table[s, b] = r
+            if run is None:
+                self._table[s, b] = r
+            else:
+                self._table[s, run[0]:run[1]] = r
         return r
 
     def specials(self, s: int) -> dict[int, int]:
