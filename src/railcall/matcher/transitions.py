@@ -1,3 +1,6 @@
+# cython: boundscheck=False, wraparound=False
+# (Compiled only; they concern typed memoryviews, which only _walk_nodes has: its indexes are in
+# range by construction, see there. A quarter off a walk of the whole trie.)
 """The DFA over thread sets: states interned from the threads they hold, their byte and special-
 token transitions, and the walk of the vocabulary's token trie that decides which token texts a
 state accepts.
@@ -162,7 +165,10 @@ class TransitionTable(ForcedCompletions):
         """`_walk_from`, node by node in depth-first order (`indexes.TokenNodes`): a node's
         state is its parent's stepped by its byte, read from the table (a transition not built
         yet is built by `step`); a dead byte jumps past the node's subtree. Compiled, every
-        variable here is a C one (transitions.pxd), and the table is read in place."""
+        variable here is a C one (transitions.pxd), and the table is read in place, unchecked: a
+        node's depth is below the longest token's length, and a state read from a table was
+        interned before it was written there, so it is a row of that table (a table is only
+        replaced, under the lock, by a longer one, and the walk reads it again after a step)."""
         nodes = token_nodes(self.vocab)
         byte, depth, skip, lo, count = nodes.byte, nodes.depth, nodes.skip, nodes.lo, nodes.count
         ids = nodes.ids
