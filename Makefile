@@ -104,7 +104,9 @@ llama-server: $(LLAMA_SERVER)
 
 $(LLAMA_SERVER): $(STAMP)
 	mkdir -p build/llama.cpp
-	test -d $(LLAMA_SRC) || ($(PIP) download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d build/llama.cpp \
+	# the whole source tree, not just grammars/ (`railcall bench grammars` unpacks only those)
+	test -f $(LLAMA_SRC)/CMakeLists.txt || ((test -f build/llama.cpp/llama_cpp_python-0.3.36.tar.gz \
+		|| $(PIP) download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d build/llama.cpp) \
 		&& tar xzf build/llama.cpp/llama_cpp_python-0.3.36.tar.gz -C build/llama.cpp)
 	cmake -S $(LLAMA_SRC) -B build/llama.cpp/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
 		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF $(LLAMA_CMAKE_ARGS) > build/llama.cpp/cmake.log
