@@ -36,7 +36,10 @@ one extension type whose fields are C fields, and its hot methods (and the mask 
 and a Matcher's per-token verbs) call each other directly (cpdef) rather than by name: on SmolLM2's
 vocabulary with 128 tools that took a fifth of the instructions off the slowest first masks, a
 third off the median one and an eighth off compile + prewarm. The .py stays the one place behaviour
-is written, and RAILCALL_PURE=1 runs it as it is. A module built against another's declarations
+is written, and RAILCALL_PURE=1 runs it as it is. One module asks which way it runs:
+`matcher.transitions` walks the token trie node by node where it is compiled and by level in
+numpy where it is not (`COMPILED`); the two walks give the same tokens (tests/test_token_trie.py
+runs both). A module built against another's declarations
 (the automaton extends its bases' types) has a source hash that covers theirs (`source_hash`), so
 an edit of either rebuilds both, and it runs compiled only where they do (an extension type cannot
 extend a class loaded from source).
