@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from railcall import speedups
 from railcall.bitmask import pack_ids
 from railcall.grammar.numbers import NUM_FINAL, NUM_NEXT
 from railcall.grammar.strings import EXIT, JSTR_INC, JSTR_NEXT, N_SUB
@@ -295,8 +296,12 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     jnum_ext(vocab)
     sorted_lengths(vocab)
     prefix_reach(vocab)
-    token_trie(vocab)
-    token_nodes(vocab)
+    # the token trie as the first-mask walk reads it (transitions.COMPILED): depth first where
+    # the matcher runs compiled, by level from source; not both (Gemma 3: 10 MB and 37 MB)
+    if "railcall.matcher.transitions" in speedups.status()["compiled"]:
+        token_nodes(vocab)
+    else:
+        token_trie(vocab)
     vocab._extra["prepared"] = True
     # The indexes (and the tokenizer's objects before them) live as long as the vocabulary. One
     # full collection now moves them to the oldest generation; otherwise the young-generation
@@ -365,8 +370,13 @@ def token_trie(vocab: Vocabulary) -> TokenTrie:
     over the tokens steps every token's every byte (SmolLM2: ~100k nodes against ~332k bytes),
     and drops a prefix's whole subtree where its byte is illegal."""
     hit = vocab._extra.get("token_trie")
-    if hit is not None:
-        return hit
+    if hit is None:
+        hit = vocab._extra["token_trie"] = _trie_levels(vocab)
+    return hit
+
+
+def _trie_levels(vocab: Vocabulary) -> TokenTrie:
+    """`token_trie`, built (not cached)."""
     _, sid = vocab.sorted_index
     lens = vocab.lengths[sid]
     B = vocab.byte_matrix
@@ -402,8 +412,7 @@ def token_trie(vocab: Vocabulary) -> TokenTrie:
     if byte:  # the deepest level has no children
         child_lo.append(np.zeros(byte[-1].size, dtype=np.int64))
         child_hi.append(np.zeros(byte[-1].size, dtype=np.int64))
-    hit = vocab._extra["token_trie"] = TokenTrie(*levels)
-    return hit
+    return TokenTrie(*levels)
 
 
 class TokenNodes(NamedTuple):
@@ -429,7 +438,7 @@ def token_nodes(vocab: Vocabulary) -> TokenNodes:
     hit = vocab._extra.get("token_nodes")
     if hit is not None:
         return hit
-    trie = token_trie(vocab)
+    trie = vocab._extra.get("token_trie") or _trie_levels(vocab)  # kept only where walks go by level
     depth = np.concatenate([np.full(b.size, d, dtype=np.int32) for d, b in enumerate(trie.byte)] or [np.zeros(0, np.int32)])
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)  # noqa: E731
     lo, hi = cat(trie.under_lo), cat(trie.under_hi)
