@@ -94,7 +94,8 @@ def test_it_is_the_default_for_a_gguf_and_reads_the_file_in_place(lm):
 def test_greedy_equals_llama_cpps_own_generation(lm, vocab, prompts):
     """Token for token, with no grammar: railcall's loop over the backend against
     llama-cpp-python's `Llama.generate` at temperature 0 on the same prompt ids. Each side starts
-    from an empty cache (llama.cpp's sums depend on where a sequence's cells lie, see NEAR_TIE)."""
+    from an empty cache (llama.cpp's sums depend on where a sequence's cells lie, see NEAR_TIE),
+    and feeds a token a pass (a draft's passes have other shapes: tests/test_draft.py)."""
     import llama_cpp
 
     from railcall.models.llama import LlamaBackend, LlamaModel
@@ -108,11 +109,31 @@ def test_greedy_equals_llama_cpps_own_generation(lm, vocab, prompts):
                 break
             want.append(t)
         fresh = LlamaModel(lm.model.path, threads=2)
-        got = generate(LlamaBackend(fresh), vocab, p, None, SamplingParams(max_tokens=40)).tokens
+        got = generate(LlamaBackend(fresh), vocab, p, None, SamplingParams(max_tokens=40), draft=0).tokens
         fresh.close()
         got = [t for t in got if t not in vocab.stop_ids]
         assert got == want, (vocab.decode(got), vocab.decode(want))
     own.close()
+
+
+def test_drafts_equal_runs_without_them(lm, vocab, grammar, prompts):
+    """A row that drafts (the forced tokens and looked-up ones in the pass of its next token)
+    writes what it writes a pass a token, up to a near-tie (a draft's pass has another shape),
+    in fewer passes; the sequence's cells end holding the prompt and the decided tokens only."""
+    params = SamplingParams(max_tokens=40, top_logprobs=2)
+    same, passes, plain_passes = [], 0, 0
+    for i, p in enumerate(prompts + [prompts[0] + vocab.encode(" Paris, Paris, Paris.")]):
+        m = (lambda: Matcher(grammar)) if i % 2 == 0 else (lambda: None)
+        want = generate(lm.backend(), vocab, p, m(), params, draft=0)
+        backend = lm.backend()
+        got = generate(backend, vocab, p, m(), params, draft=8)
+        same.append(same_run(got, want))
+        passes, plain_passes = passes + got.forward_passes, plain_passes + want.forward_passes
+        held = lm.model._ll.llama_memory_seq_pos_max(lm.model._mem, backend.seq) + 1
+        assert held == len(backend._tokens) and backend._tokens == p + got.tokens[: held - len(p)]
+        assert held >= len(p) + len(got.tokens) - 1
+    assert sum(same) >= len(same) // 2, same  # the rest diverged at a near-tie (same_run asserts it)
+    assert passes < plain_passes
 
 
 def test_batched_rows_equal_the_same_rows_alone(lm, vocab, grammar, prompts):

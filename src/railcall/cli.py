@@ -645,6 +645,10 @@ def serve(
     threads: Optional[int] = typer.Option(None, "--threads", help="llama.cpp's or torch's threads (default: every core; on a machine "
                                           "other processes keep busy, fewer threads than cores avoids OpenMP "
                                           "spin-waits: one row beside one busy process took 68 ms per step with 1 thread, 720 ms with 2)."),
+    draft: int = typer.Option(8, "--draft", help="On llama.cpp, a row feeds the tokens the grammar forces next and up to this "
+                                                 "many tokens looked up in its prompt and output in the same forward pass as "
+                                                 "its next token; each one it then writes saves a pass. 0: none (a pass a "
+                                                 "decision, forced runs fed the step after)."),
     engine_memory_mb: int = typer.Option(64, "--engine-memory-mb",
                                          help="Memory for the grammar engine's state shared by every request's "
                                               "grammar (automaton states, masks); past it, older state is dropped "
@@ -674,6 +678,8 @@ def serve(
         return
     if max_pending < 1 or max_body < 1 or max_string < 1 or max_rows < 1:
         _fail(ValueError("--max-pending, --max-body, --max-string and --max-rows must be at least 1"))
+    if draft < 0:
+        _fail(ValueError("--draft must be 0 (no drafts) or more"))
     if prefix_cache_mb < 0:
         _fail(ValueError("--prefix-cache-mb must be 0 (off) or more"))
     if engine_memory_mb < 1:
@@ -699,7 +705,7 @@ def serve(
     try:
         run_server(model, host=host, port=port, api_key=api_key or None, max_pending=max_pending, max_body=max_body,
                    max_string=max_string, max_rows=max_rows, prefix_cache_bytes=prefix_cache_mb << 20,
-                   call_format=call_format, names=names or None, engine_bytes=engine_memory_mb << 20)
+                   call_format=call_format, names=names or None, engine_bytes=engine_memory_mb << 20, draft=draft)
     except RailcallError as e:
         _fail(e)
 

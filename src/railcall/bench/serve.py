@@ -93,11 +93,13 @@ class Server:
 
 
 def railcall_server(port: int, prefix_cache_mb: int = 256, log: Path | None = None, threads: int | None = None,
-                    backend: str = "auto", name: str | None = None) -> Server:
+                    backend: str = "auto", name: str | None = None, draft: int | None = None) -> Server:
     argv = [sys.executable, "-m", "railcall.cli", "serve", "--port", str(port), "--max-rows", "16",
             "--max-pending", "64", "--prefix-cache-mb", str(prefix_cache_mb), "--backend", backend]
     if threads:
         argv += ["--threads", str(threads)]
+    if draft is not None:
+        argv += ["--draft", str(draft)]
     return Server(name or ("railcall" if prefix_cache_mb else "railcall (no prefix cache)"), argv, port,
                   {"HF_HUB_OFFLINE": "1"}, log)
 
@@ -293,6 +295,8 @@ def run(out: Path, *, vllm_python: Path | None, levels=LEVELS, per_client: int =
                      "max_tokens": MAX_TOKENS, "cpus": os.cpu_count(), "threads": threads or os.cpu_count(),
                      "load_average_before": [round(x, 2) for x in os.getloadavg()], "servers": {}}
     plans = [("railcall", lambda p: railcall_server(p, 256, out / "railcall-serve.log", threads), True),
+             ("railcall, no drafts", lambda p: railcall_server(p, 256, out / "railcall-nodraft-serve.log", threads,
+                                                               name="railcall, no drafts", draft=0), True),
              ("railcall (no prefix cache)", lambda p: railcall_server(p, 0, out / "railcall-nocache-serve.log", threads),
               False)]
     if transformers:

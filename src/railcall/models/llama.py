@@ -376,11 +376,12 @@ class LlamaModel:
         ptr = ll.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(wants, self.width)).copy()
 
-    def run(self, seq: int, tokens: Sequence[int], start: int, *, logits: str = "last"):
-        """Append `tokens` to sequence `seq` from position `start`; logits "last" (1, width) or
-        "all" (len(tokens), width)."""
+    def run(self, seq: int, tokens: Sequence[int], start: int, *, logits: str | int = "last"):
+        """Append `tokens` to sequence `seq` from position `start`; logits "last" (1, width),
+        "all" (len(tokens), width), or the last k tokens' (k, width)."""
         n = len(tokens)
-        items = [((seq,), int(t), start + i, logits == "all" or i == n - 1) for i, t in enumerate(tokens)]
+        k = 1 if logits == "last" else n if logits == "all" else int(logits)
+        items = [((seq,), int(t), start + i, i >= n - k) for i, t in enumerate(tokens)]
         return self.decode(items)
 
     def branch_logits(self, seq: int, length: int, branches: Sequence[Sequence[int]]) -> list:
@@ -537,16 +538,16 @@ class LlamaBatch:
         self.pos.append(m if src is not None else 0)
         return self.pos[-1]
 
-    def feed(self, tokens: Sequence[Sequence[int]], wants: Sequence[bool] | None = None):
-        """Append tokens[i] to row i, every row in one decode; the logits after the last token of
-        each row that wants them (all where `wants` is None; a row wanting none may feed none:
-        a prompt's chunk, or a row held this step), in row order. All or nothing: where the
-        decode fails, no row keeps a cell of it."""
+    def feed(self, tokens: Sequence[Sequence[int]], wants: Sequence[int] | None = None):
+        """Append tokens[i] to row i, every row in one decode; the logits after the last wants[i]
+        tokens of row i (one where `wants` is None; a draft wants more; a row wanting none may
+        feed none: a prompt's chunk, or a row held this step), in row order. All or nothing:
+        where the decode fails, no row keeps a cell of it."""
         items = []
         for b, (s, p, toks) in enumerate(zip(self.seqs, self.pos, tokens)):
             n = len(toks)
-            want = True if wants is None else wants[b]
-            items.extend(((s,), int(t), p + i, want and i == n - 1) for i, t in enumerate(toks))
+            want = 1 if wants is None else int(wants[b])
+            items.extend(((s,), int(t), p + i, i >= n - want) for i, t in enumerate(toks))
         if not items:
             return np.zeros((0, self.width), dtype=np.float32)
         try:
@@ -558,6 +559,12 @@ class LlamaBatch:
         self.pos = [p + len(t) for p, t in zip(self.pos, tokens)]
         self.forward_passes += 1
         return logits
+
+    def drop(self, b: int, n: int) -> None:
+        """Forget row b's last `n` fed tokens (their cells freed): draft tokens it did not decide."""
+        if n:
+            self.pos[b] -= n
+            self.model._ll.llama_memory_seq_rm(self.model._mem, self.seqs[b], self.pos[b], -1)
 
     def keep(self, rows: Sequence[int]) -> None:
         """The batch becomes rows `rows` of the current one, in order: a row not named leaves (its
@@ -638,12 +645,19 @@ class LlamaBackend:
         return self.feed(prompt[m:], keep=1)[-1]
 
     def feed(self, tokens, keep: int = 0):
-        """Append tokens; (len(tokens), width) logits (only the last row's when keep == 1)."""
+        """Append tokens; (len(tokens), width) logits, or the last `keep` rows' where keep > 0."""
         tokens = [int(t) for t in tokens]
-        out = self.model.run(self.seq, tokens, len(self._tokens), logits="last" if keep == 1 else "all")
+        out = self.model.run(self.seq, tokens, len(self._tokens), logits=keep if keep > 0 else "all")
         self._tokens.extend(tokens)
         self.forward_passes += 1
         return out
+
+    def drop(self, n: int) -> None:
+        """Forget the last `n` fed tokens (their cells freed): a draft's tokens the row did not decide."""
+        if n:
+            end = len(self._tokens) - n
+            self.model._ll.llama_memory_seq_rm(self.model._mem, self.seq, end, -1)
+            del self._tokens[end:]
 
     def branch_logits(self, branches):
         self.forward_passes += 1

@@ -43,7 +43,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from railcall.models.backend import TransformersBatch
-from railcall.runtime.decode import Generation, Row, SamplingParams
+from railcall.runtime.decode import DRAFT_TOKENS, Generation, Row, SamplingParams
 
 
 class OneRowBatch:
@@ -249,7 +249,7 @@ class BatchLoop:
 
     def __init__(self, model, vocab, *, max_rows: int = 16, prefix_cache: PrefixCache | None = None,
                  prefill_tokens: int = 2048, step_tokens: int = 32, fair: bool = True,
-                 new_batch: Callable[[], object] | None = None):
+                 new_batch: Callable[[], object] | None = None, draft: int = DRAFT_TOKENS):
         self.model = model
         # what runs the rows: a TransformersBatch over `model` by default, or any object with its
         # verbs (start, start_cached, feed, keep, join, row_kv; OneRowBatch for a single sequence)
@@ -263,6 +263,7 @@ class BatchLoop:
         self.prefill_tokens = prefill_tokens
         self.step_tokens = max(1, step_tokens)
         self.fair = fair
+        self.draft = draft  # draft tokens a row feeds a step, where the batch can drop them (chunked)
         self.pad_id = vocab.eos_id if vocab.eos_id is not None else 0
         self.waiting: collections.deque[tuple[list[int], Row]] = collections.deque()
         self._slots: list[_Slot] = []  # the batch's rows, in batch order
@@ -336,6 +337,10 @@ class BatchLoop:
                 row.error = e
                 row.end("error")
                 feed = []
+            if row.unfed:  # draft tokens the row did not decide: their cells go
+                self._lm.drop(b, row.unfed)
+                del s.tokens[-row.unfed:]
+                row.unfed = 0
             if feed:
                 feeds[b] = feed
                 continue
@@ -395,19 +400,19 @@ class BatchLoop:
         if not self._chunked:
             fed = [feeds[b] for b in range(len(slots))]
             logits = self._lm.feed(fed)
-            self._took(run, feeds, logits, list(range(len(slots))))
+            self._took(run, feeds, logits, dict.fromkeys(range(len(slots)), 1))
             return
         tokens, wants = [], []
         for b, s in enumerate(slots):
             if b in feeds:
                 tokens.append(feeds[b])
-                wants.append(True)
+                wants.append(s.rows[0].wants)
             elif b in run:
                 tokens.append(s.prompt[s.done: s.done + run[b]])
-                wants.append(s.done + run[b] == len(s.prompt))
+                wants.append(int(s.done + run[b] == len(s.prompt)))
             else:
                 tokens.append([])
-                wants.append(False)
+                wants.append(0)
         try:
             logits = self._lm.feed(tokens, wants)
         except Exception as e:
@@ -435,13 +440,18 @@ class BatchLoop:
             if not feeds and not going:
                 return
             return self._pass({**dict.fromkeys(feeds, 1), **going}, feeds, ended)
-        self._took(run, feeds, logits, [b for b, w in enumerate(wants) if w])
+        self._took(run, feeds, logits, {b: w for b, w in enumerate(wants) if w})
 
-    def _took(self, run, feeds, logits, wanted: list[int]) -> None:
-        """Book a pass: running rows get their next logits; prompts that finished filling become
-        rows (copied, one per row riding along: n > 1 shares the prefill's cells)."""
+    def _took(self, run, feeds, logits, wanted: dict[int, int]) -> None:
+        """Book a pass: running rows get their next logits (`wanted`: slot -> rows of `logits`
+        it asked for, in slot order; more than one after a draft); prompts that finished filling
+        become rows (copied, one per row riding along: n > 1 shares the prefill's cells)."""
         self.forward_passes += 1
-        at = {b: j for j, b in enumerate(wanted)}
+        at, j = {}, 0
+        for b in sorted(wanted):
+            k = wanted[b]
+            at[b] = j if k == 1 else slice(j, j + k)
+            j += k
         split = []
         for b, n in run.items():
             s = self._slots[b]
@@ -544,7 +554,10 @@ class BatchLoop:
 
     def _begin(self, prompt: list[int], row: Row, group) -> None:
         """Chunked admission of one row: ride along with a filling slot of the same prompt, or
-        start a slot holding the longest known prefix (a batch row's, else the prefix cache's)."""
+        start a slot holding the longest known prefix (a batch row's, else the prefix cache's).
+        The row drafts (`Row.advance`) where it left the choice to the loop."""
+        if row.draft is None and self.draft and hasattr(self._lm, "drop"):
+            row.draft, row.prompt = self.draft, np.asarray(prompt, dtype=np.int64)
         for s in self._slots:
             if not s.ready and s.prompt == prompt:
                 s.rows.append(row)

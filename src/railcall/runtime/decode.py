@@ -14,6 +14,11 @@ fast-forward, stop strings, penalties, the token ceiling -- it does the same in 
 - Fast-forward: where the grammar dictates the next tokens (`Matcher.forced_tokens`), they are
   fed in one forward pass instead of one pass per token; the passes saved are counted. A forced
   token's logprob is 0.0: under the masked distribution it was the only legal token.
+- Drafts (`Row(draft=N)`; on llama.cpp by default, whose cells can be dropped): after its decided
+  tokens a row feeds, in the same pass, the tokens the grammar forces next and up to N tokens
+  looked up in its prompt and output; the next step decides from the logits after each of them
+  as it would a step at a time and keeps the draft while it agrees (`Row.advance`). Each token
+  kept saves a pass; the cells of the rest are dropped (`unfed`).
 - Token ceiling (`SamplingParams.cut`): what happens to a call or answer that `max_tokens` would
   cut. "fit" (the default): as the budget runs out, a token is legal only if the grammar's
   shortest close still fits after it (`Matcher.finish`'s length in this vocabulary's tokens, an
@@ -71,6 +76,14 @@ FIT_TRIES = 8
 # (a cut: what it writes, the model did not rank).
 FIT_SCAN = 512
 FIT_KEEP = 16
+# Drafts (`Row.advance`): besides the tokens the grammar forces, at most DRAFT_TOKENS looked-up
+# tokens a step, DRAFT_FIRST after a draft the row did not take whole (doubling while it does),
+# found by the context's last n tokens, n from DRAFT_NGRAM[1] down to DRAFT_NGRAM[0]. On 2 cores a
+# SmolLM2 pass of one token costs ~14 ms and each further token ~3 ms: a wrong draft is cheap, a
+# right one saves a pass a token.
+DRAFT_TOKENS = 8
+DRAFT_FIRST = 2
+DRAFT_NGRAM = (1, 4)
 
 
 @dataclass
@@ -127,6 +140,8 @@ class Generation:
     grammar_error: str = ""
     stop_string: str | None = None  # the stop string that ended generation (cut from text)
     prompt_cached: int = 0  # prompt tokens whose KV came from the prefix cache
+    drafted: int = 0  # draft tokens fed after the decided ones (`Row.advance`)
+    accepted: int = 0  # draft tokens the row then decided: passes saved beyond passes_saved
 
     @property
     def tokens_per_s(self) -> float:
@@ -218,7 +233,8 @@ class Row:
 
     def __init__(self, vocab, matcher=None, params: SamplingParams | None = None, *, fast_forward: bool = True,
                  on_step: Callable[[Step], None] | None = None, cancelled: Callable[[], bool] | None = None,
-                 decided: Callable[[list[int]], bool] | None = None, seed: int | None = None, router=None):
+                 decided: Callable[[list[int]], bool] | None = None, seed: int | None = None, router=None,
+                 draft: int | None = None, prompt: Sequence[int] = ()):
         self.vocab = vocab
         self.matcher = matcher
         self.params = p = params or SamplingParams()
@@ -257,6 +273,17 @@ class Row:
         # apply to the free text only: one would cut a call's JSON in two.
         self._in_free = getattr(matcher, "in_free_text", None)
         self._free_from = 0
+        # Drafting (`advance`, `_drafted`): up to `draft` tokens a step beyond the decided ones
+        # (0: none; None: the loop's choice, made where its backend can drop cells). Not with
+        # scored routing, which scores names on the row's cells: they must hold no draft's.
+        self.draft = draft if router is None else 0
+        self.prompt = np.asarray(prompt, dtype=np.int64)  # where drafts are looked up, with the output
+        self._draft: list[int] = []  # the tokens after the decided ones in the last feed
+        self.unfed = 0  # fed tokens the last advance did not decide: their cells go before its feed
+        self.drafted = 0  # draft tokens fed
+        self._forced_ahead = 0  # how many of the draft's first tokens the grammar forces
+        self._reach = DRAFT_FIRST  # looked-up tokens the next draft may hold: doubles while all are right
+        self.accepted = 0  # draft tokens the row decided as drafted (each saved a pass)
 
     def generator(self, logits):
         """The row's random generator for `logits`' kind: a numpy Generator for numpy logits, a
@@ -273,7 +300,112 @@ class Row:
     # -- one step ----------------------------------------------------------------------------
     def advance(self, logits) -> list[int]:
         """This step's tokens, given the (width,) logits after the last fed token; returns the
-        tokens to feed (forced ones together), or [] when the row has ended."""
+        tokens to feed (forced ones together, then a draft where the row drafts), or [] when the
+        row has ended.
+
+        Where the last feed ended with a draft, `logits` holds `wants` rows: the logits after the
+        draft's forced part (or after the last decided token where it has none) and after each
+        looked-up token. The row decides from them one step after another, exactly as it would
+        without the draft (a forced step reads no logits), while what it decides is what the
+        draft holds; `unfed` is then how many fed tokens it did not decide (the loop drops their
+        cells before this feed)."""
+        self.unfed = 0
+        draft, self._draft = self._draft, []
+        if not draft:
+            return self._drafted(self._decide(logits))
+        forced = self._forced_ahead
+        if logits.ndim == 1:
+            logits = logits[None]
+        j = 0  # draft tokens decided so far
+        while True:
+            # the logits after draft[j - 1]: none inside the forced part, whose steps read none
+            out = self._decide(logits[j - forced] if j >= forced else None)
+            left = len(draft) - j
+            k = 0
+            while k < min(len(out), left) and out[k] == draft[j + k]:
+                k += 1
+            if out and k == len(out) and k < left:  # all of it is fed already, and the draft goes on
+                j += k
+                continue
+            if out and k == left == len(out):  # the decision ends where the draft does: decide again
+                j = len(draft)
+                continue
+            break
+        j += k
+        self.accepted += j
+        if len(draft) > forced:  # the looked-up part grows while the row takes all of it
+            self._reach = min(2 * self._reach, self.draft) if j == len(draft) else DRAFT_FIRST
+        self.unfed = len(draft) - j
+        return self._drafted(out[k:]) if out else []
+
+    @property
+    def wants(self) -> int:
+        """Rows of logits the last feed wants: after its last token, and after each looked-up
+        draft token before it (`advance`)."""
+        return 1 + len(self._draft) - self._forced_ahead if self._draft else 1
+
+    def _drafted(self, feed: list[int]) -> list[int]:
+        """`feed`, then a draft of tokens the row will likely decide next, fed in the same pass
+        so that each one it decides saves a pass of its own: the tokens the grammar forces after
+        `feed` (all of them: sure to be decided), then up to `_reach` tokens that followed the
+        latest earlier occurrence of the context's last few tokens in the prompt and output
+        (prompt-lookup drafting, `_lookup`), kept while the grammar allows them. A pass of one
+        token costs less than one of two (one SmolLM2 token ~14 ms on 2 cores, two ~19, each
+        further ~2.3), so a lone token gets a looked-up draft only on a match of several tokens
+        or after a draft the row took whole. Exact: the row decides from the same logits in the
+        same order as without a draft (one draw per decided token when it samples), up to
+        llama.cpp's differences between pass shapes (tests/test_draft.py)."""
+        self._forced_ahead = 0
+        if not feed or not self.draft or self.ended:
+            return feed
+        room = self.params.max_tokens - len(self.out)
+        if room <= 0:
+            return feed
+        m = self.matcher
+        before = m.num_consumed() if m is not None else 0
+        draft: list[int] = []
+        try:
+            if m is not None and self.fast_forward:
+                for t in m.forced_tokens()[:room]:
+                    m.consume_token(t)
+                    draft.append(t)
+            forced = len(draft)
+            n, tail = self._lookup(draft, min(room - forced, self._reach))
+            if len(feed) + forced > 1 or n > 1 or self._reach > DRAFT_FIRST:
+                for t in tail:
+                    if t in self.stops or (m is not None and (m.is_done() or not m.consume_token(t))):
+                        break
+                    draft.append(t)
+        finally:
+            if m is not None:
+                m.rollback(m.num_consumed() - before)
+        if draft:
+            self._draft = draft
+            self._forced_ahead = forced
+            self.drafted += len(draft)
+        return feed + draft
+
+    def _lookup(self, ahead: list[int], room: int) -> tuple[int, list[int]]:
+        """(n, up to `room` tokens that followed the latest earlier occurrence of the context's
+        last n tokens), n from DRAFT_NGRAM[1] down to DRAFT_NGRAM[0], the first that occurs; the
+        context is the prompt, the output and `ahead` (draft tokens already chosen)."""
+        if room <= 0:
+            return 0, []
+        ctx = np.concatenate((self.prompt, np.asarray(self.out, dtype=np.int64), np.asarray(ahead, dtype=np.int64)))
+        size = len(ctx)
+        for n in range(min(DRAFT_NGRAM[1], size - 1), DRAFT_NGRAM[0] - 1, -1):
+            tail = ctx[size - n:]
+            hits = np.flatnonzero(ctx[: size - n] == tail[0])
+            for i in range(1, n):
+                hits = hits[ctx[hits + i] == tail[i]]
+            if len(hits):
+                at = int(hits[-1]) + n
+                return n, ctx[at: at + room].tolist()
+        return 0, []
+
+    def _decide(self, logits) -> list[int]:
+        """One step without drafts: the tokens decided from the (width,) logits after the last
+        decided token (forced ones together), or [] when the row has ended."""
         if self.ended:
             return []
         p, m = self.params, self.matcher
@@ -635,26 +767,40 @@ class Row:
             finish_reason=self.finish_reason, cut=self.cut, truncated=self.truncated, fitted=self.fitted,
             forward_passes=self.passes, passes_saved=self.saved,
             seconds=self.seconds, grammar_error=m.error_message if m is not None else "",
-            stop_string=self._stop_at[1] if self._stop_at else None, prompt_cached=self.prompt_cached)
+            stop_string=self._stop_at[1] if self._stop_at else None, prompt_cached=self.prompt_cached,
+            drafted=self.drafted, accepted=self.accepted)
 
 
 def generate(backend, vocab, prompt: Sequence[int], matcher=None, params: SamplingParams | None = None, *,
              fast_forward: bool = True, batch_forced: bool = True,
              on_step: Callable[[Step], None] | None = None,
-             cancelled: Callable[[], bool] | None = None, router=None) -> Generation:
+             cancelled: Callable[[], bool] | None = None, router=None, draft: int | None = None) -> Generation:
     """Generate from `prompt` on a single-sequence backend (`start`/`feed`); constrained by
     `matcher` if given (see the module docstring). With `batch_forced=False` forced tokens are
     fed one pass at a time (the reference path for fast-forward). `router`: a
-    `railcall.heuristics.routing.NameRouter` for scored routing (its scorer runs on this backend)."""
+    `railcall.heuristics.routing.NameRouter` for scored routing (its scorer runs on this backend).
+    `draft`: tokens drafted a step (`Row.advance`; None: DRAFT_TOKENS where the backend can
+    `drop` fed tokens, else 0)."""
     if router is not None and router.score is None:
         from railcall.heuristics.routing import branch_scorer
 
         router.score = branch_scorer(backend)
-    row = Row(vocab, matcher, params, fast_forward=fast_forward, on_step=on_step, cancelled=cancelled, router=router)
+    drops = hasattr(backend, "drop") and batch_forced
+    draft = (DRAFT_TOKENS if drops else 0) if draft is None else draft
+    if draft and not drops:
+        raise ValueError("drafts need a backend that can drop fed tokens (llama.cpp) and batch_forced")
+    row = Row(vocab, matcher, params, fast_forward=fast_forward, on_step=on_step, cancelled=cancelled, router=router,
+              draft=draft, prompt=prompt)
     logits = backend.start(prompt)
     row.prompt_cached = int(getattr(backend, "last_cached", 0) or 0)
     while feed := row.advance(logits):
-        if batch_forced or len(feed) == 1:
+        if row.unfed:
+            backend.drop(row.unfed)
+        if drops:
+            logits = backend.feed(feed, keep=row.wants)
+            logits = logits if row.wants > 1 else logits[-1]
+            row.passes += 1
+        elif batch_forced or len(feed) == 1:
             logits = backend.feed(feed)[-1]
             row.passes += 1
         else:
@@ -662,4 +808,6 @@ def generate(backend, vocab, prompt: Sequence[int], matcher=None, params: Sampli
                 logits = backend.feed([t])[-1]
             row.passes += len(feed)
             row.saved -= len(feed) - 1
+    if row.unfed:  # the row ended inside its draft
+        backend.drop(row.unfed)
     return row.generation()

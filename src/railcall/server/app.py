@@ -542,14 +542,15 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
           max_pending: int = 32, max_body: int = DEFAULT_MAX_BODY, max_string: int = MAX_STRING,
           max_rows: int = 16, prefix_cache_bytes: int = 256 << 20, log_level: str = "info",
           call_format: str | None = None, names: list[str] | None = None,
-          engine_bytes: int | None = ENGINE_BYTES) -> None:
+          engine_bytes: int | None = ENGINE_BYTES, draft: int | None = None) -> None:
     """Load `model` and serve it until interrupted (what `railcall serve` runs). `max_string`:
     the most characters a generated string whose schema gives no maxLength may have; `max_rows`:
     requests decoded together; `prefix_cache_bytes`: the prefix cache's budget (0: off);
     `engine_bytes`: the budget of the engine's state shared by every request's grammar
     (`matcher.set_memory_budget`; `ENGINE_BYTES`; None: the engine's own 512 MiB);
     `call_format`: the calls' format where a request names none (default: the model's own);
-    `names`: the model names requests may use (default: `model_names`)."""
+    `names`: the model names requests may use (default: `model_names`); `draft`: tokens a row
+    drafts a step (`railcall.runtime.decode.Row.advance`; None: DRAFT_TOKENS)."""
     import uvicorn
 
     from railcall.runtime.batch import PrefixCache
@@ -570,6 +571,8 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
         raise ModelError(f"--max-rows {max_rows}: the llama.cpp context holds {sequences} sequences, for the rows, "
                          f"their copies (n > 1) and the prefix cache; use at most {sequences // 2} rows")
     served.max_rows = max_rows
+    if draft is not None:
+        served.draft = draft
     served.prefix_cache = PrefixCache(served.prefix_budget(prefix_cache_bytes)) if prefix_cache_bytes > 0 else None
     app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body, names=names)
     from railcall.server.protocol import uvicorn_config

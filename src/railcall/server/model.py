@@ -5,6 +5,7 @@ prompt ids."""
 from __future__ import annotations
 
 from railcall.runtime.batch import OneRowBatch, PrefixCache
+from railcall.runtime.decode import DRAFT_TOKENS
 from railcall.errors import RequestError
 from railcall.matcher import MAX_STRING
 from railcall.output import Delimiters
@@ -53,6 +54,7 @@ class ServedModel:
         # Rows decoded together per forward pass: on 2 cores a pass over 8 rows costs about 1.5x
         # a pass over one, over 16 about 2x (memory-bound: the weights are read once per pass).
         self.max_rows = 16
+        self.draft = DRAFT_TOKENS  # tokens a row drafts a step where the batch can drop them (llama.cpp)
         self.prefix_cache: PrefixCache | None = PrefixCache(self.prefix_budget(256 << 20))
 
     def prefix_budget(self, max_bytes: int) -> int:
