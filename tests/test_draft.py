@@ -213,3 +213,67 @@ def test_serve_refuses_a_negative_draft():
 
     r = CliRunner().invoke(app, ["serve", "--draft", "-1"])
     assert r.exit_code == 2 and "--draft" in r.output
+
+
+def test_draft_caps_every_looked_up_draft(vocab):
+    """`draft=1` feeds at most one looked-up token a step, from the first draft on."""
+    model = CopyModel(vocab.logits_width)
+    backend = CopyBackend(model)
+    prompt = [5, 6, 7, 8, 9] * 4
+    generate(backend, vocab, prompt, None, SamplingParams(max_tokens=20), draft=1)
+    assert max(keep for _, keep in backend.passes) <= 2
+
+
+def test_a_pass_the_cells_cannot_hold_runs_again_without_the_drafts(vocab):
+    """Where a pass with a draft does not fit the cells, it runs again without the draft, and
+    the row decides as it would have: drafts are a saving, never a reason to fail. The cells
+    here hold the prompt and every token the row feeds without drafts, not one more."""
+    model = CopyModel(vocab.logits_width)
+    prompt, n = PROMPTS[2], 24
+    refused = [0]
+
+    def run(draft: int, cells: int):
+        batch = CopyBatch(model, [])
+        plain_feed = batch.feed
+
+        def feed(tokens, wants=None):  # a cache of `cells` cells in all
+            if sum(map(len, batch.rows)) + sum(map(len, tokens)) > cells:
+                refused[0] += 1
+                raise RuntimeError("the KV cells are full")
+            return plain_feed(tokens, wants)
+
+        batch.feed = feed
+        loop = BatchLoop(None, vocab, max_rows=1, new_batch=lambda: batch, draft=draft)
+        row = Row(vocab, None, SamplingParams(max_tokens=n))
+        loop.add(prompt, row)
+        while loop.busy:
+            loop.step()
+        return row.generation()
+
+    want = run(0, len(prompt) + n - 1)  # the last token is decided, never fed
+    assert refused[0] == 0
+    got = run(8, len(prompt) + n - 1)
+    assert refused[0] > 0 and got.accepted > 0
+    assert got.tokens == want.tokens and got.finish_reason == want.finish_reason == "length"
+
+
+def test_a_fault_inside_a_draft_keeps_none_of_it(vocab):
+    """A step that raises while the row checks its draft leaves every draft token to be dropped."""
+    model = CopyModel(vocab.logits_width)
+    prompt = [5, 6, 7, 8, 9] * 4
+    calls = []
+
+    def on_step(step):
+        calls.append(step)
+        if len(calls) == 3:
+            raise RuntimeError("a callback failed")
+
+    row = Row(vocab, None, SamplingParams(max_tokens=20), draft=8, prompt=prompt, on_step=on_step)
+    feed = row.advance(model.logits(prompt))
+    assert row.drafting > 0 and feed[0] == 5
+    ctx = prompt + feed
+    logits = np.stack([model.logits(ctx[:len(ctx) - i]) for i in range(row.wants - 1, -1, -1)])
+    drafted = row.drafting
+    with pytest.raises(RuntimeError):
+        row.advance(logits)
+    assert row.unfed == drafted

@@ -43,7 +43,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from railcall.models.backend import TransformersBatch
-from railcall.runtime.decode import DRAFT_TOKENS, Generation, Row, SamplingParams
+from railcall.runtime.decode import DRAFT_ROWS, DRAFT_TOKENS, Generation, Row, SamplingParams
 
 
 class OneRowBatch:
@@ -326,11 +326,13 @@ class BatchLoop:
                 rows[s.group] -= len(s.rows)
         feeds: dict[int, list[int]] = {}
         gone: list[int] = []
+        look = sum(self._slots[b].ready for b in run) <= DRAFT_ROWS
         for b in sorted(run):
             s = self._slots[b]
             if not s.ready:
                 continue
             row = s.rows[0]
+            row.look = look
             try:
                 feed = row.advance(s.logits)
             except Exception as e:  # a fault in one row (its matcher, a callback) ends that row only
@@ -340,6 +342,7 @@ class BatchLoop:
             if row.unfed:  # draft tokens the row did not decide: their cells go
                 self._lm.drop(b, row.unfed)
                 del s.tokens[-row.unfed:]
+                self._service[s.group] -= row.unfed
                 row.unfed = 0
             if feed:
                 feeds[b] = feed
@@ -416,6 +419,11 @@ class BatchLoop:
         try:
             logits = self._lm.feed(tokens, wants)
         except Exception as e:
+            drafted = [b for b in feeds if slots[b].rows[0].drafting]
+            if drafted:  # the drafts may be what did not fit: the pass again without them
+                for b in drafted:
+                    feeds[b] = feeds[b][: len(feeds[b]) - slots[b].rows[0].undraft()]
+                return self._pass(run, feeds, ended)
             filling = [b for b in run if b not in feeds]
             if not filling:
                 raise

@@ -84,6 +84,10 @@ FIT_KEEP = 16
 DRAFT_TOKENS = 8
 DRAFT_FIRST = 2
 DRAFT_NGRAM = (1, 4)
+# Looked-up tokens only while at most this many rows run a step (`BatchLoop`): past a few rows a
+# pass is bound by its tokens' arithmetic, not by reading the weights, and a wrong token costs
+# as much as a right one saves. The forced tokens are drafted at any size (they run either way).
+DRAFT_ROWS = 4
 
 
 @dataclass
@@ -141,7 +145,7 @@ class Generation:
     stop_string: str | None = None  # the stop string that ended generation (cut from text)
     prompt_cached: int = 0  # prompt tokens whose KV came from the prefix cache
     drafted: int = 0  # draft tokens fed after the decided ones (`Row.advance`)
-    accepted: int = 0  # draft tokens the row then decided: passes saved beyond passes_saved
+    accepted: int = 0  # draft tokens the row then decided (forced ones included)
 
     @property
     def tokens_per_s(self) -> float:
@@ -282,8 +286,9 @@ class Row:
         self.unfed = 0  # fed tokens the last advance did not decide: their cells go before its feed
         self.drafted = 0  # draft tokens fed
         self._forced_ahead = 0  # how many of the draft's first tokens the grammar forces
-        self._reach = DRAFT_FIRST  # looked-up tokens the next draft may hold: doubles while all are right
-        self.accepted = 0  # draft tokens the row decided as drafted (each saved a pass)
+        self._reach = DRAFT_FIRST  # looked-up tokens the next draft may hold (at most `draft`): doubles while all are right
+        self.look = True  # whether drafts may hold looked-up tokens this step (the loop's say: DRAFT_ROWS)
+        self.accepted = 0  # draft tokens the row decided as drafted (forced ones included)
 
     def generator(self, logits):
         """The row's random generator for `logits`' kind: a numpy Generator for numpy logits, a
@@ -317,6 +322,7 @@ class Row:
         if logits.ndim == 1:
             logits = logits[None]
         j = 0  # draft tokens decided so far
+        self.unfed = len(draft)  # until decided otherwise (a fault in a step leaves none kept)
         while True:
             # the logits after draft[j - 1]: none inside the forced part, whose steps read none
             out = self._decide(logits[j - forced] if j >= forced else None)
@@ -338,6 +344,18 @@ class Row:
         self.unfed = len(draft) - j
         return self._drafted(out[k:]) if out else []
 
+    def undraft(self) -> int:
+        """Take back the draft of the last feed before it ran (the loop's pass could not hold it);
+        returns how many tokens to cut from the feed's end."""
+        n, self._draft, self._forced_ahead = len(self._draft), [], 0
+        self.drafted -= n
+        return n
+
+    @property
+    def drafting(self) -> int:
+        """How many tokens at the end of the last feed are a draft (forced and looked up)."""
+        return len(self._draft)
+
     @property
     def wants(self) -> int:
         """Rows of logits the last feed wants: after its last token, and after each looked-up
@@ -352,7 +370,8 @@ class Row:
         (prompt-lookup drafting, `_lookup`), kept while the grammar allows them. A pass of one
         token costs less than one of two (one SmolLM2 token ~14 ms on 2 cores, two ~19, each
         further ~2.3), so a lone token gets a looked-up draft only on a match of several tokens
-        or after a draft the row took whole. Exact: the row decides from the same logits in the
+        or after a draft the row took whole, and none while `look` is off (a batch of more than
+        DRAFT_ROWS rows). Exact: the row decides from the same logits in the
         same order as without a draft (one draw per decided token when it samples), up to
         llama.cpp's differences between pass shapes (tests/test_draft.py)."""
         self._forced_ahead = 0
@@ -370,7 +389,7 @@ class Row:
                     m.consume_token(t)
                     draft.append(t)
             forced = len(draft)
-            n, tail = self._lookup(draft, min(room - forced, self._reach))
+            n, tail = self._lookup(draft, min(room - forced, self._reach, self.draft) if self.look else 0)
             if len(feed) + forced > 1 or n > 1 or self._reach > DRAFT_FIRST:
                 for t in tail:
                     if t in self.stops or (m is not None and (m.is_done() or not m.consume_token(t))):
