@@ -79,8 +79,8 @@ FIT_KEEP = 16
 # Drafts (`Row.advance`): besides the tokens the grammar forces, at most DRAFT_TOKENS looked-up
 # tokens a step, DRAFT_FIRST after a draft the row did not take whole (doubling while it does),
 # found by the context's last n tokens, n from DRAFT_NGRAM[1] down to DRAFT_NGRAM[0]. On 2 cores a
-# SmolLM2 pass of one token costs ~14 ms and each further token ~3 ms: a wrong draft is cheap, a
-# right one saves a pass a token.
+# SmolLM2 pass of one token costs ~14 ms, of two ~20, each further token ~2 ms more: a wrong draft
+# token is cheap beside a pass, a right one saves a pass.
 DRAFT_TOKENS = 8
 DRAFT_FIRST = 2
 DRAFT_NGRAM = (1, 4)
@@ -286,7 +286,8 @@ class Row:
         self.unfed = 0  # fed tokens the last advance did not decide: their cells go before its feed
         self.drafted = 0  # draft tokens fed
         self._forced_ahead = 0  # how many of the draft's first tokens the grammar forces
-        self._reach = DRAFT_FIRST  # looked-up tokens the next draft may hold (at most `draft`): doubles while all are right
+        self._reach = DRAFT_FIRST  # looked-up tokens the next draft may hold (at most `draft`; doubles
+        # while the row takes them all)
         self.look = True  # whether drafts may hold looked-up tokens this step (the loop's say: DRAFT_ROWS)
         self.accepted = 0  # draft tokens the row decided as drafted (forced ones included)
 
