@@ -56,7 +56,7 @@ class CopyBackend:
     its cells hold; `passes` the (fed, logits wanted) of each pass."""
 
     def __init__(self, model: CopyModel):
-        self.model, self.tokens, self.passes = model, [], []
+        self.model, self.tokens, self.passes, self.scored = model, [], [], []
 
     def start(self, prompt):
         self.tokens = list(prompt)
@@ -72,6 +72,13 @@ class CopyBackend:
     def drop(self, n: int) -> None:
         assert 0 < n <= len(self.tokens)
         del self.tokens[-n:]
+
+    def branch_logits(self, branches):
+        """Scored routing's pass: each branch's logits after each of its tokens, fed after what
+        the cells hold now (a draft's cells left there would be read as part of the context)."""
+        self.scored.append(list(self.tokens))
+        return [np.stack([self.model.logits(self.tokens + list(br[:i + 1])) for i in range(len(br))])
+                for br in branches]
 
 
 class CopyBatch:
@@ -277,3 +284,43 @@ def test_a_fault_inside_a_draft_keeps_none_of_it(vocab):
     with pytest.raises(RuntimeError):
         row.advance(logits)
     assert row.unfed == drafted
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_scored_routing_scores_names_on_decided_cells_only(vocab, grammar, batched):
+    """A row with scored routing drafts too; where it reaches a name while its draft's cells are
+    in place, they are dropped before the names are scored, and the row decides what it decides
+    without drafts: the same tokens, the names scored on the same context."""
+    from railcall.heuristics.routing import NameRouter
+
+    model = CopyModel(vocab.logits_width)
+    # in the vocabulary's own pieces (`{"`, `tool`, `":"`), as the output will be: drafts look up tokens
+    prompt = vocab.greedy_tokenize(b'write_file: {"tool":"write_file","args":{"path":"a.txt","text":"hi"}} again: ')
+    params = SamplingParams(max_tokens=40)
+
+    def run(draft: int):
+        router = NameRouter.for_tools(vocab, TOOLS, "json")
+        if not batched:
+            backend = CopyBackend(model)
+            g = generate(backend, vocab, prompt, Matcher(grammar), params, router=router, draft=draft)
+            return g, backend.scored
+        batch = CopyBatch(model, [])
+        scored: list = []
+
+        def branch_logits(b, branches):
+            scored.append(list(batch.rows[b]))
+            return [np.stack([model.logits(batch.rows[b] + list(br[:i + 1])) for i in range(len(br))])
+                    for br in branches]
+
+        batch.branch_logits = branch_logits
+        loop = BatchLoop(None, vocab, max_rows=2, new_batch=lambda: batch, draft=draft)
+        row = Row(vocab, Matcher(grammar), params, router=router)
+        loop.add(prompt, row)
+        while loop.busy:
+            loop.step()
+        return row.generation(), scored
+
+    want, want_scored = run(0)
+    got, got_scored = run(8)
+    assert got.tokens == want.tokens and want_scored and got_scored == want_scored
+    assert got.drafted > 0

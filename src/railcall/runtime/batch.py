@@ -340,9 +340,7 @@ class BatchLoop:
                 row.end("error")
                 feed = []
             if row.unfed:  # draft tokens the row did not decide: their cells go
-                self._lm.drop(b, row.unfed)
-                del s.tokens[-row.unfed:]
-                self._service[s.group] -= row.unfed
+                self._drop(b, row.unfed)
                 row.unfed = 0
             if feed:
                 feeds[b] = feed
@@ -364,6 +362,14 @@ class BatchLoop:
         self._pass(run, feeds, ended)
         self.steps += 1
         return ended
+
+    def _drop(self, b: int, n: int) -> None:
+        """Forget slot b's last n fed tokens (draft tokens its row did not decide): their cells,
+        and the tokens run for its request."""
+        s = self._slots[b]
+        self._lm.drop(b, n)
+        del s.tokens[-n:]
+        self._service[s.group] -= n
 
     def _budgets(self) -> tuple[dict, dict]:
         """(tokens, rows) each request in the batch may run this step (see the class docstring):
@@ -566,6 +572,7 @@ class BatchLoop:
         The row drafts (`Row.advance`) where it left the choice to the loop."""
         if row.draft is None and self.draft and hasattr(self._lm, "drop"):
             row.draft, row.prompt = self.draft, np.asarray(prompt, dtype=np.int64)
+            row.trim = lambda n: self._drop(self._index(row), n)
         for s in self._slots:
             if not s.ready and s.prompt == prompt:
                 s.rows.append(row)

@@ -278,9 +278,13 @@ class Row:
         self._in_free = getattr(matcher, "in_free_text", None)
         self._free_from = 0
         # Drafting (`advance`, `_drafted`): up to `draft` tokens a step beyond the decided ones
-        # (0: none; None: the loop's choice, made where its backend can drop cells). Not with
-        # scored routing, which scores names on the row's cells: they must hold no draft's.
-        self.draft = draft if router is None else 0
+        # (0: none; None: the loop's choice, made where its backend can drop cells). Scored
+        # routing scores names on the row's cells, which must then hold no draft's: `trim(n)`,
+        # given by whoever drives the row, drops the last n fed tokens' cells at once.
+        self.draft = draft
+        self.trim: Callable[[int], None] | None = None
+        self._pending = 0  # fed draft tokens not yet decided, while the row checks its draft
+        self._trimmed = False
         self.prompt = np.asarray(prompt, dtype=np.int64)  # where drafts are looked up, with the output
         self._draft: list[int] = []  # the tokens after the decided ones in the last feed
         self.unfed = 0  # fed tokens the last advance did not decide: their cells go before its feed
@@ -326,7 +330,10 @@ class Row:
         self.unfed = len(draft)  # until decided otherwise (a fault in a step leaves none kept)
         while True:
             # the logits after draft[j - 1]: none inside the forced part, whose steps read none
+            self._pending = len(draft) - j
             out = self._decide(logits[j - forced] if j >= forced else None)
+            if self._trimmed:  # routing dropped the rest of the draft's cells: nothing more is fed
+                draft, self._trimmed = draft[:j], False
             left = len(draft) - j
             k = 0
             while k < min(len(out), left) and out[k] == draft[j + k]:
@@ -338,6 +345,7 @@ class Row:
                 j = len(draft)
                 continue
             break
+        self._pending = 0
         j += k
         self.accepted += j
         if len(draft) > forced:  # the looked-up part grows while the row takes all of it
@@ -376,7 +384,7 @@ class Row:
         same order as without a draft (one draw per decided token when it samples), up to
         llama.cpp's differences between pass shapes (tests/test_draft.py)."""
         self._forced_ahead = 0
-        if not feed or not self.draft or self.ended:
+        if not feed or not self.draft or self.ended or (self.router is not None and self.trim is None):
             return feed
         room = self.params.max_tokens - len(self.out)
         if room <= 0:
@@ -455,7 +463,18 @@ class Row:
                 return self._write_close(close)
         if m is not None and self.router is not None:
             before = self.router.passes
-            routed = self.router.route(m, logits, self.generator(logits), p.max_tokens - len(self.out))
+            score = self.router.score
+            if self._pending:  # the names are scored on the row's cells: the draft's go first
+                def trimmed(branches):
+                    self.trim(self._pending)
+                    self._pending, self._trimmed = 0, True
+                    return score(branches)
+
+                self.router.score = trimmed
+            try:
+                routed = self.router.route(m, logits, self.generator(logits), p.max_tokens - len(self.out))
+            finally:
+                self.router.score = score
             if routed is not None and routed[0]:
                 toks, lps = routed
                 self.passes += self.router.passes - before
@@ -811,6 +830,8 @@ def generate(backend, vocab, prompt: Sequence[int], matcher=None, params: Sampli
         raise ValueError("drafts need a backend that can drop fed tokens (llama.cpp) and batch_forced")
     row = Row(vocab, matcher, params, fast_forward=fast_forward, on_step=on_step, cancelled=cancelled, router=router,
               draft=draft, prompt=prompt)
+    if drops:
+        row.trim = backend.drop
     logits = backend.start(prompt)
     row.prompt_cached = int(getattr(backend, "last_cached", 0) or 0)
     while feed := row.advance(logits):
