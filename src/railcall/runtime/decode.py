@@ -18,7 +18,8 @@ fast-forward, stop strings, penalties, the token ceiling -- it does the same in 
   tokens a row feeds, in the same pass, the tokens the grammar forces next and up to N tokens
   looked up in its prompt and output; the next step decides from the logits after each of them
   as it would a step at a time and keeps the draft while it agrees (`Row.advance`). Each token
-  kept saves a pass; the cells of the rest are dropped (`unfed`).
+  kept saves a pass; the cells of the rest are dropped (`unfed`; `trim` at once, where scored
+  routing is about to score names on the row's cells).
 - Token ceiling (`SamplingParams.cut`): what happens to a call or answer that `max_tokens` would
   cut. "fit" (the default): as the budget runs out, a token is legal only if the grammar's
   shortest close still fits after it (`Matcher.finish`'s length in this vocabulary's tokens, an
