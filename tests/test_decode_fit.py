@@ -109,3 +109,42 @@ def test_where_the_models_likely_tokens_do_not_fit_the_close_it_could_write_is_o
         assert len(g.tokens) <= n and not g.cut and not g.truncated and g.finish_reason == "stop", (n, g.text)
         call = json.loads(g.text)
         assert set(call["args"]) == {"text", "tags"} and "?" not in g.text
+
+
+@pytest.mark.parametrize("turn", [False, True], ids=["matcher", "turn"])
+def test_a_close_measured_once_per_key_is_the_close_of_every_state_with_that_key(bytes_vocab, turn):
+    """`_need_after` measures a close once per close key (states with equal futures: a string's
+    length past its minimum changes nothing) on the row's matcher, rolled back: after every token
+    of a call it gives what a fresh copy's own close search gives, and leaves the matcher as it was."""
+    from railcall.output.delimiters import Delimiters
+    from railcall.runtime.decode import Row
+    from railcall.runtime.regions import answer_matcher
+
+    tool = Tool("save", "Save.", {"type": "object", "properties": {
+        "text": {"type": "string", "minLength": 4}, "n": {"type": "integer", "minimum": 100}},
+        "required": ["text", "n"]})
+    g = compiled_grammar(tool_grammar([tool]), bytes_vocab)
+    m = answer_matcher(bytes_vocab, g, Delimiters.from_vocab(bytes_vocab, tool_call=None)) if turn else Matcher(g)
+    row = Row(bytes_vocab, m, SamplingParams(max_tokens=64))
+    reply = b'{"tool":"save","args":{"text":"abcdefgh","n":12345}}'
+    hits = 0
+    for k, b in enumerate(reply):
+        for probe in (b'"', b"x", b"1", b"}", b","):
+            tok = bytes_vocab.token_bytes.index(probe)
+            before = (m.num_consumed(), m.is_accepting(), m.close_key())
+            known = len(row._need)
+            got = row._need_after(tok)
+            assert (m.num_consumed(), m.is_accepting(), m.close_key()) == before
+            hits += len(row._need) == known and got not in (None, 0)
+            fresh = m.copy()
+            if not fresh.consume_token(tok) or fresh.is_error():
+                assert got is None
+                continue
+            if fresh.is_accepting():
+                assert got == 0
+                continue
+            close = fresh.finish()
+            want = len(close) + bytes_vocab.decode(close).count(b'?"') if close and fresh.is_accepting() else None
+            assert got == want, (reply[:k], probe)
+        assert m.consume_token(bytes_vocab.token_bytes.index(bytes([b])))
+    assert hits > 0  # the cache answered for states it had not searched from

@@ -371,6 +371,13 @@ class Matcher:
     def num_consumed(self) -> int:
         return len(self._states) - 1
 
+    def close_key(self):
+        """A key equal for states with the same shortest completion (the automaton's coarse key:
+        equal futures); None in the error state or after the stop token."""
+        if self._error or self._stopped >= 0:
+            return None
+        return self.g._coarse_key(self.state)
+
     def forced_tokens(self) -> list[int]:
         """The tokens that are the only legal continuation from here, in canonical tokenization.
 

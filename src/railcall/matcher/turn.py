@@ -763,6 +763,14 @@ class TurnMatcher:
         if self._error and self._error_at > len(self._log):
             self._error, self.error_message = False, ""
 
+    def close_key(self):
+        """A key equal for states with the same shortest completion: the phase and, in a
+        grammar phase, its matcher's `close_key`; None elsewhere (free text, an error, a stop)."""
+        if self._error or self._stopped or self.phase.kind != "grammar":
+            return None
+        inner = self.phase.m.close_key()
+        return None if inner is None else (len(self._phases), inner)
+
     def num_consumed(self) -> int:
         return len(self._log)
 

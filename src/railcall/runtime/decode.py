@@ -261,7 +261,7 @@ class Row:
             from railcall.runtime.distinct import DistinctCalls
 
             self._distinct = DistinctCalls(vocab)
-        self._need: dict[int, int] = {}  # matcher state -> its shortest close in tokens ("fit")
+        self._need: dict = {}  # matcher close key -> its shortest close in tokens ("fit")
         self.passes = 1  # the prefill
         self.saved = 0
         self.prompt_cached = 0
@@ -553,14 +553,21 @@ class Row:
     def _need_after(self, tok: int | None) -> int | None:
         """Tokens the grammar's shortest close takes after `tok` (None: from here); 0 where the
         output may end; None where no close exists."""
-        m = self.matcher.copy()
-        if tok is not None and (not m.consume_token(tok) or m.is_error()):
-            return None
-        if m.is_accepting():
-            return 0
-        key = m.state if isinstance(getattr(m, "state", None), int) else None
-        if key is not None and key in self._need:
-            return self._need[key]
+        m = self.matcher
+        n0 = m.num_consumed()
+        try:  # on the row's matcher, rolled back: a copy only where a close is searched for
+            if tok is not None and (not m.consume_token(tok) or m.is_error()):
+                return None
+            if m.is_accepting():
+                return 0
+            # states with equal futures have equal closes (a string's length past its minimum
+            # changes nothing): one search for the lot
+            key = m.close_key() if hasattr(m, "close_key") else None
+            if key is not None and key in self._need:
+                return self._need[key]
+            m = m.copy()
+        finally:
+            self.matcher.rollback(self.matcher.num_consumed() - n0)
         close = m.finish()
         # A required string the close fills ("?", one token with its quote: `?"`) takes the model
         # at least one token more when it writes the value itself (`Email` then `"}`): room is
