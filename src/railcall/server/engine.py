@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from railcall.runtime.batch import BatchLoop
-from railcall.runtime.decode import DRAFT_TOKENS, Row
+from railcall.runtime.decode import Row
 from railcall.errors import RequestError
 from railcall.server.model import ServedModel
 from railcall.server.plan import Plan
@@ -142,7 +142,7 @@ class Engine:
     def _work(self) -> None:
         served = self.served
         loop = self._loop = BatchLoop(None, served.vocab, max_rows=served.max_rows, prefix_cache=served.prefix_cache,
-                                      new_batch=served.batch, draft=getattr(served, "draft", DRAFT_TOKENS))
+                                      new_batch=served.batch, draft=served.draft)
         while True:
             with self._cv:
                 while self._running and not self._queue and not loop.busy:
