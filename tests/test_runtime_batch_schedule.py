@@ -95,16 +95,16 @@ def test_a_long_prompt_runs_in_chunks_beside_a_decoding_row(vocab):
         loop.step()
         assert passes[-1] in ([1, 1], [1]), passes[-1]  # a's token and one prompt token (or a left)
     loop.step()
-    assert passes[-1] == [32]
+    assert passes[-1] == [62]  # alone, nobody queued: the rest of its prompt (up to alone_tokens)
     run(loop)
     assert len(a.out) == 8 and len(hog.out) == 3
     assert sum(sum(p) for p in passes) == 10 + 7 + 100 + 2  # every prompt token once, every fed token once
 
 
 def test_the_request_that_has_run_least_goes_first(vocab):
-    """A long prompt alone runs step_tokens a step; once a short request comes, the short one runs
+    """A long prompt alone runs alone_tokens a step; once a short request comes, the short one runs
     whole steps and the long one one token a step, until the short one ends."""
-    loop, passes = make(vocab, step_tokens=32)
+    loop, passes = make(vocab, step_tokens=32, alone_tokens=32)
     hog = row(vocab, 2)
     loop.add(list(range(1, 201)), hog, group="hog")
     loop.step()
@@ -123,6 +123,32 @@ def test_the_request_that_has_run_least_goes_first(vocab):
     assert passes[-1] == [32]  # alone again: whole chunks
     run(loop)
     assert hog.ended and len(hog.out) == 2
+
+
+def test_a_request_alone_runs_larger_chunks_until_another_is_queued(vocab):
+    """Alone in the batch with nobody queued, a prompt runs alone_tokens a step (no other row
+    waits on the pass); a request queued before a step brings it back to step_tokens at once, the
+    newcomer leading; alone again, the larger chunks resume."""
+    loop, passes = make(vocab, step_tokens=16, alone_tokens=64)
+    hog = row(vocab, 2)
+    loop.add(list(range(1, 301)), hog, group="hog")
+    loop.step()
+    loop.step()
+    assert passes == [[64], [64]]
+    short = row(vocab, 2)
+    loop.add([7] * 40, short, group="short")
+    assert loop.waiting  # queued until the next step admits it
+    loop.step()
+    assert passes[-1] == [1, 16]  # the newcomer leads with step_tokens, the long prompt a token
+    run_until = lambda: short.ended  # noqa: E731
+    while not run_until():
+        loop.step()
+        assert max(passes[-1]) <= 16, passes[-1]
+    loop.step()
+    assert passes[-1] == [64]  # alone again
+    run(loop)
+    assert hog.ended and len(hog.out) == 2 and len(short.out) == 2
+    assert sum(sum(p) for p in passes) == 300 + 40 + 1 + 1  # every prompt token once, each row's one fed token
 
 
 def test_n_rows_of_one_request_leave_room_for_another(vocab):
