@@ -382,7 +382,8 @@ class BatchLoop:
     def _budgets(self) -> tuple[dict, dict]:
         """(tokens, rows) each request in the batch may run this step (see the class docstring):
         fair, the request that has run the fewest tokens up to `step_tokens` tokens and the rows
-        the others leave, every other one token and one row; else each up to both limits."""
+        the others leave, every other one token and one row; else each up to both limits. A
+        request alone in the batch with nobody queued: up to `alone_tokens` tokens."""
         groups = list(dict.fromkeys(s.group for s in self._slots))
         if len(groups) == 1 and not self.waiting:  # alone: no other row waits on this pass
             return dict.fromkeys(groups, self.alone_tokens), dict.fromkeys(groups, self.max_rows)
