@@ -151,6 +151,41 @@ def test_recursion_nests_and_repetition_does_not(smollm2_vocab):
     assert right.consume_bytes(b"-" * 500 + b"x") and right.is_accepting()
 
 
+def test_a_nested_state_walked_whole_is_the_union_of_its_threads(smollm2_vocab):
+    """A state whose rule threads wait with a stack (calc's parentheses) is masked by one walk of
+    the whole state (each such thread's mask is keyed by its whole stack, so it is shared with no
+    other depth): at every such state random walks meet, that mask is exactly the union of its
+    threads' own masks, as a state of unstacked threads is masked."""
+    import numpy as np
+
+    from railcall.bitmask import unpack_bitmask
+    from railcall.matcher.automaton import _stacked
+    from railcall.matcher.entries import entry_dense
+
+    g = compiled_grammar(lark_grammar(CALC_LARK), smollm2_vocab)
+    auto, width = g.auto, smollm2_vocab.logits_width
+    legal = lambda entry: unpack_bitmask(entry_dense(entry, auto.words), width)  # noqa: E731
+    rng, checked = random.Random(3), 0
+    for _ in range(12):
+        m = Matcher(g)
+        for _ in range(30):
+            s = m._states[-1]
+            threads = auto.threads(s)
+            if len(threads) > 1 and _stacked(threads):
+                union = np.zeros(width, dtype=bool)
+                for t in threads:
+                    union |= legal(auto._thread_mask(t))
+                if auto.is_accepting(s):
+                    union[auto.stop_ids] = True
+                assert np.array_equal(legal(auto.mask(s)), union)
+                checked += 1
+            ids = [t for t in m.legal_token_ids().tolist() if t not in smollm2_vocab.stop_ids]
+            if not ids:
+                break
+            assert m.consume_token(rng.choice(ids))
+    assert checked > 50
+
+
 @pytest.mark.parametrize("source, where", [
     ('start: a\na: a "x" | "y"\n', r"line 2, column 1: rule 'a' is left-recursive \(a -> a"),
     ('start: b\nb: c "x"\nc: b | "y"\n', r"rule 'b' is left-recursive \(b -> c -> b"),

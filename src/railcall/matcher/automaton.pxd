@@ -14,3 +14,4 @@ cdef class Automaton(ThreadLegalTokens):
     cpdef _Bits _legal_bits(self, object s)
 
 cpdef object _walked(object threads)
+cpdef object _stacked(object threads)

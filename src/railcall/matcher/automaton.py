@@ -148,7 +148,7 @@ class Automaton(ThreadLegalTokens):
             lone = next(iter(threads)) if len(threads) == 1 else None
             if lone is not None and type(lone[0]) in (JStr, Lit):
                 hit = self._thread_entry(lone)
-            elif lone is not None:
+            elif lone is not None or _stacked(threads):
                 hit = self._legal_bits(s).entry()
             else:
                 # Threads run independently (an NFA), so a token is legal exactly when it is legal
@@ -420,6 +420,16 @@ class Automaton(ThreadLegalTokens):
                     out.append(n)
                 todo.extend(kids[n].values())
         return out
+
+
+def _stacked(threads) -> bool:
+    """Whether a thread of a general grammar's rules waits with a stack (a rule nested in
+    itself): its mask would be keyed by that whole stack, so it is shared with no state at
+    another depth, and the state is walked whole rather than as a union of such walks."""
+    for ins, _, st in threads:
+        if st is not None and type(ins) is not Lit and type(ins) is not JStr:
+            return True
+    return False
 
 
 def _walked(threads) -> bool:
