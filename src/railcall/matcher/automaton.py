@@ -422,12 +422,17 @@ class Automaton(ThreadLegalTokens):
         return out
 
 
+_KEYED_BY_CONTENT = (Lit, JStr, Select, JNum, JInt)  # a thread's mask keyed by what it accepts
+
+
 def _stacked(threads) -> bool:
     """Whether a thread of a general grammar's rules waits with a stack (a rule nested in
-    itself): its mask would be keyed by that whole stack, so it is shared with no state at
-    another depth, and the state is walked whole rather than as a union of such walks."""
+    itself): its mask is keyed by its instruction and that whole stack (content_keys'
+    `_plain_key`), so it is shared with no state at another depth, and the state is walked whole
+    rather than as a union of such walks. JSON's threads (a literal, a string, a trie, a
+    number), inside a list item's frame too, are keyed by content and keep the union."""
     for ins, _, st in threads:
-        if st is not None and type(ins) is not Lit and type(ins) is not JStr:
+        if st is not None and type(ins) not in _KEYED_BY_CONTENT:
             return True
     return False
 
