@@ -140,8 +140,7 @@ def test_a_request_alone_runs_larger_chunks_until_another_is_queued(vocab):
     assert loop.waiting  # queued until the next step admits it
     loop.step()
     assert passes[-1] == [1, 16]  # the newcomer leads with step_tokens, the long prompt a token
-    run_until = lambda: short.ended  # noqa: E731
-    while not run_until():
+    while not short.ended:
         loop.step()
         assert max(passes[-1]) <= 16, passes[-1]
     loop.step()
