@@ -18,6 +18,7 @@ from railcall.bitmask import allocate_bitmask, unpack_bitmask
 from railcall.runtime.decode import SamplingParams, generate
 from railcall.errors import GrammarError, RequestError, SchemaError
 from railcall.grammar import instructions, ir, program
+from railcall.grammar.instructions import MAX_DEPTH
 from railcall.grammar.schema import schema_grammar
 from railcall.grammar.tools import Tool, tool_grammar
 from railcall.matcher import Matcher, clear_caches, compiled_grammar
@@ -61,14 +62,21 @@ def test_recursive_schemas_with_a_way_out_compile(bytes_vocab, schema, text):
     assert m.consume_bytes(text) and m.is_accepting()
 
 
+def bracket_chain(n: int) -> tuple:
+    """Rules r0 .. r{n}: r{i} is "[" r{i+1} "]", r{n} is "x"; a value of r{k} nests n - k + 1 deep."""
+    chain = tuple((f"r{i}", ir.Seq(ir.Lit(b"["), ir.Ref(f"r{i + 1}"), ir.Lit(b"]"))) for i in range(n))
+    return chain + ((f"r{n}", ir.Lit(b"x")),)
+
+
 def test_references_nested_past_the_depth_limit_are_refused(bytes_vocab):
-    chain = tuple((f"r{i}", ir.Seq(ir.Lit(b"["), ir.Ref(f"r{i + 1}"), ir.Lit(b"]"))) for i in range(40))
-    g = ir.Grammar(ir.Ref("r0"), chain + (("r40", ir.Lit(b"x")),))
-    with pytest.raises(GrammarError, match="41 deep; railcall allows 32"):
+    n = MAX_DEPTH + 8
+    g = ir.Grammar(ir.Ref("r0"), bracket_chain(n))
+    with pytest.raises(GrammarError, match=f"{n + 1} deep; railcall allows {MAX_DEPTH}"):
         compiled_grammar(g, bytes_vocab)
-    ok = ir.Grammar(ir.Ref("r10"), chain + (("r40", ir.Lit(b"x")),))  # 31 deep: within the limit
+    ok = ir.Grammar(ir.Ref(f"r{n + 2 - MAX_DEPTH}"), bracket_chain(n))  # MAX_DEPTH - 1 deep: within the limit
     m = Matcher(compiled_grammar(ok, bytes_vocab))
-    assert m.consume_bytes(b"[" * 30 + b"x" + b"]" * 30) and m.is_accepting()
+    brackets = MAX_DEPTH - 2
+    assert m.consume_bytes(b"[" * brackets + b"x" + b"]" * brackets) and m.is_accepting()
 
 
 @pytest.mark.parametrize("pattern", ["^\ud800$", "^[\ud800-\udfff]+$"])
@@ -127,10 +135,9 @@ def test_min_length_past_the_cap_raises_it_for_that_string(bytes_vocab):
 # -- the depth limit: a branch that could not be finished there is not offered --------------------
 
 def deep_optional():
-    """"a" then 41 nested brackets, or "b": the first branch cannot be finished within the
-    depth limit (32), so only "b" is in the grammar; it has a finite value, so it compiles."""
-    chain = tuple((f"r{i}", ir.Seq(ir.Lit(b"["), ir.Ref(f"r{i + 1}"), ir.Lit(b"]"))) for i in range(40))
-    return ir.Grammar(ir.Alt(ir.Seq(ir.Lit(b"a"), ir.Ref("r0")), ir.Lit(b"b")), chain + (("r40", ir.Lit(b"x")),))
+    """"a" then MAX_DEPTH + 9 nested brackets, or "b": the first branch cannot be finished within
+    the depth limit, so only "b" is in the grammar; it has a finite value, so it compiles."""
+    return ir.Grammar(ir.Alt(ir.Seq(ir.Lit(b"a"), ir.Ref("r0")), ir.Lit(b"b")), bracket_chain(MAX_DEPTH + 8))
 
 
 def legal_ids(m, vocab):
@@ -180,7 +187,7 @@ def test_nesting_stops_being_offered_where_it_could_not_be_finished(bytes_vocab,
 
 
 def test_an_optional_recursive_property_is_offered_while_it_fits(bytes_vocab):
-    """A schema's optional "next" refers back to the schema: 32 levels of it are written, then
+    """A schema's optional "next" refers back to the schema: MAX_DEPTH levels of it are written, then
     the innermost object may still close or take "v", but no longer start "next" (before, it
     could start the key and then had no legal byte after it)."""
     schema = {"type": "object", "properties": {"next": {"$ref": "#"}, "v": {"type": "integer"}}}
@@ -189,10 +196,10 @@ def test_an_optional_recursive_property_is_offered_while_it_fits(bytes_vocab):
     while m.copy().consume_bytes(b'{"next":'):
         assert m.consume_bytes(b'{"next":')
         levels += 1
-    assert levels == 32
+    assert levels == MAX_DEPTH
     assert m.copy().consume_bytes(b"{}") and m.copy().consume_bytes(b'{"v":1}')
     assert not m.copy().consume_bytes(b'{"n')
-    assert m.consume_bytes(b'{"v":1}' + b"}" * 32) and m.is_accepting()
+    assert m.consume_bytes(b'{"v":1}' + b"}" * MAX_DEPTH) and m.is_accepting()
 
 
 RULE_PARTS = st.lists(st.sampled_from(["[", "(", "x", "ref", "ref", "opt", "list", "key"]), min_size=1, max_size=4)
@@ -246,8 +253,7 @@ def test_random_recursive_grammars_never_reach_a_dead_end(bytes_vocab, monkeypat
 # depth limit than it is walked under: its references then run into the limit at run time.
 
 def lowered_limit(vocab, monkeypatch):
-    chain = tuple((f"r{i}", ir.Seq(ir.Lit(b"["), ir.Ref(f"r{i + 1}"), ir.Lit(b"]"))) for i in range(40))
-    g = ir.Grammar(ir.Seq(ir.Lit(b"a"), ir.Ref("r0")), chain + (("r40", ir.Lit(b"x")),))
+    g = ir.Grammar(ir.Seq(ir.Lit(b"a"), ir.Ref("r0")), bracket_chain(40))
     clear_caches(vocab)
     for module in (instructions, program):  # the limit is read where threads move and where the compiler checks
         monkeypatch.setattr(module, "MAX_DEPTH", 64)

@@ -151,6 +151,15 @@ def test_recursion_nests_and_repetition_does_not(smollm2_vocab):
     assert right.consume_bytes(b"-" * 500 + b"x") and right.is_accepting()
 
 
+def test_a_calculator_takes_forty_nested_parentheses(smollm2_vocab):
+    """Each parenthesis of the calculator nests three rules (expr, term, factor): 40 of them are
+    120 frames, within the limit, and the expression still closes; the Lark parser agrees."""
+    text = b"(" * 40 + b"1+2" + b")" * 40 + b"*3"
+    m = Matcher(compiled_grammar(lark_grammar(CALC_LARK), smollm2_vocab))
+    assert m.consume_bytes(text) and m.is_accepting()
+    lark.Lark(CALC_LARK, parser="earley").parse(text.decode())
+
+
 def test_a_nested_state_walked_whole_is_the_union_of_its_threads(smollm2_vocab):
     """A state whose rule threads wait with a stack (calc's parentheses) is masked by one walk of
     the whole state (each such thread's mask is keyed by its whole stack, so it is shared with no

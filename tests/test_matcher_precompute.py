@@ -445,7 +445,9 @@ def test_a_branch_cut_by_the_depth_limit_is_part_of_a_literals_key():
     node = {"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"s": {"type": "string"}, "b": {"$ref": "#/$defs/n"}},
                                              "required": ["s", "b"], "additionalProperties": False}]}
     schema = {"$defs": {"n": node}, "$ref": "#/$defs/n"}
-    for order in ([30, 29], [29, 30]):
+    from railcall.grammar.instructions import MAX_DEPTH
+
+    for order in ([MAX_DEPTH - 2, MAX_DEPTH - 3], [MAX_DEPTH - 3, MAX_DEPTH - 2]):
         v = Vocabulary.from_pieces([bytes([b]) for b in range(32, 127)] + ['","b":', '","b":{'], specials=["<end>"],
                                    stop=["<end>"])
         g = CompiledGrammar(schema_grammar(schema), v)
@@ -455,17 +457,18 @@ def test_a_branch_cut_by_the_depth_limit_is_part_of_a_literals_key():
             legal = m.legal_token_ids().tolist()
             assert legal == byte_legal(m), (order, depth)
             # the object inside this one would be at depth depth + 2; it needs one more level
-            assert (v.lookup[b'","b":{'] in legal) == (depth + 3 <= 32) and v.lookup[b'","b":'] in legal
+            assert (v.lookup[b'","b":{'] in legal) == (depth + 3 <= MAX_DEPTH) and v.lookup[b'","b":'] in legal
 
 
 def test_a_special_token_path_is_offered_only_while_it_fits_under_the_limit():
     """`(<s>` recurses: it is offered while the recursion it enters could still be finished,
     and states on either side of the limit must not share a mask, whichever is met first."""
     from railcall.grammar import ir
+    from railcall.grammar.instructions import MAX_DEPTH
 
     rule = ir.Alt(ir.Lit(b"x"), ir.Seq(ir.Lit(b"("), ir.Special("<s>"), ir.Ref("R"), ir.Lit(b")")))
     grammar = ir.Grammar(ir.Ref("R"), rules=(("R", rule),))
-    for order in ([31, 30], [30, 31]):
+    for order in ([MAX_DEPTH - 1, MAX_DEPTH - 2], [MAX_DEPTH - 2, MAX_DEPTH - 1]):
         v = Vocabulary.from_pieces([bytes([b]) for b in range(32, 127)], specials=["<end>", "<s>"], stop=["<end>"])
         g = CompiledGrammar(grammar, v)
         for depth in order:
@@ -475,8 +478,8 @@ def test_a_special_token_path_is_offered_only_while_it_fits_under_the_limit():
             legal = m.legal_token_ids().tolist()
             assert legal == byte_legal(m) and v.lookup[b"x"] in legal, (order, depth)
             # R is entered at depth depth + 1; another `(` needs one level more
-            assert (v.lookup[b"("] in legal) == (depth + 2 <= 32), (order, depth)
-            if depth <= 30:
+            assert (v.lookup[b"("] in legal) == (depth + 2 <= MAX_DEPTH), (order, depth)
+            if depth <= MAX_DEPTH - 2:
                 assert m.consume_bytes(b"(") and m.legal_token_ids().tolist() == [v.special_id("<s>")]
 
 

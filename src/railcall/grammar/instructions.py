@@ -26,9 +26,11 @@ import numpy as np
 
 from railcall.errors import GrammarError
 
-# Recursion depth limit for Ref/$ref: a model must not be able to nest forever, and every level is
-# a stack frame in each thread.
-MAX_DEPTH = 32
+# Recursion depth limit for Ref/$ref and a general grammar's rules: a model must not be able to
+# nest forever, and every level is a stack frame in each thread. A calculator's parenthesis nests
+# three rules (expr, term, factor): 128 frames are about 42 parentheses (32 allowed 10, fewer than
+# llguidance and a user's expressions reach).
+MAX_DEPTH = 128
 # A number may not run forever either (a model can loop on digits as easily as on whitespace).
 
 class Instr:

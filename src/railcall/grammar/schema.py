@@ -1139,7 +1139,7 @@ def _ref(ctx: _Ctx, ref, pointer: str, depth: int, holder=None) -> ir.Node:
     uri, target = _resolve_ref(ctx, ref, pointer, holder)
     # A target that is only another $ref (an alias) is followed here, not made a rule of its
     # own: each rule is a level of reference nesting, and a chain of aliases would otherwise
-    # run into the matcher's depth limit (32) with nothing nested at all. A cycle of aliases is
+    # run into the matcher's depth limit (MAX_DEPTH) with nothing nested at all. A cycle of aliases is
     # left as it is written (it has no value, and is refused as such, naming its links).
     seen, end = {uri}, (uri, target)
     while isinstance(end[1], dict) and "$ref" in end[1] and (ctx.dialect <= 7 or not any(
