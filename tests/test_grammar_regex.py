@@ -457,3 +457,25 @@ def test_masks_are_those_of_the_reference_automaton(i, monkeypatch):
         monkeypatch.undo()
         _clear_pattern_caches()
     assert _walk_masks(SCHEMAS[i], seed=i) == expected
+
+
+@pytest.mark.parametrize("pattern, words, not_words", [
+    (r"^([a-c]|[x-z]|[0-2])+$", ["a", "x0b", "2zc1"], ["", "d", "a-"]),
+    (r"^([ぁ-ゟ]|[ァ-ヿ]|[一-鿿])+( ([ぁ-ゟ]|[ァ-ヿ]|[一-鿿])+)*$", ["ひらがな", "カタ 漢字", "日本"], ["", " 日", "日 ", "a"]),
+])
+def test_states_that_differ_only_in_which_alternative_ended_are_one(pattern, words, not_words):
+    """After any character of a repeated alternation the future is the same, whichever
+    alternative matched it: one state, not one per alternative (each would be a new matcher
+    state and a new walk of the vocabulary for its first mask)."""
+    dfa = regex.compile_pattern(pattern)
+    assert dfa.size == 1
+    for w in words:
+        assert dfa.matches(w), w
+    for w in not_words:
+        assert not dfa.matches(w), w
+    dfa.auto.explore()
+    # the start and after a character; the second pattern adds after a space and after a
+    # character of a later word (its classes are other NFA states: equal futures, not merged)
+    assert dfa.size == (2 if "( " not in pattern else 4)
+    ref = CharDFA(*reference_automaton(pattern), 256)
+    assert ref.auto.explore() > dfa.size and equivalent(dfa, ref)

@@ -461,6 +461,11 @@ class _Subsets:
 
     A DFA state is the epsilon closure of a set of NFA states, less those that cannot reach
     acceptance (`live`), so a transition that could never finish is absent (-1): no dead ends.
+    Two closures are one state where they agree on their NFA states with a character edge and
+    on their accepting ones (`_kernel`): the rest (the end of an alternative, of a class) steps
+    nowhere, so they have the same future. Without this, `(a | b | c)+` would keep a state
+    per last alternative matched (and `[ぁ-ゟ] | [ァ-ヿ] | ...` repeated gave a new state, a new
+    matcher state and a new mask walk for each such history).
     Every state that accepts any rest of the string is one (`univ`; see _universal_roots).
     Rows are built under a lock (one automaton serves every request that uses the pattern).
     Bounded: past `limit` states, stepping into a new one is a RegexError (a pattern whose DFA
@@ -477,15 +482,21 @@ class _Subsets:
         if not start:
             raise RegexError("the pattern matches no string")
         self.sets: list[frozenset] = [start]
-        self.ids = {start: 0}
+        self.ids = {self._kernel(start): 0}  # a state's kernel -> its id
         self.accepting = [not finals.isdisjoint(start)]
         self.rows: list = [None]  # (starts, targets) per state, once built
-        self._closures: dict[frozenset, frozenset] = {}  # NFA targets -> their DFA state
+        self._closures: dict[frozenset, tuple] = {}  # NFA targets -> (their DFA state, its kernel)
         self.shortest: tuple | None = None  # (the shortest accepted string's length,), once asked (CharDFA)
         self._lock = threading.Lock()
 
     def _live(self, states: frozenset) -> frozenset:
         return states - self.dead if self.dead and not self.dead.isdisjoint(states) else states
+
+    def _kernel(self, state: frozenset) -> frozenset:
+        """What decides a state's future: its NFA states with a character edge, and its
+        accepting ones."""
+        edges, finals = self.nfa.edges, self.finals
+        return frozenset(x for x in state if edges[x] or x in finals)
 
     def _canon(self, closure: frozenset) -> frozenset:
         if self.roots and not self.roots.isdisjoint(closure):
@@ -543,15 +554,17 @@ class _Subsets:
             target = -1
             if tgt:
                 key = frozenset(tgt)
-                state = self._closures.get(key)
-                if state is None:
-                    state = self._closures[key] = self._canon(nfa.closure(key))
+                known = self._closures.get(key)
+                if known is None:
+                    state = self._canon(nfa.closure(key))
+                    known = self._closures[key] = (state, self._kernel(state))
+                state, kernel = known
                 if state:
-                    target = self.ids.get(state, -1)
+                    target = self.ids.get(kernel, -1)
                     if target < 0:
                         if len(self.sets) >= self.limit:
                             raise RegexError(f"pattern too complex: more than {self.limit} automaton states")
-                        target = self.ids[state] = len(self.sets)
+                        target = self.ids[kernel] = len(self.sets)
                         self.sets.append(state)
                         self.accepting.append(not self.finals.isdisjoint(state))
                         self.rows.append(None)
