@@ -419,9 +419,12 @@ class Text(_Free):
 
     def allowed(self, local):
         m = self._amask.get(local)
-        if m is None and self.max is None:  # read off the automaton, not byte by byte (JPat's way)
+        if m is None:
             _, _, x, v = local
-            m = _frozen(self._starts(local[0])) if x == 0 else _CONTINUATION if v < 0 else None
+            if self.max is None:  # read off the automaton, not byte by byte (JPat's way)
+                m = _frozen(self._starts(local[0])) if x == 0 else _CONTINUATION if v < 0 else None
+            if m is None and x != 0:  # inside a character: only a continuation byte can follow
+                m = _frozen(_byteset(b for b in range(0x80, 0xC0) if self._next(local, b) is not None))
             if m is not None and len(self._amask) < 8192:
                 self._amask[local] = m
         return m if m is not None else JPat.allowed(self, local)
