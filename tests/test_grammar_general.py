@@ -278,3 +278,25 @@ def test_masks_agree_with_llguidance(smollm2_vocab):
         total.steps += d.steps
         total.same += d.same
     assert total.steps > 600 and total.same > 0.9 * total.steps
+
+
+def test_text_grammars_are_not_prewarmed_by_default_and_tool_tables_are(smollm2_vocab):
+    """A Lark, GBNF or regex grammar computes each mask on first use unless asked to prewarm;
+    a tool table prewarms; the masks are the same either way."""
+    from railcall.grammar.tools import Tool, tool_grammar
+    from railcall.matcher import CompiledGrammar
+
+    lark_text = 'start: "x" item+\nitem: "a" | "(" item ")"\n'
+    assert not compiled_grammar(lark_grammar(lark_text), smollm2_vocab).prewarmed
+    assert not compiled_grammar(gbnf_grammar('root ::= "y" [0-9]+\n'), smollm2_vocab).prewarmed
+    assert not compiled_grammar(regex_grammar(r"z[a-c]{2,5}"), smollm2_vocab).prewarmed
+    table = tool_grammar([Tool("f", "", {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})])
+    assert compiled_grammar(table, smollm2_vocab).prewarmed
+    text = 'start: "w" item+\nitem: "a" | "(" item ")"\n'
+    warm = compiled_grammar(lark_grammar(text), smollm2_vocab, prewarm=True)
+    cold = CompiledGrammar(lark_grammar(text), smollm2_vocab)  # not from the cache: its own masks
+    assert warm.prewarmed and not cold.prewarmed
+    a, b = Matcher(warm), Matcher(cold)
+    for text in (b"w", b"a", b"(", b"(a", b")"):
+        assert a.legal_token_ids().tolist() == b.legal_token_ids().tolist()
+        assert a.consume_bytes(text) and b.consume_bytes(text)

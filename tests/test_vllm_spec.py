@@ -101,7 +101,9 @@ def test_prewarm_in_the_spec(plugin):
         plugin.RailcallLogitsProcessor.validate_params(params({"tools": [], "prewarm": "yes"}))
     spec = plugin.request_spec(params({"tools": [tool({"type": "object"})], "prewarm": False}))
     assert not spec.prewarm and not spec.precompute
-    assert plugin.request_spec(params({"tools": [tool({"type": "object"})]})).prewarm  # the default, as compiled_grammar's
+    assert plugin.request_spec(params({"tools": [tool({"type": "object"})], "prewarm": True})).prewarm
+    # unset: compiled_grammar's default for the grammar (a tool table prewarms, a Lark grammar not)
+    assert plugin.request_spec(params({"tools": [tool({"type": "object"})]})).prewarm is None
 
 
 # -- on Qwen's 152k vocabulary: reasoning, then a Hermes call or a structured answer -------------

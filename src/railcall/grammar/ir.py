@@ -219,6 +219,13 @@ def enum(values) -> Node:
     return Select(tuple(keys))
 
 
+# The names of grammars over free text (railcall.grammar.cfg: Lark, GBNF, a regex), as against
+# the JSON grammars of tool tables and schemas. Their matchers are not prewarmed by default
+# (matcher.compiled_grammar): a rule's first mask seldom serves the states a walk meets, which hold
+# several rules' threads at once.
+TEXT_GRAMMARS = frozenset({"lark", "gbnf", "regex"})
+
+
 @dataclass(frozen=True)
 class Grammar:
     """A start node and the rules its `Ref`s name. Built per tool table version or schema."""

@@ -28,10 +28,11 @@ args hold only strings and numbers). A request without them is untouched. The sp
                tool table and worker; see docs/engine.md): later requests with the same table
                find every mask of a call cached. The walk runs inline, in the step that admits
                the request (~10 ms for a few tools, ~1 s for 128)
-    prewarm    true by default, as in `compiled_grammar`: every grammar position's keys and
-               first mask when the grammar is first compiled, so the first call to a tool finds
-               most of its masks' work done; false computes every mask on first use only (the
-               cheapest compile, for a table seen once)
+    prewarm    as in `compiled_grammar` by default (true for tools and schemas, false for a
+               Lark, GBNF or regex grammar): every grammar position's keys and first mask when
+               the grammar is first compiled, so the first call to a tool finds most of its
+               masks' work done; false computes every mask on first use only (the cheapest
+               compile, for a table seen once)
 
 Lifecycles (vLLM builds the processor once per worker, in the worker process):
 - RailcallLogitsProcessor: once per engine worker. Holds the model's Vocabulary (built from the
@@ -114,7 +115,7 @@ class RequestSpec:
     reasoning: bool = False
     reasoning_budget: int | None = None
     precompute: bool = False
-    prewarm: bool = True
+    prewarm: bool | None = None  # None: compiled_grammar's default for the grammar
     tags: tuple = ()  # a structural tag's tagged parts in the free text (railcall.grammar.turn.Tag)
 
 
@@ -176,10 +177,10 @@ def _parse_spec(text: str) -> RequestSpec:
     budget = d.get("reasoning_budget")
     if budget is not None and (not isinstance(budget, int) or budget < 0):
         raise _bad(f"reasoning_budget must be a non-negative integer, not {budget!r}")
-    precompute, prewarm = d.get("precompute", False), d.get("prewarm", True)
+    precompute, prewarm = d.get("precompute", False), d.get("prewarm")
     if not isinstance(precompute, bool):
         raise _bad(f"precompute must be true or false, not {precompute!r}")
-    if not isinstance(prewarm, bool):
+    if prewarm is not None and not isinstance(prewarm, bool):
         raise _bad(f"prewarm must be true or false, not {prewarm!r}")
     tools, schema, text = d.get("tools"), d.get("schema"), d.get("grammar")
     if sum(x is not None for x in (tools, schema, text)) > 1:
