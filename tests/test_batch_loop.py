@@ -100,6 +100,30 @@ def test_prefix_cache_changes_nothing_but_the_prefill(lm, vocab, grammar):
     assert loop.prefilled_tokens == len(prompts[0]) + sum(len(p) - r.prompt_cached for p, r in zip(prompts[1:], got[1:]))
 
 
+def test_rows_admitted_together_into_an_empty_batch_with_cached_prefixes(lm, vocab, grammar):
+    """Once every row has ended, a burst of new requests is admitted at once: some prefill in
+    one batch, each with a cached prefix in one of its own, and all of those batches make the
+    new one (not only the last: its rows' logits would meet a batch of another size)."""
+    params = SamplingParams(max_tokens=10)
+    system = prompt(40, 11)
+    first = [system + prompt(4, 30 + i) for i in range(2)]
+    burst = [system + prompt(5, 40 + i) for i in range(2)] + [prompt(9, 50), prompt(12, 51)]
+    want = [single(lm, vocab, p, Matcher(grammar), params).tokens for p in first + burst]
+    cache = PrefixCache(min_tokens=8)
+    loop = BatchLoop(lm, vocab, max_rows=8, prefix_cache=cache)
+    rows = []
+    for batch in (first, burst):  # the second group waits until the first has ended
+        group = [Row(vocab, Matcher(grammar), params) for _ in batch]
+        for p, row in zip(batch, group):
+            loop.add(p, row)
+        while loop.busy:
+            loop.step()
+        rows += group
+    assert [r.generation().finish_reason for r in rows].count("error") == 0
+    assert [r.generation().tokens for r in rows] == want
+    assert sum(r.prompt_cached >= 40 for r in rows[2:4]) == 2  # two of the burst took a cached prefix
+
+
 def test_prefix_cache_is_bounded_in_bytes_and_keeps_the_longest(lm, vocab):
     cache = PrefixCache(max_bytes=1 << 20, min_tokens=4)
     kv = lambda n: [(torch.zeros(1, 2, n, 16), torch.zeros(1, 2, n, 16))] * 2  # noqa: E731  (n * 512 bytes)

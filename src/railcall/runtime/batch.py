@@ -624,11 +624,13 @@ class BatchLoop:
                 ended.append(r)
                 self._forget(r)
             return ended
+        fresh = not self._slots  # no row in the batch: the first part becomes it, the rest join it
         for lm, _ in parts:
             self.forward_passes += 1
-            if not self._slots:
+            if fresh:
                 self._drop_batch()
                 self._lm = lm
+                fresh = False
             else:
                 self._lm.join(lm)
         flat = [lg for _, logits in parts for lg in logits]
