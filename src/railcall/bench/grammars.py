@@ -19,6 +19,7 @@ Per grammar and engine, in one process, engines interleaved grammar by grammar:
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -472,24 +473,33 @@ def run(out: Path, vocab_name: str = "smollm2", n_walks: int = 20, max_steps: in
         grammars = [g for g in grammars if g.name in only]
     rows, diffs = [], {}
     rng = random.Random(0)
-    for g in grammars:
-        diff = Differential() if peer is not None and g.syntax != "tag" else None
-        try:
-            paths = walks(g, ours, peer if diff is not None else None, vocab, stops, n_walks, max_steps, rng, diff)
-        except Exception as e:
-            log(f"{g.name}: railcall or llguidance refused it for the walks ({e}); timing railcall alone")
-            diff = None
-            paths = walks(g, ours, None, vocab, stops, n_walks, max_steps, rng, None)
-        if diff is not None:
-            diffs[g.name] = diff.__dict__
-        row = {"grammar": g.name, "syntax": g.syntax, "engines": {}}
-        for name in names:  # interleaved: each engine on this grammar, then the next grammar
-            if name in live:
-                row["engines"][name] = time_engine(live[name], g, paths, vocab.logits_width)
-        rows.append(row)
-        log(f"{g.syntax} {g.name}: " + ", ".join(
-            f"{k} {v.get('mask_p50_us') or 0:.1f}/{v.get('mask_p99_us') or 0:.1f} µs" if "error" not in v
-            else f"{k} refused" for k, v in row["engines"].items()))
+    # Everything loaded so far (the vocabulary, each engine and what its import brought: XGrammar's
+    # adds ~190k Python objects) is set aside from the garbage collector: else a full collection,
+    # which any engine's allocations may trigger, walks it all (~100 ms here) inside whichever
+    # mask happens to be timed then.
+    gc.collect()
+    gc.freeze()
+    try:
+        for g in grammars:
+            diff = Differential() if peer is not None and g.syntax != "tag" else None
+            try:
+                paths = walks(g, ours, peer if diff is not None else None, vocab, stops, n_walks, max_steps, rng, diff)
+            except Exception as e:
+                log(f"{g.name}: railcall or llguidance refused it for the walks ({e}); timing railcall alone")
+                diff = None
+                paths = walks(g, ours, None, vocab, stops, n_walks, max_steps, rng, None)
+            if diff is not None:
+                diffs[g.name] = diff.__dict__
+            row = {"grammar": g.name, "syntax": g.syntax, "engines": {}}
+            for name in names:  # interleaved: each engine on this grammar, then the next grammar
+                if name in live:
+                    row["engines"][name] = time_engine(live[name], g, paths, vocab.logits_width)
+            rows.append(row)
+            log(f"{g.syntax} {g.name}: " + ", ".join(
+                f"{k} {v.get('mask_p50_us') or 0:.1f}/{v.get('mask_p99_us') or 0:.1f} µs" if "error" not in v
+                else f"{k} refused" for k, v in row["engines"].items()))
+    finally:
+        gc.unfreeze()
     from railcall.bench.run import machine
 
     report = {"vocab": vocab_name, "walks": n_walks, "max_steps": max_steps, "rows": rows, "differential": diffs,
