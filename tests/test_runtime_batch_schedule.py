@@ -150,6 +150,26 @@ def test_a_request_alone_runs_larger_chunks_until_another_is_queued(vocab):
     assert sum(sum(p) for p in passes) == 300 + 40 + 1 + 1  # every prompt token once, each row's one fed token
 
 
+def test_a_lone_prompt_runs_smaller_chunks_deep_into_it(vocab):
+    """Past ALONE_DEPTH tokens filled, a lone prompt's chunk shrinks in proportion (each token's
+    attention spans more cells), never below step_tokens, so a pass, what a newcomer waits for,
+    stays about as long; every prompt token still runs once."""
+    from railcall.runtime.batch import ALONE_DEPTH
+
+    loop, passes = make(vocab, step_tokens=16, alone_tokens=128)
+    n = 4 * ALONE_DEPTH + 500
+    hog = row(vocab, 1)
+    loop.add([5] * n, hog, group="hog")
+    filled = 0
+    while filled < n:
+        loop.step()
+        want = 128 if filled <= ALONE_DEPTH else max(16, 128 * ALONE_DEPTH // filled)
+        assert passes[-1] == [min(want, n - filled)], (filled, passes[-1])
+        filled += passes[-1][0]
+    assert passes[0] == [128] and passes[-2][0] < 128 and run(loop) == [hog]
+    assert sum(sum(p) for p in passes) == n
+
+
 def test_n_rows_of_one_request_leave_room_for_another(vocab):
     loop, passes = make(vocab, max_rows=16, step_tokens=64)
     hogs = [row(vocab, 40) for _ in range(16)]

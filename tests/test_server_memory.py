@@ -25,16 +25,45 @@ def test_a_thousand_fresh_schemas_leave_the_server_where_a_hundred_did(srv):
     assert "store 0" not in r.extra  # the budget was reached: older state was dropped, masks unchanged
 
 
-def test_what_startup_loaded_is_set_aside_from_the_garbage_collector(srv):
-    """The model, the vocabulary and the modules loaded before the engine started are frozen
-    out of the collector (app lifespan), so a full collection does not walk them on every
-    request; what requests create is still collected."""
-    import gc
 
-    assert gc.get_freeze_count() >= 10_000
-    before = gc.get_freeze_count()
-    cycle = []
-    cycle.append(cycle)
-    gc.collect()
-    assert gc.get_freeze_count() == before  # collecting neither frees nor freezes more
-    assert any(o is cycle for o in gc.get_objects())  # a new object is still the collector's
+def test_serve_sets_what_startup_loaded_aside_from_the_garbage_collector(srv, monkeypatch):
+    """`railcall serve` (server.app.serve, a process that is the server) asks its app to settle
+    the heap once warmed up; an app built otherwise (tests, an embedding) leaves the collector
+    alone; settle_heap freezes what the process holds and a new object stays the collector's."""
+    import gc
+    import logging
+    from types import SimpleNamespace
+
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    import railcall.server.protocol as protocol
+    from railcall.server import app as server_app
+    from railcall.server.engine import Engine
+
+    settled = []
+    real_settle = server_app.settle_heap
+    monkeypatch.setattr(server_app, "settle_heap", lambda: settled.append(True) or 0)
+    for freeze in (False, True):  # an engine of its own over the session's model: nothing is queued on it
+        with TestClient(server_app.create_app(srv.served, engine=Engine(srv.served), freeze_gc=freeze)):
+            pass
+    assert settled == [True]
+
+    captured = {}
+    quiet = logging.getLogger("railcall.test.quiet")
+    quiet.addHandler(logging.NullHandler())
+    stub = SimpleNamespace(lm=SimpleNamespace(model=SimpleNamespace()), prefix_budget=lambda b: b)
+    monkeypatch.setattr(server_app, "log", quiet)
+    monkeypatch.setattr(server_app.ServedModel, "load", staticmethod(lambda *a, **k: stub))
+    monkeypatch.setattr(server_app, "create_app", lambda served, **kw: captured.update(kw) or "app")
+    monkeypatch.setattr(protocol, "uvicorn_config", lambda app, **kw: app)
+    monkeypatch.setattr(uvicorn, "Server", lambda config: SimpleNamespace(run=lambda: None))
+    server_app.serve("a model")
+    assert captured["freeze_gc"] is True
+
+    try:
+        assert real_settle() >= 10_000  # the modules and the model this test process holds
+        fresh = [[]]
+        assert any(o is fresh for o in gc.get_objects())  # created after: still the collector's
+    finally:
+        gc.unfreeze()

@@ -212,6 +212,12 @@ RESERVE = 256
 # 128, 2.92 in 256, 3.00 in 512. A request that comes in meanwhile waits for at most one such
 # pass (~0.3 s) before the fair order shares the steps again.
 ALONE_TOKENS = 128
+# Past this many tokens of the prompt filled, each token's attention spans more cells than its
+# share of the weights costs (SmolLM2: ~69k multiply-adds per cell a token against ~135M for the
+# weights), so a lone prompt's chunk shrinks in proportion (alone_tokens * ALONE_DEPTH / filled,
+# at least step_tokens) and a pass, the most a newcomer waits, stays about as long: 128-token
+# chunks 6,000 tokens into a prompt made a short request take 2.9-4.1x its time alone.
+ALONE_DEPTH = 2048
 
 
 def _reserve(row: Row) -> int:
@@ -383,10 +389,15 @@ class BatchLoop:
         """(tokens, rows) each request in the batch may run this step (see the class docstring):
         fair, the request that has run the fewest tokens up to `step_tokens` tokens and the rows
         the others leave, every other one token and one row; else each up to both limits. A
-        request alone in the batch with nobody queued: up to `alone_tokens` tokens."""
+        request alone in the batch with nobody queued: up to `alone_tokens` tokens, fewer deep
+        into a long prompt (ALONE_DEPTH)."""
         groups = list(dict.fromkeys(s.group for s in self._slots))
         if len(groups) == 1 and not self.waiting:  # alone: no other row waits on this pass
-            return dict.fromkeys(groups, self.alone_tokens), dict.fromkeys(groups, self.max_rows)
+            filled = max((s.done for s in self._slots if not s.ready), default=0)
+            tokens = self.alone_tokens
+            if filled > ALONE_DEPTH:  # deep in a long prompt: a pass of as many tokens costs more
+                tokens = max(self.step_tokens, self.alone_tokens * ALONE_DEPTH // filled)
+            return dict.fromkeys(groups, tokens), dict.fromkeys(groups, self.max_rows)
         if not self.fair or len(groups) == 1:
             return dict.fromkeys(groups, self.step_tokens), dict.fromkeys(groups, self.max_rows)
         rank = {g: k for k, g in enumerate(self._service)}

@@ -60,6 +60,18 @@ PING_SECONDS = 1.0  # a streamed request waiting in the queue sends a comment th
 _DIGEST_SUFFIX = re.compile(r"^(?P<alias>.+)-[0-9a-f]{16}-(gguf|v\d+)$")
 
 
+def settle_heap() -> int:
+    """Set every object the process holds now aside from Python's garbage collector (gc.freeze)
+    and return how many. What a server's startup loaded (the model, the vocabulary, torch's and
+    the server's modules: ~430k objects on the transformers backend) lives as long as the
+    process; left to the collector, every full collection walks it all, ~0.1-0.35 s in which no
+    token is written (25 of them, ~6 s, over 24 requests from 8 clients on 2 cores; 9, ~1.2 s,
+    with it). Process-wide: only for a process that is the server (`serve`), never undone."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def model_names(served: ServedModel, given: list[str] | None = None) -> list[str]:
     """The names a request's `model` may use for the served model; answers carry the first.
     `given` (`railcall serve --served-model-name`, as vLLM's option) replaces the defaults: the
@@ -71,9 +83,12 @@ def model_names(served: ServedModel, given: list[str] | None = None) -> list[str
 
 
 def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY,
-               max_pending: int = 32, engine: Engine | None = None, names: list[str] | None = None) -> FastAPI:
+               max_pending: int = 32, engine: Engine | None = None, names: list[str] | None = None,
+               freeze_gc: bool = False) -> FastAPI:
     """The app for `served`, answering to `names` (default: `model_names(served)`). Its engine
-    starts and stops with the app (lifespan)."""
+    starts and stops with the app (lifespan). `freeze_gc`: once warmed up, set what the process
+    holds aside from Python's garbage collector (`settle_heap`), for a process that is this
+    server and nothing else (`serve`)."""
     engine = engine or Engine(served, max_pending=max_pending)
     names = model_names(served, names)
     ignored_seen: set[str] = set()  # IGNORED fields already logged (once per name, per process)
@@ -88,18 +103,13 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body: int
     @asynccontextmanager
     async def lifespan(app):
         await run_in_threadpool(served.warm_up)
-        # What startup loaded (the model, the vocabulary, torch's and the server's modules: ~430k
-        # objects on the transformers backend) is set aside from the garbage collector: else each
-        # full collection walks it all, ~0.1-0.35 s in which no token is written (25 of them,
-        # ~6 s, over 24 requests from 8 clients on 2 cores).
-        gc.collect()
-        gc.freeze()
+        if freeze_gc:
+            settle_heap()
         engine.start()
         try:
             yield
         finally:
             await run_in_threadpool(engine.stop)
-            gc.unfreeze()  # an app stopped inside a longer-lived process (tests, an embedding) hands them back
 
     app = FastAPI(title="railcall", version=__version__, lifespan=lifespan,
                   description="OpenAI-compatible chat completions; tool calls and JSON answers are enforced by a grammar.")
@@ -582,7 +592,8 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
     if draft is not None:
         served.draft = draft
     served.prefix_cache = PrefixCache(served.prefix_budget(prefix_cache_bytes)) if prefix_cache_bytes > 0 else None
-    app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body, names=names)
+    app = create_app(served, api_key=api_key, max_pending=max_pending, max_body=max_body, names=names,
+                     freeze_gc=True)
     from railcall.server.protocol import uvicorn_config
 
     uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level)).run()
