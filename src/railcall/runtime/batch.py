@@ -210,8 +210,11 @@ RESERVE = 256
 # row waits on its pass, so its prompt fills in fewer, larger chunks. A 1,400-token prompt on an
 # idle server (SmolLM2 Q8_0 on llama.cpp, 2 cores): 3.64 s in chunks of 32, 3.01 in 64, 2.89 in
 # 128, 2.92 in 256, 3.00 in 512. A request that comes in meanwhile waits for at most one such
-# pass (~0.3 s) before the fair order shares the steps again.
-ALONE_TOKENS = 128
+# pass before the fair order shares the steps again, and that wait is what it costs: behind a
+# 7,015-token prompt a short request took 2.0-2.1x its time alone in chunks of 32, 2.3-2.7x in
+# 64 or 128 (idle host), and past the server's 3x bound under load (tests/test_server_fairness.py).
+# So the default is step_tokens' 32, and larger chunks are a BatchLoop(alone_tokens=...) choice.
+ALONE_TOKENS = 32
 # Past this many tokens of the prompt filled, each token's attention spans more cells than its
 # share of the weights costs (SmolLM2: ~69k multiply-adds per cell a token against ~135M for the
 # weights), so a lone prompt's chunk shrinks in proportion (alone_tokens * ALONE_DEPTH / filled,
